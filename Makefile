@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+
+.PHONY: venv demo test test-fast lint clean
+
+$(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]' $(foreach p,$(PLUGINS),-e $(p))
+	touch $@
+
+venv: $(BIN)/.installed
+
+# Sets up this machine and runs the main job: a local cluster, its nodes READY.
+demo: venv
+	./packaging/demo.sh
+
+# The test command of the README and of CI: lint, types, and every test.
+test: venv
+	$(BIN)/ruff check kibotos plugins tests bench
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -p no:cacheprovider
+
+# The inner loop: skip the slow end-to-end tests.
+test-fast: venv
+	$(BIN)/python -m pytest -m 'not slow' -x -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

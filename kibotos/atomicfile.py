@@ -1,0 +1,63 @@
+"""Crash-safe file writes: temporary file, fsync, rename, fsync of the directory.
+
+A reader never sees a torn file: it sees the old content or the new.  Temporary files
+are dot-files beginning with the writer's `prefix` (the node ID inside a shared pool,
+so a node can tell its own leftovers from a neighbour's) and ending in ``.tmp``;
+see docs/storage.md for which leftovers are removed at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from kibotos import failpoints
+
+
+def temp_name(target: Path, prefix: str = "") -> Path:
+    stem = f"{prefix}." if prefix else ""
+    return target.with_name(f".{stem}{target.stem}-{secrets.randbelow(2**32)}.tmp")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path: Path, data: bytes, *, prefix: str = "", mode: int = 0o644) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    tmp = temp_name(path, prefix)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        failpoints.hit("atomic.before-fsync")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    failpoints.hit("atomic.before-rename")
+    os.replace(tmp, path)
+    failpoints.hit("atomic.after-rename")
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path, value: Any, *, prefix: str = "", mode: int = 0o644) -> None:
+    data = json.dumps(value, indent=2, sort_keys=True).encode() + b"\n"
+    write_bytes(path, data, prefix=prefix, mode=mode)
+
+
+def read_json(path: Path) -> Any:
+    """Read a record written by `write_json`; always from disk, never cached."""
+    with open(path, "rb") as f:
+        return json.loads(f.read())

@@ -1,0 +1,181 @@
+"""Contracts of the backend classes that plugins register.
+
+Each kind has a registry (`kibotos.plugins.Registries`); a backend class carries a unique
+``name`` and is instantiated by the role that uses it.  Built-in plugins use only what is
+in this module and `kibotos.hookspecs`, so a third-party plugin can do all they do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One node that passed admission, as placement sees it.
+
+    ``schedulable_*`` is what the node reported times its overcommit ratio; ``allocated_*``
+    is what Allocations already hold there.  Both are exact integers (millicores, bytes).
+    """
+
+    node_id: str
+    schedulable_cpu_millis: int
+    schedulable_memory_bytes: int
+    allocated_cpu_millis: int
+    allocated_memory_bytes: int
+    instance_count: int = 0
+
+    @property
+    def free_cpu_millis(self) -> int:
+        return self.schedulable_cpu_millis - self.allocated_cpu_millis
+
+    @property
+    def free_memory_bytes(self) -> int:
+        return self.schedulable_memory_bytes - self.allocated_memory_bytes
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    cpu_millis: int
+    memory_bytes: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class PlacementPolicy(Protocol):
+    """Ranks the nodes that passed admission; it never decides admission itself.
+
+    `rank` gets only candidates that can hold the request and returns their node IDs,
+    best first.  It may drop none and add none: ctrl checks that the result is a
+    permutation of the candidates and falls back to the input order if it is not.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, options: Mapping[str, Any]) -> None: ...
+
+    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]: ...
+
+
+# --------------------------------------------------------------------------- storage
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where the node reads kernel facts; tests point these at prepared trees."""
+
+    proc_root: Path = Path("/proc")
+    sys_root: Path = Path("/sys")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    id: str
+    path: Path
+    default: bool = False
+    shared: bool = False
+    driver: str = "local"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str | None = None
+
+
+@runtime_checkable
+class StorageDriver(Protocol):
+    """Checks that a pool's mount is usable, and makes it so where the node may.
+
+    `check` is called at node start and on every availability refresh (at least once a
+    minute); it must be cheap, must not block on an unreachable server for long, and
+    returns `Availability` with a human-readable reason when the pool cannot be used.
+    The marker check is done by the node before the driver is asked.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, options: Mapping[str, Any]) -> None: ...
+
+    def check(self, pool: PoolSpec, host: HostPaths) -> Availability: ...
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """A long-running service to start: one VMM, data-plane or egress process."""
+
+    name: str
+    argv: Sequence[str]
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    environment: Mapping[str, str] = field(default_factory=dict)
+    working_directory: Path | None = None
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    """What the supervisor can prove about a running unit; compared on adoption."""
+
+    name: str
+    active: bool
+    invocation_id: str | None
+    main_pid: int | None
+    start_time_ticks: int | None
+    executable: str | None
+    executable_dev_ino: tuple[int, int] | None
+    cgroup: str | None
+    netns_inode: int | None
+    result: str | None = None
+
+
+@runtime_checkable
+class Supervisor(Protocol):
+    """Starts, describes, lists and stops units.
+
+    Lifecycle: `start` returns once the unit's main process exists (``Type=exec``
+    semantics); `describe` returns None for a unit that is gone; `stop` returns once no
+    process of the unit remains; `list` finds units by name prefix, also after the node
+    restarted.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, options: Mapping[str, Any]) -> None: ...
+
+    async def start(self, spec: UnitSpec) -> UnitInfo: ...
+
+    async def describe(self, name: str) -> UnitInfo | None: ...
+
+    async def stop(self, name: str, *, timeout: float) -> None: ...
+
+    async def list(self, prefix: str) -> list[UnitInfo]: ...
+
+
+# --------------------------------------------------------------------------- VMM
+
+
+@runtime_checkable
+class VmmBackend(Protocol):
+    """Turns a launch description into a command line and unit properties.
+
+    Lifecycle: `probe` once at node start (which acceleration works); `unit_for` builds
+    the unit to start; `wait_ready` returns the guest's readiness facts or raises on the
+    deadline; `guest_channel` opens the byte stream to the guest agent.  Capability
+    flags (class attributes ``CAN_*``) say what the backend supports.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, options: Mapping[str, Any]) -> None: ...
+
+    async def probe(self) -> Mapping[str, Any]: ...
+
+    def unit_for(self, launch: Mapping[str, Any]) -> UnitSpec: ...

@@ -1,0 +1,1 @@
+"""ctrl's SQL store: the only source of truth for the cluster."""

@@ -1,0 +1,69 @@
+"""Named failpoints: places where a crash must be survivable, made killable on purpose.
+
+A failpoint is off unless the process was started with ``KIBOTOS_FAILPOINTS`` set, e.g.
+``KIBOTOS_FAILPOINTS="record.before-rename=kill,launch.after-start=error"``.  Actions:
+
+``kill``      SIGKILL this process at once (what a power cut or OOM kill looks like)
+``error``     raise `FailpointError` (an I/O error the code must handle)
+``sleep:S``   sleep S seconds (to widen a race window in a test)
+``stop``      SIGSTOP this process (a test resumes it with SIGCONT)
+
+The table is parsed once per process; with the variable unset, `hit()` is one dict
+lookup on an empty dict.  Every name used in the code is listed in `KNOWN` so tests can
+walk them and documentation can name them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+ENV = "KIBOTOS_FAILPOINTS"
+
+KNOWN: dict[str, str] = {
+    "atomic.before-fsync": "an atomic file write, after the temporary file is written",
+    "atomic.before-rename": "an atomic file write, after fsync and before the rename",
+    "atomic.after-rename": "an atomic file write, after the rename and before the dir fsync",
+    "node.incarnation.after-write": "node start, after the new incarnation is persisted",
+    "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
+}
+
+
+class FailpointError(OSError):
+    """Raised by a failpoint set to ``error``."""
+
+
+def _parse(spec: str) -> dict[str, str]:
+    table: dict[str, str] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, action = item.partition("=")
+        table[name.strip()] = action.strip() if sep else "error"
+    return table
+
+
+_table: dict[str, str] = _parse(os.environ.get(ENV, ""))
+
+
+def reload() -> None:
+    """Re-read the environment (tests that set the variable in-process call this)."""
+    global _table
+    _table = _parse(os.environ.get(ENV, ""))
+
+
+def hit(name: str) -> None:
+    """Run the action configured for `name`, if any."""
+    action = _table.get(name)
+    if action is None:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+    else:
+        raise FailpointError(f"failpoint {name} triggered")
