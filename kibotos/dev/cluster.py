@@ -1,0 +1,364 @@
+"""A whole cluster on loopback: one ctrl and N nodes as real processes under one DIR.
+
+This is a newcomer's first step (`kibotos dev cluster up`) and the harness of the
+end-to-end tests (`DevCluster` in Python).  It drives only public surfaces: the config
+files, ``kibotos ctrl serve``/``grant``, ``kibo enroll``, ``kibotos node serve`` and the
+HTTP API, so a test through it exercises what an operator would run.
+
+The orchestration is synchronous (subprocesses, polling with generous deadlines): it is
+a command-line tool and a pytest fixture, with nothing to run concurrently.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from kibotos import atomicfile, config, errors
+from kibotos.dev import layout as lay
+from kibotos.dev.procs import DEFAULT_GRACE, Service, Supervisor, tail
+
+T = TypeVar("T")
+
+_GRANT = re.compile(r"kgr-[A-Za-z0-9]+[.][A-Za-z0-9_=-]+")
+POLL = 0.2
+
+
+class ClusterError(errors.FailedPrecondition):
+    """The cluster could not be brought into the asked state; the message says why."""
+
+
+def script(name: str) -> str:
+    """The console script `name` of the running installation (the venv's bin first)."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    return name  # found on PATH by subprocess
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    name: str  # "ctrl" or the node ID
+    pid: int | None  # running PID, None when not running
+    node_status: str | None  # status ctrl derives for a node, None if unknown
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "running": self.pid is not None,
+                "node_status": self.node_status}
+
+
+class DevCluster:
+    """ctrl and nodes under `directory`; the same object serves the CLI and the tests."""
+
+    def __init__(self, directory: Path | str, *, timeout: float = 60.0) -> None:
+        self.dir = Path(directory).absolute()
+        self.layout = lay.Layout(self.dir)
+        self.timeout = timeout
+        self._sup = Supervisor()
+
+    # ------------------------------------------------------------------ services
+
+    def ctrl_service(self) -> Service:
+        cfg = self.layout.ctrl_config
+        return Service("ctrl", (script("kibotos"), "ctrl", "serve", "--config", str(cfg)),
+                       cfg, self.layout.ctrl_dir / "ctrl.log", self.layout.ctrl_dir / "ctrl.pid")
+
+    def node_service(self, node_id: str) -> Service:
+        d = self.layout.node_dir(node_id)
+        cfg = self.layout.node_config(node_id)
+        return Service(node_id, (script("kibotos"), "node", "serve", "--config", str(cfg)),
+                       cfg, d / "node.log", d / "node.pid")
+
+    def services(self) -> list[Service]:
+        return [self.ctrl_service(), *(self.node_service(n) for n in self.node_ids())]
+
+    def node_ids(self) -> list[str]:
+        return self.layout.node_ids()
+
+    def running(self) -> list[str]:
+        """Names of the services of this cluster that run now."""
+        return [s.name for s in self.services() if self._sup.pid(s) is not None]
+
+    # ------------------------------------------------------------------ up / down
+
+    def up(self, nodes: int = 3, *, shared_pool: bool = False, cpu: str = "4",
+           memory: str = "8G", reconcile_interval: str | None = None,
+           session_timeout: str | None = None, test_inputs: bool = False,
+           node_env: Mapping[str, str] | None = None,
+           log: Callable[[str], None] = lambda _msg: None) -> None:
+        """Start ctrl and `nodes` nodes and wait until every node is READY.
+
+        On failure everything started is stopped again and the files are kept for a
+        look at the logs; the error names the failing process, its status and log tail.
+        """
+        if nodes < 1:
+            raise errors.InvalidArgument(f"--nodes must be at least 1, got {nodes}")
+        if self.running():
+            raise ClusterError(f"a dev cluster is already running in {self.dir} "
+                               f"({', '.join(self.running())}); stop it with "
+                               f"`kibotos dev cluster down --dir {self.dir}`")
+        if self.dir.exists() and any(self.dir.iterdir()):
+            raise ClusterError(f"{self.dir} is not empty: it holds a stopped cluster or other "
+                               "files; remove it or choose another --dir")
+        config.parse(config.ResourcesSection, {"cpu": cpu, "memory": memory}, "--cpu/--memory")
+        deadline = time.monotonic() + self.timeout
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lay.write_ctrl_config(self.layout, listen="127.0.0.1:0",
+                                  reconcile_interval=reconcile_interval,
+                                  session_timeout=session_timeout)
+            log(f"starting ctrl (log {self.ctrl_service().log})")
+            url = self.start_ctrl(deadline=deadline)
+            self._pin_ctrl_port(url)
+            log(f"ctrl is up at {url}; enrolling the operator into {self.layout.kibo_config}")
+            self._enroll_operator(url)
+            ids = [f"node-{i}" for i in range(1, nodes + 1)]
+            for node_id in ids:
+                lay.write_node_config(self.layout, node_id, ctrl_url=url, cpu=cpu,
+                                      memory=memory, shared_pool=shared_pool,
+                                      test_inputs=test_inputs)
+                token = self._node_grant(node_id)
+                atomicfile.write_bytes(self.layout.node_dir(node_id) / "grant",
+                                       token.encode() + b"\n", mode=0o600)
+                self.start_node(node_id, env=node_env)
+            log(f"started {', '.join(ids)}; waiting until every node is READY")
+            self.wait_ready(ids, deadline=deadline)
+        except BaseException:
+            self.down(grace=5.0)
+            raise
+
+    def down(self, grace: float = DEFAULT_GRACE) -> list[str]:
+        """Stop every process of this cluster (nodes first); return the names stopped."""
+        nodes = [self.node_service(n) for n in self.node_ids()]
+        stopped = self._sup.stop(nodes, grace)
+        stopped += self._sup.stop([self.ctrl_service()], grace)
+        return stopped
+
+    def status(self) -> list[ProcessStatus]:
+        """Each process: its PID if it runs, and the node status from ctrl if reachable."""
+        if not self.layout.exists():
+            raise errors.NotFound(f"{self.dir} holds no dev cluster")
+        ctrl = self.ctrl_service()
+        ctrl_pid = self._sup.pid(ctrl)
+        statuses: dict[str, str] = {}
+        if ctrl_pid is not None and self.layout.kibo_config.exists():
+            try:
+                for n in self.api("GET", "/v1/nodes", params={"page_size": 500})["nodes"]:
+                    statuses[n["node_id"]] = n["status"]
+            except (errors.KibotosError, httpx.HTTPError, KeyError, TypeError):
+                pass  # ctrl unreachable or not answering: status unknown
+        out = [ProcessStatus("ctrl", ctrl_pid, None)]
+        for node_id in self.node_ids():
+            pid = self._sup.pid(self.node_service(node_id))
+            out.append(ProcessStatus(node_id, pid, statuses.get(node_id)))
+        return out
+
+    # ------------------------------------------------------------------ ctrl
+
+    @property
+    def ctrl_url(self) -> str:
+        return config.load(config.KiboConfig, self.layout.kibo_config).ctrl_url
+
+    def start_ctrl(self, *, deadline: float | None = None,
+                   env: Mapping[str, str] | None = None) -> str:
+        """Start ctrl and wait for its listen address and ``/v1/health``; return its URL."""
+        deadline = deadline or time.monotonic() + self.timeout
+        svc = self.ctrl_service()
+        if self._sup.pid(svc) is not None:
+            raise ClusterError(f"ctrl of {self.dir} is already running")
+        self.layout.listen_address_file.unlink(missing_ok=True)
+        self._sup.start(svc, env)
+        address = self._wait(
+            lambda: self._read_listen_address(svc), deadline,
+            lambda: f"ctrl wrote no {self.layout.listen_address_file}", svc)
+        url = address if "://" in address else f"http://{address}"
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{url}/v1/health", timeout=5.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self._wait(healthy, deadline, lambda: f"ctrl at {url} does not answer /v1/health", svc)
+        return url
+
+    def stop_ctrl(self, grace: float = DEFAULT_GRACE) -> None:
+        self._sup.stop([self.ctrl_service()], grace)
+
+    def restart_ctrl(self, *, wait_nodes: bool = True) -> None:
+        """Stop ctrl (SIGTERM) and start it again on the same address; by default wait
+        until every running node is READY again."""
+        self.stop_ctrl()
+        self.start_ctrl()
+        if wait_nodes:
+            running = [n for n in self.node_ids()
+                       if self._sup.pid(self.node_service(n)) is not None]
+            self.wait_ready(running)
+
+    def _read_listen_address(self, svc: Service) -> str | None:
+        try:
+            text = self.layout.listen_address_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return text or None
+
+    def _pin_ctrl_port(self, url: str) -> None:
+        """Rewrite ctrl.toml with the port ctrl bound, so a restart keeps the address."""
+        cfg = config.load(config.CtrlConfig, self.layout.ctrl_config)
+        listen = url.split("://", 1)[1].rstrip("/")
+        lay.write_ctrl_config(self.layout, listen=listen,
+                              reconcile_interval=f"{cfg.ctrl.reconcile_interval}s",
+                              session_timeout=f"{cfg.ctrl.session_timeout}s")
+
+    def _enroll_operator(self, url: str) -> None:
+        grant = self._run([script("kibotos"), "ctrl", "grant", "--config",
+                           str(self.layout.ctrl_config), "--kind", "operator"], "operator grant")
+        token = _GRANT.search(grant.stdout)
+        if token is None:
+            raise ClusterError(f"`kibotos ctrl grant` printed no grant token: {grant.stdout!r}")
+        self._run([script("kibo"), "enroll", "--ctrl-url", url, "--grant", token.group(0),
+                   "--config", str(self.layout.kibo_config)], "operator enrollment")
+
+    def _node_grant(self, node_id: str) -> str:
+        result = self.api("POST", "/v1/enrollment/grants",
+                          json={"kind": "node", "node_id": node_id,
+                                "name": f"dev cluster {node_id}"})
+        return str(result["token"])
+
+    # ------------------------------------------------------------------ nodes
+
+    def start_node(self, node_id: str, *, env: Mapping[str, str] | None = None) -> int:
+        """Start ``kibotos node serve`` for `node_id` (detached); return its PID."""
+        svc = self.node_service(node_id)
+        if not svc.config.exists():
+            raise errors.NotFound(f"this cluster has no node {node_id!r}")
+        if self._sup.pid(svc) is not None:
+            raise ClusterError(f"node {node_id} is already running")
+        return self._sup.start(svc, env)
+
+    def kill_node(self, node_id: str, sig: int = signal.SIGKILL, *,
+                  wait: bool = True) -> int | None:
+        """Send `sig` to the node's process.  For SIGKILL/SIGTERM/SIGINT (with `wait`),
+        wait until it has exited and return its exit status if this object started it."""
+        svc = self.node_service(node_id)
+        pid = self._sup.signal(svc, sig)
+        if pid is None:
+            raise ClusterError(f"node {node_id} is not running")
+        if wait and sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            if not self._sup.wait_exit(svc, pid, self.timeout):
+                raise ClusterError(f"node {node_id} (pid {pid}) did not exit after {sig!s}")
+            return self._sup.exit_status(node_id)
+        return None
+
+    def wait_node_exit(self, node_id: str, timeout: float | None = None) -> int | None:
+        """Wait until the node's process exits on its own; its exit status if known."""
+        svc = self.node_service(node_id)
+        pid = self._sup.pid(svc)
+        if pid is not None and not self._sup.wait_exit(svc, pid, timeout or self.timeout):
+            raise errors.DeadlineExceeded(f"node {node_id} still runs after "
+                                          f"{timeout or self.timeout:.0f}s")
+        return self._sup.exit_status(node_id)
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        """The Node record ctrl has for `node_id` (``GET /v1/nodes/{id}``)."""
+        result = self.api("GET", f"/v1/nodes/{node_id}")
+        assert isinstance(result, dict)
+        return result
+
+    def wait_ready(self, node_ids: Iterable[str] | None = None, *,
+                   deadline: float | None = None) -> None:
+        """Wait until each node is READY in ctrl, or fail naming the node and why."""
+        self.wait_status(node_ids, "READY", deadline=deadline)
+
+    def wait_status(self, node_ids: Iterable[str] | None, status: str, *,
+                    deadline: float | None = None) -> None:
+        """Wait until each node has `status` in ctrl.  Waiting for READY fails at once
+        when the node's process exits."""
+        deadline = deadline or time.monotonic() + self.timeout
+        for node_id in list(node_ids) if node_ids is not None else self.node_ids():
+            self._wait_one(node_id, status, deadline)
+
+    def _wait_one(self, node_id: str, status: str, deadline: float) -> None:
+        last = "no record in ctrl yet"
+
+        def reached() -> bool:
+            nonlocal last
+            try:
+                rec = self.node(node_id)
+            except errors.NotFound:
+                return False
+            session = rec.get("latest_session") or {}
+            last = (f"status {rec.get('status')}, control session "
+                    f"{'alive' if session.get('alive') else 'not alive'}")
+            return bool(rec.get("status") == status)
+
+        svc = self.node_service(node_id) if status == "READY" else None
+        self._wait(reached, deadline, lambda: f"node {node_id} is not {status}: {last}", svc)
+
+    # ------------------------------------------------------------------ API and CLI
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One operator request to ctrl with the credential in DIR/kibo.toml; the
+        ``result``, or the `KibotosError` ctrl answered with."""
+        cfg = config.load(config.KiboConfig, self.layout.kibo_config)
+        headers = {"Authorization": f"Bearer {cfg.credential}"} if cfg.credential else {}
+        r = httpx.request(method, cfg.ctrl_url.rstrip("/") + path, headers=headers,
+                          timeout=30.0, **kwargs)
+        try:
+            body = r.json()
+        except ValueError:
+            raise errors.Internal(f"{method} {path}: HTTP {r.status_code}, not JSON: "
+                                  f"{r.text[:200]!r}") from None
+        if r.status_code >= 400:
+            raise errors.error_from_wire(body)
+        return body["result"]
+
+    def kibo(self, *args: str, input: str | None = None, timeout: float = 120.0,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the real ``kibo`` console script against this cluster."""
+        full_env = {**os.environ, "KIBO_CONFIG": str(self.layout.kibo_config),
+                    "COLUMNS": "250", **(env or {})}
+        return subprocess.run([script("kibo"), *args], input=input, capture_output=True,
+                              text=True, timeout=timeout, env=full_env, check=False)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _run(self, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"{what}: `{' '.join(argv)}` took over "
+                               f"{self.timeout:.0f}s") from None
+        if proc.returncode != 0:
+            raise ClusterError(f"{what} failed (exit {proc.returncode}): "
+                               f"{(proc.stderr or proc.stdout).strip()}")
+        return proc
+
+    def _wait(self, probe: Callable[[], T | bool | None], deadline: float,
+              why: Callable[[], str], svc: Service | None) -> T:
+        """Poll `probe` until it returns a truthy value; fail at `deadline`, or at once
+        when `svc` (whose process must keep running) has exited."""
+        while True:
+            value = probe()
+            if value:
+                return value  # type: ignore[return-value]
+            if svc is not None and self._sup.pid(svc) is None:
+                code = self._sup.exit_status(svc.name)
+                how = "" if code is None else f" with status {code}"
+                raise ClusterError(f"{why()}; its process has exited{how}. "
+                                   f"Last lines of {svc.log}:\n{tail(svc.log)}")
+            if time.monotonic() >= deadline:
+                where = f" Last lines of {svc.log}:\n{tail(svc.log)}" if svc else ""
+                raise errors.DeadlineExceeded(f"{why()} after {self.timeout:.0f}s.{where}")
+            time.sleep(POLL)

@@ -1,0 +1,232 @@
+"""Where a dev cluster keeps its files under DIR, and the config files it writes there.
+
+::
+
+    DIR/kibo.toml                     the operator's CLI config (written by `kibo enroll`)
+    DIR/ctrl/ctrl.toml ctrl.log ctrl.pid state/
+    DIR/nodes/<id>/node.toml node.log node.pid grant root/ pool/
+    DIR/nodes/<id>/clock-skew proc/   test inputs, only with `test_inputs`
+    DIR/shared-pool/                  with `--shared-pool`: one pool all nodes attach
+
+The layout is the contract with the tests and the docs: a test kills a node and starts
+it again with ``kibotos node serve --config DIR/nodes/<id>/node.toml``.  The config
+files are validated with the same models the services load, so a file this module
+writes is one the service accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kibotos import atomicfile, config
+
+#: Files copied from the real /proc into a node's prepared proc tree (test inputs).
+PROC_FILES = ("meminfo", "stat", "loadavg", "uptime", "pressure/cpu", "pressure/memory",
+              "pressure/io")
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def kibo_config(self) -> Path:
+        return self.root / "kibo.toml"
+
+    @property
+    def ctrl_dir(self) -> Path:
+        return self.root / "ctrl"
+
+    @property
+    def ctrl_config(self) -> Path:
+        return self.ctrl_dir / "ctrl.toml"
+
+    @property
+    def ctrl_state(self) -> Path:
+        return self.ctrl_dir / "state"
+
+    @property
+    def listen_address_file(self) -> Path:
+        """Written by ``kibotos ctrl serve`` once it has bound its socket."""
+        return self.ctrl_state / "listen-address"
+
+    @property
+    def shared_pool(self) -> Path:
+        return self.root / "shared-pool"
+
+    def node_dir(self, node_id: str) -> Path:
+        return self.root / "nodes" / node_id
+
+    def node_config(self, node_id: str) -> Path:
+        return self.node_dir(node_id) / "node.toml"
+
+    def clock_skew_file(self, node_id: str) -> Path:
+        return self.node_dir(node_id) / "clock-skew"
+
+    def proc_root(self, node_id: str) -> Path:
+        return self.node_dir(node_id) / "proc"
+
+    def node_ids(self) -> list[str]:
+        """The nodes this cluster has, in order node-1, node-2, … (by their configs)."""
+        nodes = self.root / "nodes"
+        if not nodes.is_dir():
+            return []
+        found = [p.name for p in nodes.iterdir() if (p / "node.toml").is_file()]
+        return sorted(found, key=lambda n: (len(n), n))
+
+    def exists(self) -> bool:
+        """Whether DIR holds a dev cluster (its ctrl config has been written)."""
+        return self.ctrl_config.is_file()
+
+
+# ---------------------------------------------------------------------------- TOML
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        # A JSON string with only ASCII is a valid TOML basic string (same escapes).
+        return json.dumps(value, ensure_ascii=True)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _table(name: str, table: dict[str, Any], out: list[str], array: bool = False) -> None:
+    out.append("")
+    out.append(f"[[{name}]]" if array else f"[{name}]")
+    nested = []
+    for key, value in table.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) or (
+                isinstance(value, list) and value and all(isinstance(v, dict) for v in value)):
+            nested.append((key, value))
+        else:
+            out.append(f"{key} = {_toml_value(value)}")
+    for key, value in nested:
+        for row in value if isinstance(value, list) else [value]:
+            _table(f"{name}.{key}", row, out, array=isinstance(value, list))
+
+
+def to_toml(doc: dict[str, dict[str, Any]], header: str = "") -> str:
+    """Tables of scalars, arrays and nested (arrays of) tables: what our configs use."""
+    out = [f"# {line}".rstrip() for line in header.splitlines()]
+    for name, table in doc.items():
+        _table(name, table, out)
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
+def write_config(path: Path, model: type[config.M], doc: dict[str, Any], header: str) -> None:
+    """Validate `doc` as `model` would load it, then write it atomically."""
+    config.parse(model, doc, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomicfile.write_bytes(path, to_toml(doc, header).encode())
+
+
+# ---------------------------------------------------------------------------- configs
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | None,
+                      session_timeout: str | None) -> None:
+    section: dict[str, Any] = {"listen": listen, "state_dir": layout.ctrl_state}
+    if reconcile_interval:
+        section["reconcile_interval"] = reconcile_interval
+    if session_timeout:
+        section["session_timeout"] = session_timeout
+    layout.ctrl_state.mkdir(parents=True, exist_ok=True)
+    write_config(layout.ctrl_config, config.CtrlConfig, {"ctrl": section},
+                 "ctrl of a dev cluster, written by `kibotos dev cluster up`.\n"
+                 "listen starts as port 0; after the first start it holds the port ctrl\n"
+                 "bound, so a restarted ctrl keeps the address the nodes know.")
+
+
+def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,
+                      shared_pool: bool, test_inputs: bool) -> None:
+    d = layout.node_dir(node_id)
+    pools: list[dict[str, Any]] = [
+        {"id": node_id, "path": d / "pool", "default": True, "shared": False},
+    ]
+    if shared_pool:
+        pools.append({"id": "shared", "path": layout.shared_pool, "default": False,
+                      "shared": True})
+    doc: dict[str, Any] = {
+        "node": {
+            "id": node_id,
+            "ctrl_url": ctrl_url,
+            "enrollment_grant_file": d / "grant",
+            "dataplane_listen": f"127.0.0.1:{free_port()}",
+        },
+        "storage": {"root": d / "root", "pool": pools},
+        "resources": {"cpu": _number(cpu), "memory": memory},
+    }
+    if test_inputs:
+        doc["host"] = {"proc_root": layout.proc_root(node_id)}
+        doc["testing"] = {"clock_skew_file": layout.clock_skew_file(node_id)}
+    path = layout.node_config(node_id)
+    config.parse(config.NodeConfig, doc, str(path))  # bad input: nothing written
+    for p in pools:
+        Path(p["path"]).mkdir(parents=True, exist_ok=True)
+    (d / "root").mkdir(parents=True, exist_ok=True)
+    if test_inputs:
+        atomicfile.write_bytes(layout.clock_skew_file(node_id), b"0\n")
+        prepare_proc_root(layout.proc_root(node_id))
+    write_config(path, config.NodeConfig, doc,
+                 f"node {node_id} of a dev cluster, written by `kibotos dev cluster up`.")
+
+
+def _number(cpu: str) -> int | float | str:
+    """``"4"`` -> 4, ``"2.5"`` -> 2.5; anything else stays a string for the validator."""
+    try:
+        value = float(cpu)
+    except ValueError:
+        return cpu
+    return int(value) if value.is_integer() else value
+
+
+def prepare_proc_root(target: Path, source: Path = Path("/proc")) -> None:
+    """Copy the host-usage files a node reads from /proc into `target`, so a test can
+    rewrite them (e.g. ``meminfo`` to make memory tight)."""
+    for name in PROC_FILES:
+        src = source / name
+        dst = target / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = src.read_bytes()
+        except OSError:
+            continue  # e.g. no PSI on this kernel: the node shows '-' for it
+        atomicfile.write_bytes(dst, data)
+
+
+def write_meminfo(proc_root: Path, *, total_bytes: int, available_bytes: int) -> None:
+    """Rewrite ``meminfo`` in a prepared proc tree with the given total and available
+    memory, keeping its other lines."""
+    path = proc_root / "meminfo"
+    lines = path.read_text().splitlines() if path.exists() else []
+    values = {"MemTotal": total_bytes // 1024, "MemAvailable": available_bytes // 1024}
+    out, seen = [], set()
+    for line in lines:
+        key = line.split(":", 1)[0]
+        if key in values:
+            out.append(f"{key}:{values[key]:>16} kB")
+            seen.add(key)
+        else:
+            out.append(line)
+    out.extend(f"{k}:{v:>16} kB" for k, v in values.items() if k not in seen)
+    atomicfile.write_bytes(path, ("\n".join(out) + "\n").encode())
