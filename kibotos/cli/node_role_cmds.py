@@ -1,0 +1,90 @@
+"""``kibotos node …`` (also ``kibotos-node …``): the commands run on a node host.
+
+Not to be confused with ``kibo node`` (operator commands about nodes, in node_cmds.py).
+Exit statuses: 0 after a clean stop (SIGTERM/SIGINT), the error's exit code (10 for a
+bad config, 13 for a failed start precondition) and 75 when ctrl said the node was
+isolated, so that systemd restarts it with a new incarnation.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+import trio
+
+from kibotos import config as config_mod
+from kibotos.config import NodeConfig
+from kibotos.errors import KibotosError
+
+
+@click.group("node")
+def node_role_group() -> None:
+    """The node role: run this host as a kibotos node."""
+
+
+def _fail(exc: KibotosError) -> NoReturn:
+    click.echo(f"error: {exc.message}", err=True)
+    sys.exit(exc.exit_code)
+
+
+async def _run_until_signal(cfg: NodeConfig) -> None:
+    """Run the node; SIGTERM or SIGINT cancel it, so the session closes cleanly and the
+    owner lock is released before the process ends."""
+    from kibotos.node.logs import EventLogger
+    from kibotos.node.serve import serve_node
+
+    log = EventLogger()
+    async with trio.open_nursery() as nursery:
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("node stopping", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(watch_signals)
+        await serve_node(cfg)
+        nursery.cancel_scope.cancel()
+
+
+@node_role_group.command("serve")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The node's configuration file (node.toml).")
+def serve_command(config_path: Path) -> None:
+    """Run the node: enroll once, then hold the control session to ctrl."""
+    try:
+        cfg = config_mod.load(NodeConfig, config_path)
+    except KibotosError as exc:
+        _fail(exc)
+    from kibotos.node import logs
+    from kibotos.node.session import NodeIsolated
+
+    logs.configure()
+    try:
+        trio.run(_run_until_signal, cfg)
+    except BaseExceptionGroup as group:
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, KibotosError):
+            _report_and_exit(leaf, NodeIsolated)
+        raise
+    except KibotosError as exc:
+        _report_and_exit(exc, NodeIsolated)
+
+
+def _report_and_exit(exc: KibotosError, isolated: type[KibotosError]) -> NoReturn:
+    from kibotos.node.logs import EventLogger
+
+    log = EventLogger()
+    if isinstance(exc, isolated):
+        log.error("node exiting after isolate", error=exc.message, exit_status=exc.exit_code)
+    else:
+        log.error("node failed", error=exc.message, code=exc.code, exit_status=exc.exit_code)
+    sys.exit(exc.exit_code)

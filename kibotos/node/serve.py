@@ -1,0 +1,125 @@
+"""`serve_node`: the node role from start to cancellation.
+
+Startup order matters, and each step fails with a message naming what was wrong:
+
+1. storage root and its subdirectories (nothing else can be written without them);
+2. the owner lock, so a second node process on the same root stops before it writes;
+3. the pool directories (never created here: absent means not mounted);
+4. a new incarnation, persisted before anyone hears of it;
+5. the identity, enrolling once if there is none;
+6. then the host-usage sampler and the control session, until cancelled.
+
+systemd learns ``READY=1`` after the first session is established, so `systemctl start`
+returns once ctrl sees the node.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import trio
+
+from kibotos.config import NodeConfig
+from kibotos.node import layout
+from kibotos.node.clock import NodeClock
+from kibotos.node.identity import NodeIdentity, ensure_identity
+from kibotos.node.incarnation import next_incarnation
+from kibotos.node.instances import EmptyInstanceManager, InstanceManager
+from kibotos.node.logs import EventLogger
+from kibotos.node.report import ReportBoard
+from kibotos.node.session import DEFAULT_TIMING, ControlSession, SessionTiming
+from kibotos.node.usage import SAMPLE_INTERVAL, UsageSampler
+
+log = EventLogger()
+
+
+@dataclass
+class NodeRuntime:
+    """The running node's parts, handed to `task_status.started` for tests and tools."""
+
+    config: NodeConfig
+    paths: layout.NodePaths
+    incarnation: int
+    identity: NodeIdentity
+    instances: InstanceManager
+    sampler: UsageSampler
+    board: ReportBoard
+    session: ControlSession
+
+
+def notify_ready() -> None:
+    """``READY=1`` to systemd when it asked for it (``NOTIFY_SOCKET``); cysystemd's
+    notify raises without the variable, and a failed notify must not stop the node."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return
+    from cysystemd.daemon import Notification, notify
+
+    try:
+        notify(Notification.READY, return_exceptions=False)
+    except Exception as exc:
+        log.warning("sd_notify READY=1 failed", error=str(exc))
+
+
+async def serve_node(
+    config: NodeConfig,
+    *,
+    instances: InstanceManager | None = None,
+    sample_interval: float = SAMPLE_INTERVAL,
+    timing: SessionTiming = DEFAULT_TIMING,
+    task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the node until cancelled.  Raises `NodeIsolated` (exit status 75) when ctrl
+    says this incarnation was isolated, after every Instance was destroyed."""
+    paths = layout.NodePaths(config.storage.root)
+    layout.prepare_root(paths)
+    with layout.OwnerLock(paths.lock_file):
+        for pool in config.storage.pool:
+            layout.prepare_pool(pool)
+        incarnation = next_incarnation(paths.incarnation_file)
+        log.info("node starting", node_id=config.node.id, incarnation=incarnation,
+                 root=paths.root)
+        identity = await ensure_identity(config, paths.identity_file)
+
+        manager: InstanceManager = instances or EmptyInstanceManager()
+        sampler = UsageSampler(config.host.proc_root, manager)
+        board = ReportBoard(manager, sampler.tightness)
+        ready_sent = False
+
+        def on_established() -> None:
+            nonlocal ready_sent
+            if not ready_sent:
+                ready_sent = True
+                notify_ready()
+
+        session = ControlSession(
+            config, identity, incarnation,
+            clock=NodeClock(config.testing.clock_skew_file),
+            sampler=sampler, board=board, instances=manager,
+            on_established=on_established, timing=timing,
+        )
+        runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,
+                              session)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(
+                    sampler.run, board.mark_changed, interval=sample_interval))
+                task_status.started(runtime)
+                await session.run()
+        except BaseExceptionGroup as group:
+            sole = _sole_exception(group)
+            if sole is None:
+                raise
+            raise sole from None
+
+
+def _sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception inside nested single-member groups (trio wraps the nursery body's
+    exception even when it is alone), or None when there really were several."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc
