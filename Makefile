@@ -14,8 +14,10 @@ $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml)
 
 venv: $(BIN)/.installed
 
-# Sets up this machine and runs the main job: a local cluster, its nodes READY.
-demo: venv
+# Sets up this machine (apt packages, the venv) and runs the main job: a local cluster
+# under .dev-cluster/, its nodes READY, left running.  demo.sh builds the venv itself,
+# after the apt packages the venv needs.
+demo:
 	./packaging/demo.sh
 
 # The test command of the README and of CI: lint, types, and every test.
