@@ -1,0 +1,162 @@
+"""The operator CLI's synchronous client for ctrl's HTTP API.
+
+One place translates everything foreign into `kibotos.errors`: an ``{"error": …}``
+response becomes the class its code names (`error_from_wire`), a refused or dropped
+connection becomes `Unavailable` naming the URL, a timeout `DeadlineExceeded`.  Nothing
+above this module sees an httpx exception.
+
+Every write carries a ``command_id``: the caller's, or one generated per write call and
+reused by the retries of that call, so a request that reached ctrl but whose answer was
+lost is replayed by ctrl instead of being done twice.  Transport failures are retried a
+few times (reads are safe, writes are replays); HTTP errors are not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from kibotos.errors import (
+    ERROR_CLASSES,
+    Aborted,
+    DeadlineExceeded,
+    Internal,
+    KibotosError,
+    Unavailable,
+    error_from_wire,
+)
+from kibotos.ids import new_id
+
+_STATUS_CLASSES: dict[int, type[KibotosError]] = {}
+for _cls in ERROR_CLASSES.values():
+    _STATUS_CLASSES.setdefault(_cls.http_status, _cls)
+_STATUS_CLASSES[409] = Aborted
+
+#: Pauses between attempts after a transport failure (so three attempts in all).
+RETRY_PAUSES = (0.25, 1.0)
+
+
+class Deadline:
+    """The global ``--timeout`` of one invocation: a point on the monotonic clock."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def remaining(self) -> float | None:
+        return None if self.at is None else self.at - time.monotonic()
+
+    def expired(self) -> bool:
+        remaining = self.remaining()
+        return remaining is not None and remaining <= 0
+
+
+class Client:
+    """Calls ctrl at `base_url` as the identity whose bearer `credential` is given.
+
+    `request_timeout` bounds each HTTP request; `deadline` bounds the whole invocation
+    and shortens the last requests so the command ends when the user said.
+    """
+
+    def __init__(self, base_url: str, credential: str | None, *,
+                 request_timeout: float = 30.0, deadline: Deadline | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.request_timeout = request_timeout
+        self.deadline = deadline or Deadline(None)
+        headers = {"User-Agent": "kibo"}
+        if credential:
+            headers["Authorization"] = f"Bearer {credential}"
+        self._http = httpx.Client(base_url=self.base_url, headers=headers,
+                                  transport=transport, follow_redirects=False)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        return self._request("GET", path, params=query)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, *,
+             write: bool = True) -> Any:
+        return self._request("POST", path, body=self._with_command_id(body, write))
+
+    def put(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._request("PUT", path, body=self._with_command_id(body, True))
+
+    @staticmethod
+    def _with_command_id(body: dict[str, Any] | None, write: bool) -> dict[str, Any]:
+        sent = {k: v for k, v in (body or {}).items() if v is not None}
+        if write and not sent.get("command_id"):
+            sent["command_id"] = new_id("kibo")
+        return sent
+
+    def _timeout(self) -> float:
+        remaining = self.deadline.remaining()
+        if remaining is None:
+            return self.request_timeout
+        if remaining <= 0:
+            raise DeadlineExceeded(
+                f"the global --timeout of {self.deadline.seconds:g}s passed")
+        return min(self.request_timeout, remaining)
+
+    def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                 body: dict[str, Any] | None = None) -> Any:
+        url = f"{self.base_url}{path}"
+        attempt = 0
+        while True:
+            timeout = self._timeout()
+            try:
+                response = self._http.request(method, path, params=params, json=body,
+                                              timeout=timeout)
+            except httpx.TimeoutException:
+                raise DeadlineExceeded(
+                    f"ctrl at {self.base_url} did not answer {method} {path} "
+                    f"within {timeout:g}s") from None
+            except httpx.TransportError as exc:
+                if attempt < len(RETRY_PAUSES) and not self._would_overrun(attempt):
+                    time.sleep(RETRY_PAUSES[attempt])
+                    attempt += 1
+                    continue
+                raise Unavailable(f"cannot reach ctrl at {self.base_url}: "
+                                  f"{_describe_transport_error(exc)}") from None
+            return _result(response, method, url)
+
+    def _would_overrun(self, attempt: int) -> bool:
+        remaining = self.deadline.remaining()
+        return remaining is not None and remaining <= RETRY_PAUSES[attempt]
+
+
+def _describe_transport_error(exc: httpx.TransportError) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectError):
+        return f"connection failed ({text})"
+    return text
+
+
+def _result(response: httpx.Response, method: str, url: str) -> Any:
+    """The ``result`` of a success, or the error the response stands for, raised."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.is_success:
+        if isinstance(body, dict) and "result" in body:
+            return body["result"]
+        raise Internal(f"ctrl answered {method} {url} with HTTP {response.status_code} "
+                       f"but no result: {response.text[:200]!r}")
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        raise error_from_wire(body)
+    cls = _STATUS_CLASSES.get(response.status_code, Internal)
+    raise cls(f"ctrl answered {method} {url} with HTTP {response.status_code}: "
+              f"{response.text[:200].strip() or response.reason_phrase}")

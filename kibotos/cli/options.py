@@ -1,0 +1,131 @@
+"""The options every ``kibo`` command shares, and the one place errors become exit codes.
+
+`kibo_options` adds ``--config``, ``--json`` and ``--timeout`` to a command (so they
+work after the subcommand, as the spec writes them: ``kibo node drain X --wait
+--timeout 10m``) and hands the command an `Invocation` instead.  A `KibotosError`
+raised anywhere below is printed by the renderer and ends the process with the error
+class's exit code; click's own usage errors keep exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kibotos import config as config_mod
+from kibotos import ids
+from kibotos.cli.client import Client, Deadline
+from kibotos.cli.output import Output
+from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.units import parse_duration
+
+
+class Invocation:
+    """One run of one command: where output goes, the deadline, and how to reach ctrl."""
+
+    def __init__(self, *, config_path: str | None, as_json: bool,
+                 timeout: float | None) -> None:
+        self.explicit_config = config_path
+        self.out = Output(as_json)
+        self.deadline = Deadline(timeout)
+        self._client: Client | None = None
+
+    @property
+    def as_json(self) -> bool:
+        return self.out.as_json
+
+    @property
+    def config_path(self) -> Path:
+        return config_mod.kibo_config_path(self.explicit_config)
+
+    def load_config(self) -> config_mod.KiboConfig:
+        path = self.config_path
+        if not path.exists():
+            raise InvalidArgument(
+                f"configuration file {path} does not exist: run `kibo enroll` first, or "
+                "point --config or KIBO_CONFIG at one")
+        return config_mod.load(config_mod.KiboConfig, path)
+
+    def client(self) -> Client:
+        """The client for ctrl, built on first use (so bad arguments never load config)."""
+        if self._client is None:
+            cfg = self.load_config()
+            self._client = Client(cfg.ctrl_url, cfg.credential,
+                                  request_timeout=cfg.timeout, deadline=self.deadline)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _parse_timeout(value: str | None) -> float | None:
+    if value is None:
+        return None
+    seconds = parse_duration(value, "--timeout")
+    if seconds <= 0:
+        raise InvalidArgument(f"--timeout must be positive, got {value!r}")
+    return seconds
+
+
+def kibo_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """Decorate a click command callback whose first parameter is an `Invocation`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, config_path: str | None, as_json: bool, timeout: str | None,
+                **kwargs: Any) -> None:
+        out = Output(as_json)
+        inv: Invocation | None = None
+        try:
+            inv = Invocation(config_path=config_path, as_json=as_json,
+                             timeout=_parse_timeout(timeout))
+            fn(inv, *args, **kwargs)
+        except KibotosError as exc:
+            out.error(exc)
+            raise click.exceptions.Exit(exc.exit_code) from None
+        finally:
+            if inv is not None:
+                inv.close()
+
+    options = [
+        click.option("--config", "config_path", metavar="PATH",
+                     help="kibo.toml to use (default: $KIBO_CONFIG, then "
+                          "~/.config/kibotos/kibo.toml)."),
+        click.option("--json", "as_json", is_flag=True,
+                     help='Print {"result": ...} as JSON instead of text.'),
+        click.option("--timeout", metavar="DURATION",
+                     help="Give up after this long in all, e.g. 30s or 10m (exit code 16)."),
+    ]
+    decorated: Callable[..., None] = wrapper
+    for option in reversed(options):
+        decorated = option(decorated)
+    return decorated
+
+
+# ------------------------------------------------------------------ shared arguments
+
+
+def node_id_argument(value: str) -> str:
+    """Check a NODE argument before anything is loaded or sent (exit code 10)."""
+    return ids.check_node_id(value)
+
+
+def command_id_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--command-id", metavar="ID",
+        help="Idempotency key: replaying it with the same input returns the stored "
+             "result (default: one generated for this invocation).")(fn)
+
+
+def expected_version_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--expected-version", type=click.IntRange(min=0), metavar="N",
+        help="Refuse the change unless the record is still at this version.")(fn)
+
+
+def check_command_id(value: str | None) -> str | None:
+    return None if value is None else ids.check_command_id(value)

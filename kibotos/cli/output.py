@@ -1,0 +1,149 @@
+"""The one renderer of the operator CLI: tables and sections for people, JSON for scripts.
+
+Rules every command follows through this module, so they hold everywhere at once:
+
+* data goes to stdout, messages and errors to stderr;
+* ``--json`` prints ``{"result": …}`` with the API result as is; an error prints
+  ``{"error": {"code", "message"}}`` on stdout as well, so a script piping into ``jq``
+  sees a structured answer, while the human line ``error: <code>: <message>`` always
+  goes to stderr;
+* when stdout is not a terminal, or ``KIBO_ASCII=1``, tables use an ASCII box and no
+  colour, so snapshots and ``awk`` see stable text; ``COLUMNS`` sets the width, and a
+  pipe without ``COLUMNS`` gets a width wide enough never to wrap a row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from kibotos.errors import KibotosError
+
+#: A table row or a section line; every cell is already a display string.
+Row = Sequence[str]
+
+# Without a terminal and without COLUMNS nothing reads the width: do not wrap rows.
+_PIPE_WIDTH = 1000
+
+
+@dataclass
+class Section:
+    """A titled block of ``label: value`` lines, as `kibo node get` prints them."""
+
+    title: str
+    lines: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, label: str, value: str) -> None:
+        self.lines.append((label, value))
+
+
+def _ascii_mode(stream: IO[str]) -> bool:
+    if os.environ.get("KIBO_ASCII") == "1":
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return not (callable(isatty) and isatty())
+
+
+def _console(stream: IO[str]) -> Console:
+    ascii_mode = _ascii_mode(stream)
+    columns = os.environ.get("COLUMNS", "")
+    width: int | None = int(columns) if columns.isdigit() and int(columns) > 0 else None
+    if width is None and ascii_mode:
+        width = _PIPE_WIDTH
+    return Console(
+        file=stream,
+        width=width,
+        no_color=ascii_mode,
+        color_system=None if ascii_mode else "auto",
+        force_terminal=False if ascii_mode else None,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
+
+
+class Output:
+    """Where one invocation writes; built once per command by the shared options."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    # ------------------------------------------------------------------ data (stdout)
+
+    def json_result(self, value: Any) -> None:
+        click.echo(json.dumps({"result": value}, indent=2, ensure_ascii=False))
+
+    def line(self, text: str) -> None:
+        """One line of data on stdout (a token, an ID, a summary of a write)."""
+        click.echo(text)
+
+    def table(self, columns: Sequence[str], rows: Sequence[Row], *,
+              title: str | None = None) -> None:
+        stream = sys.stdout
+        ascii_mode = _ascii_mode(stream)
+        table = Table(
+            box=box.ASCII if ascii_mode else box.ROUNDED,
+            title=Text(title) if title else None,
+            title_justify="left",
+            header_style="" if ascii_mode else "bold",
+            show_edge=True,
+            pad_edge=True,
+        )
+        for name in columns:
+            table.add_column(Text(name), no_wrap=True, overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        _console(stream).print(table)
+
+    def sections(self, sections: Sequence[Section]) -> None:
+        """Sections separated by a blank line; labels aligned within each section."""
+        stream = sys.stdout
+        console = _console(stream)
+        for i, section in enumerate(sections):
+            if i:
+                console.print()
+            console.print(Text(section.title, style="" if _ascii_mode(stream) else "bold"))
+            width = max((len(label) for label, _ in section.lines), default=0)
+            for label, value in section.lines:
+                console.print(Text(f"  {label + ':':<{width + 1}} {value}"), soft_wrap=True)
+
+    # ------------------------------------------------------------- messages (stderr)
+
+    def message(self, text: str) -> None:
+        """Progress and notes for the person at the terminal; never data."""
+        click.echo(text, err=True)
+
+    def warning(self, text: str) -> None:
+        click.echo(f"warning: {text}", err=True)
+
+    def error(self, exc: KibotosError) -> None:
+        if self.as_json:
+            click.echo(json.dumps(exc.to_wire(), indent=2, ensure_ascii=False))
+        click.echo(f"error: {exc.code}: {exc.message}", err=True)
+
+
+def yes_no(value: object) -> str:
+    """Booleans as people read them; a missing value is ``-``, never ``no``."""
+    if value is None:
+        return "-"
+    return "yes" if value else "no"
+
+
+def dash(value: object) -> str:
+    """Any scalar for display; ``None`` (not readable, not reported) is ``-``."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a person can answer a confirmation prompt."""
+    return sys.stdin is not None and sys.stdin.isatty()
