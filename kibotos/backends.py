@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -37,6 +38,25 @@ class NodeCapacity:
     @property
     def free_memory_bytes(self) -> int:
         return self.schedulable_memory_bytes - self.allocated_memory_bytes
+
+    def free_share_after(self, request: PlacementRequest) -> Fraction:
+        """The share of this node left free once `request` is placed, CPU and memory
+        combined (their mean), as an exact fraction.
+
+        Exact, so two policies or two runs never disagree on a tie because of float
+        rounding.  A resource the node has none of counts as full (share 0): such a node
+        can only be a candidate for a request that needs none of it.
+        """
+        return (
+            _share(self.free_cpu_millis - request.cpu_millis, self.schedulable_cpu_millis)
+            + _share(
+                self.free_memory_bytes - request.memory_bytes, self.schedulable_memory_bytes
+            )
+        ) / 2
+
+
+def _share(free: int, total: int) -> Fraction:
+    return Fraction(free, total) if total > 0 else Fraction(0)
 
 
 @dataclass(frozen=True)
@@ -111,18 +131,41 @@ class StorageDriver(Protocol):
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """A long-running service to start: one VMM, data-plane or egress process."""
+    """A long-running service to start: one VMM, data-plane or egress process.
+
+    ``name`` is 1-200 characters of letters, digits and ``_.@:-``, not starting with a
+    dot; it is the key of `describe`/`stop` and what `list` matches by prefix.
+    ``environment`` is the unit's whole environment (as with systemd, the node's own
+    environment is not inherited; ``PATH`` defaults to the usual system path).
+    ``properties`` are supervisor-specific unit properties (systemd's ``MemoryMax`` …);
+    a supervisor records those it cannot honour.  ``log_path`` receives stdout and
+    stderr (appended); None means the supervisor's default place (the journal for
+    systemd, ``<state_dir>/logs/<name>.log`` for ``direct``).
+    """
 
     name: str
     argv: Sequence[str]
     properties: Mapping[str, Any] = field(default_factory=dict)
     environment: Mapping[str, str] = field(default_factory=dict)
     working_directory: Path | None = None
+    log_path: Path | None = None
 
 
 @dataclass(frozen=True)
 class UnitInfo:
-    """What the supervisor can prove about a running unit; compared on adoption."""
+    """What the supervisor can prove about a unit; compared on adoption.
+
+    ``active`` is true only while the unit's main process is the very process that was
+    started (same PID *and* same start time, in this boot), so a reused PID never makes
+    a dead unit look alive.  While active, the process facts (``main_pid``,
+    ``start_time_ticks`` = field 22 of ``/proc/<pid>/stat``, ``executable`` and its
+    ``(st_dev, st_ino)``, ``cgroup``, ``netns_inode``) are read afresh; when inactive
+    they are None.  ``invocation_id`` (128-bit hex, new on every start) and ``argv``
+    stay those of the last start.  ``result`` is None while active; once the main
+    process is gone it says how it ended as far as the supervisor can tell (systemd:
+    ``success``, ``exit-code``, ``signal``, ``oom-kill`` …; ``direct``, which is not the
+    process's parent and cannot see its exit status: ``gone``).
+    """
 
     name: str
     active: bool
@@ -134,6 +177,7 @@ class UnitInfo:
     cgroup: str | None
     netns_inode: int | None
     result: str | None = None
+    argv: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -141,9 +185,14 @@ class Supervisor(Protocol):
     """Starts, describes, lists and stops units.
 
     Lifecycle: `start` returns once the unit's main process exists (``Type=exec``
-    semantics); `describe` returns None for a unit that is gone; `stop` returns once no
-    process of the unit remains; `list` finds units by name prefix, also after the node
-    restarted.
+    semantics: the exec succeeded, or `start` raised); starting a name whose unit is
+    still active is refused (`kibotos.errors.AlreadyExists`), while a dead one is
+    replaced.  Units outlive the node process: a new supervisor object (node restart)
+    finds them again.  `describe` returns None for a name it knows nothing of, and a
+    `UnitInfo` with ``active=False`` for a unit whose main process ended on its own;
+    `stop` ends every process of the unit (terminate, then kill after ``timeout``
+    seconds), returns once none remains, forgets the unit, and is a no-op for an unknown
+    name; `list` finds units by name prefix, also after the node restarted.
     """
 
     name: ClassVar[str]

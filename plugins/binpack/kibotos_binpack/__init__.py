@@ -1,0 +1,45 @@
+"""Built-in placement policy ``binpack`` (the default): fill the fullest node first.
+
+Packing Workspaces onto as few nodes as possible keeps whole nodes empty, so they can be
+drained, retired or handed a large Workspace later.  The measure is the share of the
+node left free once the request is placed, CPU and memory combined
+(`kibotos.backends.NodeCapacity.free_share_after`); the smallest share ranks first and
+ties go to the lower node ID, so the same inputs always give the same ranking.
+
+Registered through the public hook API only, like any third-party plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any, ClassVar
+
+from kibotos.backends import NodeCapacity, PlacementRequest
+from kibotos.errors import InvalidArgument
+from kibotos.hookspecs import Register, hookimpl
+
+__all__ = ["BinpackPolicy", "kibotos_register_placement"]
+
+
+class BinpackPolicy:
+    """Ranks candidates by least free share after placing the request."""
+
+    name: ClassVar[str] = "binpack"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        if options:
+            raise InvalidArgument(
+                f"placement policy binpack takes no options, got {', '.join(sorted(options))}"
+            )
+
+    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
+        def key(node: NodeCapacity) -> tuple[Fraction, str]:
+            return (node.free_share_after(request), node.node_id)
+
+        return [node.node_id for node in sorted(candidates, key=key)]
+
+
+@hookimpl
+def kibotos_register_placement(register: Register) -> None:
+    register(BinpackPolicy)

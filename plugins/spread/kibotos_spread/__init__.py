@@ -1,0 +1,45 @@
+"""Built-in placement policy ``spread``: put each Workspace on the emptiest node.
+
+Spreading keeps the load even, so one busy node hurts as few Workspaces as possible and
+each keeps the most room to grow into overcommit.  The node with the largest share left
+free once the request is placed (`kibotos.backends.NodeCapacity.free_share_after`, CPU
+and memory combined) ranks first; ties go to the node running fewer Instances, then to
+the lower node ID, so the same inputs always give the same ranking.
+
+Registered through the public hook API only, like any third-party plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any, ClassVar
+
+from kibotos.backends import NodeCapacity, PlacementRequest
+from kibotos.errors import InvalidArgument
+from kibotos.hookspecs import Register, hookimpl
+
+__all__ = ["SpreadPolicy", "kibotos_register_placement"]
+
+
+class SpreadPolicy:
+    """Ranks candidates by most free share after placing the request."""
+
+    name: ClassVar[str] = "spread"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        if options:
+            raise InvalidArgument(
+                f"placement policy spread takes no options, got {', '.join(sorted(options))}"
+            )
+
+    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
+        def key(node: NodeCapacity) -> tuple[Fraction, int, str]:
+            return (-node.free_share_after(request), node.instance_count, node.node_id)
+
+        return [node.node_id for node in sorted(candidates, key=key)]
+
+
+@hookimpl
+def kibotos_register_placement(register: Register) -> None:
+    register(SpreadPolicy)
