@@ -26,7 +26,7 @@ import httpx
 
 from kibotos import atomicfile, config, errors
 from kibotos.dev import layout as lay
-from kibotos.dev.procs import DEFAULT_GRACE, Service, Supervisor, tail
+from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 
 T = TypeVar("T")
 
@@ -268,6 +268,18 @@ class DevCluster:
             raise errors.DeadlineExceeded(f"node {node_id} still runs after "
                                           f"{timeout or self.timeout:.0f}s")
         return self._sup.exit_status(node_id)
+
+    def node_log(self, node_id: str, *, current_run: bool = True) -> str:
+        """The node's log; by default only what its latest start wrote."""
+        svc = self.node_service(node_id)
+        try:
+            text = svc.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        if current_run:
+            start = text.rfind(START_MARK)
+            return text[start:] if start >= 0 else text
+        return text
 
     def node(self, node_id: str) -> dict[str, Any]:
         """The Node record ctrl has for `node_id` (``GET /v1/nodes/{id}``)."""

@@ -26,6 +26,8 @@ from kibotos import atomicfile
 
 #: How long `stop` waits after SIGTERM before it sends SIGKILL.
 DEFAULT_GRACE = 10.0
+#: Begins the line `Supervisor.start` appends to a service's log before each start.
+START_MARK = "--- kibotos dev: starting "
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Supervisor:
         if env:
             child_env.update(env)
         with open(service.log, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: "
+            log.write(f"{START_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')}: "
                       f"{' '.join(service.argv)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
