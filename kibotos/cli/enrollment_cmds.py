@@ -174,6 +174,9 @@ def list_grants(inv: Invocation) -> None:
 def revoke(inv: Invocation, target_id: str, command_id: str | None) -> None:
     """Revoke a grant or an identity; a revoked identity is refused at once."""
     ids.check_object_id(target_id, "grant or identity ID")
+    if not target_id.startswith(("kgr-", "kid-")):
+        raise InvalidArgument(f"invalid grant or identity ID {target_id!r}: must be a grant "
+                              "(kgr-…) or an identity (kid-…)")
     result = inv.client().post("/v1/enrollment/revoke", {
         "id": target_id, "command_id": check_command_id(command_id)})
     if inv.as_json:

@@ -50,7 +50,10 @@ def release(node: dict[str, Any]) -> str:
 
 
 def offset(ms: float) -> str:
-    """A clock offset with its sign: ``+12ms`` below a second, ``-31.2s`` above."""
+    """A clock offset with its sign: ``+0.8ms`` below 10 ms, ``+12ms`` below a second,
+    ``-31.2s`` above."""
+    if abs(ms) < 9.95:
+        return f"{'-' if ms < 0 and round(ms, 1) != 0 else '+'}{abs(ms):.1f}ms"
     if abs(ms) < 999.5:
         whole = round(ms)
         return f"{'-' if whole < 0 else '+'}{abs(whole)}ms"
@@ -115,6 +118,10 @@ def _registration(node: dict[str, Any], wide: bool) -> Section:
     s.add("Drain requested", yes_no(node.get("drain_requested")))
     s.add("Isolated", yes_no(node.get("isolated")))
     s.add("Retired", yes_no(node.get("retired")))
+    placement = _dict(node.get("placement"))
+    if "eligible" in placement:
+        s.add("Placement", "eligible" if placement["eligible"] else
+              f"not eligible ({dash(placement.get('reason'))})")
     if wide:
         s.add("Registration version", dash(node.get("registration_version")))
     return s

@@ -54,10 +54,11 @@ def _ascii_mode(stream: IO[str]) -> bool:
     return not (callable(isatty) and isatty())
 
 
-def _console(stream: IO[str]) -> Console:
+def _console(stream: IO[str], width: int | None = None) -> Console:
     ascii_mode = _ascii_mode(stream)
     columns = os.environ.get("COLUMNS", "")
-    width: int | None = int(columns) if columns.isdigit() and int(columns) > 0 else None
+    if width is None and columns.isdigit() and int(columns) > 0:
+        width = int(columns)
     if width is None and ascii_mode:
         width = _PIPE_WIDTH
     return Console(
@@ -99,11 +100,19 @@ class Output:
             show_edge=True,
             pad_edge=True,
         )
+        # Cells never wrap and are never cut: a table wider than COLUMNS is printed whole
+        # and the terminal wraps its lines (as kubectl does), so no value is lost.
+        widths = [max([len(name)] + [len(row[i]) for row in rows])
+                  for i, name in enumerate(columns)]
         for name in columns:
-            table.add_column(Text(name), no_wrap=True, overflow="fold")
+            table.add_column(Text(name), no_wrap=True)
         for row in rows:
             table.add_row(*(Text(cell) for cell in row))
-        _console(stream).print(table)
+        console = _console(stream)
+        needed = sum(widths) + 3 * len(columns) + 1
+        if needed > console.width:
+            console = _console(stream, width=needed)
+        console.print(table)
 
     def sections(self, sections: Sequence[Section]) -> None:
         """Sections separated by a blank line; labels aligned within each section."""

@@ -29,6 +29,7 @@ from conftest import invoke
     (["enrollment", "create", "--kind", "node", "--node-id", "Bad"], 10, "invalid node ID"),
     (["enrollment", "create", "--kind", "operator", "--expires", "-"], 10, "--expires"),
     (["enrollment", "revoke", "KGR_1"], 10, "invalid grant or identity ID"),
+    (["enrollment", "revoke", "node-a"], 10, "must be a grant (kgr-…) or an identity"),
     # Bad combinations of flags: usage errors, exit code 2, naming the flag.
     (["node", "isolate", "node-a"], 2, "--confirm-host-cannot-write is required"),
     (["node", "retire", "node-a", "--yes", "--command-id", "r-1"], 2,

@@ -110,7 +110,7 @@ def test_get_sections_and_host_usage(kibo, fake_ctrl):
         assert f"\n{title}\n" in f"\n{text}"
     lines = _lines(text)
     assert lines["Status"] == "READY"
-    assert lines["Clock offset"] == "+12ms ±1ms (measured 2026-11-29T15:01:00.000Z)"
+    assert lines["Clock offset"] == "+12ms ±0.8ms (measured 2026-11-29T15:01:00.000Z)"
     assert lines["Clock sync"] == "synchronized"
     assert lines["Allocated CPU"] == "1.5 cores"
     assert lines["Allocated memory"] == "2.0GiB"
@@ -167,13 +167,14 @@ def test_get_over_and_unconfirmed_overcommit():
     n = over()
     n["overcommit"]["confirmed"] = False
     sections = {s.title: dict(s.lines) for s in node_render.get_sections(n, wide=True)}
-    assert sections["Latest session"]["Clock offset"].startswith("+31.2s (over) ±1ms")
+    assert sections["Latest session"]["Clock offset"].startswith("+31.2s (over) ±0.8ms")
     assert sections["Latest session"]["Release version"] == "unreleased"
     assert sections["Schedulable and overcommit"]["Overcommit confirmed"].startswith("no")
 
 
 @pytest.mark.parametrize(("ms", "text"), [
-    (0.2, "+0ms"), (-0.2, "+0ms"), (12.4, "+12ms"), (-999.0, "-999ms"),
+    (0.02, "+0.0ms"), (-0.02, "+0.0ms"), (0.8, "+0.8ms"), (-3.25, "-3.2ms"),
+    (9.96, "+10ms"), (12.4, "+12ms"), (-999.0, "-999ms"),
     (999.6, "+1.0s"), (-31234.0, "-31.2s"), (125000.0, "+125.0s"),
 ])
 def test_offset_format(ms, text):
@@ -187,3 +188,14 @@ def test_memory_units():
     assert node_render.size(None) == "-"
     assert node_render.cores(250) == "0.25"
     assert GIB == 2**30
+
+
+@pytest.mark.parametrize("columns", ["40", "80", "120"])
+def test_narrow_columns_never_cut_data(kibo, fake_ctrl, columns):
+    _list_page(fake_ctrl, node(), offline(), over())
+    out = kibo("node", "list", "--wide", env={"COLUMNS": columns}).stdout
+    for word in ("NODE", "INSTANCES", "CPU_ALLOC/SCHED", "MEM_ALLOC/SCHED", "REG_VERSION",
+                 "unreleased", "+31.2s", "(over)", "2.0GiB/8.0GiB", "-/8.0GiB"):
+        assert word in out
+    assert "+31.2s (over)" in out  # cells never wrap
+    assert len({len(line) for line in out.splitlines()}) == 1  # and no line is cut
