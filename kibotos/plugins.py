@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import pluggy
 
 from kibotos import backends, hookspecs
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
 
 ENTRY_POINT_GROUP = "kibotos"
 DISABLE_ENV = "KIBOTOS_DISABLE_PLUGINS"
@@ -173,7 +173,12 @@ class _Candidate:
     source: str
     version: str
     module: str
+    origin: str  # the distribution, or where a test module was named
     load: Callable[[], Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.module} ({self.origin})"
 
 
 def _entry_point_candidates() -> list[_Candidate]:
@@ -188,7 +193,8 @@ def _entry_point_candidates() -> list[_Candidate]:
             plugin=ep.name,
             source="builtin" if is_builtin else "entry-point",
             version=version,
-            module=f"{ep.value} ({dist_name})",
+            module=ep.value,
+            origin=dist_name,
             load=_loader(ep),
         )
         (builtin if is_builtin else third).append(cand)
@@ -219,9 +225,14 @@ def _normalize(dist_name: str) -> str:
 
 def _test_candidates(modules: Sequence[str]) -> list[_Candidate]:
     return [
-        _Candidate(plugin=m, source="test", version="test", module=m, load=_module_loader(m))
+        _Candidate(plugin=m, source="test", version="test", module=m,
+                   origin=EXTRA_MODULES_ENV, load=_module_loader(m))
         for m in modules
     ]
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def _register_module(regs: Registries, module: Any, cand: _Candidate) -> None:
@@ -233,7 +244,7 @@ def _register_module(regs: Registries, module: Any, cand: _Candidate) -> None:
         regs.manager.check_pending()
     except (pluggy.PluginValidationError, ValueError) as exc:
         raise FailedPrecondition(
-            f"plugin {cand.plugin!r} ({cand.module}) is invalid: {exc}"
+            f"plugin {cand.plugin!r} from {cand.where} is invalid: {_one_line(exc)}"
         ) from exc
     for kind in KINDS:
         registry = regs.registry(kind)
@@ -258,7 +269,15 @@ def _register_module(regs: Registries, module: Any, cand: _Candidate) -> None:
         for impl in hook.get_hookimpls():
             if impl.plugin is module:
                 kwargs = {"register": register} if "register" in impl.argnames else {}
-                impl.function(**kwargs)
+                try:
+                    impl.function(**kwargs)
+                except KibotosError:
+                    raise
+                except Exception as exc:
+                    raise FailedPrecondition(
+                        f"plugin {cand.plugin!r} from {cand.where}: {hook.name} failed: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
 
 
 def load_plugins(
@@ -282,7 +301,7 @@ def load_plugins(
         if cand.plugin in seen:
             first = seen[cand.plugin]
             raise FailedPrecondition(
-                f"duplicate plugin {cand.plugin!r}: {first.module} and {cand.module}"
+                f"duplicate plugin {cand.plugin!r}: {first.where} and {cand.where}"
             )
         seen[cand.plugin] = cand
         if cand.plugin in blocked:
@@ -292,7 +311,7 @@ def load_plugins(
             module = cand.load()
         except Exception as exc:
             raise FailedPrecondition(
-                f"plugin {cand.plugin!r} ({cand.module}) failed to load: "
+                f"plugin {cand.plugin!r} from {cand.where} failed to load: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         _register_module(regs, module, cand)

@@ -1,0 +1,165 @@
+"""The ``local`` storage driver against prepared /proc trees (and once against the real
+one): availability, and reasons that name the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kibotos.backends import HostPaths, PoolSpec, StorageDriver
+from kibotos.errors import InvalidArgument
+from kibotos.plugins import load_plugins
+
+
+@pytest.fixture(scope="module")
+def driver() -> StorageDriver:
+    return load_plugins().storage_driver.get("local")({})
+
+
+def prepared_proc(tmp_path: Path, lines: list[str]) -> HostPaths:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "mounts").write_text("".join(line + "\n" for line in lines))
+    return HostPaths(proc_root=proc)
+
+
+def escaped(path: Path) -> str:
+    """A path the way the kernel writes it in /proc/self/mounts."""
+    return str(path).replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+
+
+@pytest.fixture
+def pool_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "mnt" / "pool-a"
+    path.mkdir(parents=True)
+    return path
+
+
+def pool(path: Path) -> PoolSpec:
+    return PoolSpec(id="pool-a", path=path)
+
+
+def test_driver_meets_the_protocol(driver):
+    assert isinstance(driver, StorageDriver)
+    assert driver.name == "local"
+
+
+def test_writable_mount_is_available(driver, tmp_path, pool_dir):
+    host = prepared_proc(tmp_path, [
+        "/dev/vda1 / ext4 rw,relatime 0 0",
+        f"/dev/vdb1 {escaped(tmp_path / 'mnt')} xfs rw,noatime 0 0",
+    ])
+    result = driver.check(pool(pool_dir), host)
+    assert result.available, result.reason
+    assert result.reason is None
+
+
+def test_read_only_mount_is_unavailable_with_reason(driver, tmp_path, pool_dir):
+    mnt = tmp_path / "mnt"
+    host = prepared_proc(tmp_path, [
+        "/dev/vda1 / ext4 rw,relatime 0 0",
+        f"/dev/vdb1 {escaped(mnt)} xfs ro,noatime 0 0",
+    ])
+    result = driver.check(pool(pool_dir), host)
+    assert not result.available
+    assert result.reason == (
+        f"pool pool-a: {pool_dir} is on a read-only mount ({mnt}, xfs from /dev/vdb1)"
+    )
+
+
+def test_longest_mount_point_prefix_decides(driver, tmp_path, pool_dir):
+    # The root is read-only but the pool's own, deeper mount is writable, and a
+    # read-only mount at a sibling whose name is a string prefix does not count.
+    host = prepared_proc(tmp_path, [
+        "/dev/vda1 / ext4 ro,relatime 0 0",
+        f"/dev/vdb1 {escaped(pool_dir)} ext4 rw 0 0",
+        f"/dev/vdc1 {escaped(pool_dir)}-old ext4 ro 0 0",
+        f"/dev/vdd1 {escaped(pool_dir / 'volumes')} ext4 ro 0 0",
+    ])
+    assert driver.check(pool(pool_dir), host).available
+    host = prepared_proc(tmp_path / "second", [
+        f"/dev/vdb1 {escaped(pool_dir)} ext4 ro 0 0",
+        "/dev/vda1 / ext4 rw,relatime 0 0",
+    ])
+    result = driver.check(pool(pool_dir), host)
+    assert not result.available
+    assert "read-only mount" in (result.reason or "")
+
+
+def test_last_of_stacked_mounts_wins(driver, tmp_path, pool_dir):
+    mnt = escaped(tmp_path / "mnt")
+    ro_on_top = prepared_proc(tmp_path / "a", [
+        "/dev/vda1 / ext4 rw 0 0", f"/dev/vdb1 {mnt} ext4 rw 0 0", f"/dev/vdb1 {mnt} ext4 ro 0 0",
+    ])
+    rw_on_top = prepared_proc(tmp_path / "b", [
+        "/dev/vda1 / ext4 rw 0 0", f"/dev/vdb1 {mnt} ext4 ro 0 0", f"/dev/vdb1 {mnt} ext4 rw 0 0",
+    ])
+    assert not driver.check(pool(pool_dir), ro_on_top).available
+    assert driver.check(pool(pool_dir), rw_on_top).available
+
+
+def test_octal_escapes_in_mount_points(driver, tmp_path):
+    path = tmp_path / "with space" / "pool"
+    path.mkdir(parents=True)
+    host = prepared_proc(tmp_path, [
+        "/dev/vda1 / ext4 rw 0 0",
+        f"/dev/vdb1 {escaped(tmp_path / 'with space')} ext4 ro 0 0",
+    ])
+    result = driver.check(pool(path), host)
+    assert not result.available
+    assert f"({tmp_path / 'with space'}, ext4 from /dev/vdb1)" in (result.reason or "")
+
+
+def test_symlinked_pool_path_is_judged_by_its_target(driver, tmp_path, pool_dir):
+    link = tmp_path / "pool-link"
+    link.symlink_to(pool_dir)
+    host = prepared_proc(tmp_path, [
+        "/dev/vda1 / ext4 rw 0 0",
+        f"/dev/vdb1 {escaped(tmp_path / 'mnt')} ext4 ro 0 0",
+    ])
+    result = driver.check(pool(link), host)
+    assert not result.available
+    assert f"pool pool-a: {link} is on a read-only mount" in (result.reason or "")
+
+
+def test_missing_path_is_unavailable(driver, tmp_path):
+    host = prepared_proc(tmp_path, ["/dev/vda1 / ext4 rw 0 0"])
+    result = driver.check(pool(tmp_path / "not-mounted"), host)
+    assert not result.available
+    assert result.reason == (
+        f"pool pool-a: {tmp_path / 'not-mounted'} does not exist (is the pool mounted?)"
+    )
+
+
+def test_file_is_not_a_pool(driver, tmp_path):
+    path = tmp_path / "a-file"
+    path.write_text("")
+    host = prepared_proc(tmp_path, ["/dev/vda1 / ext4 rw 0 0"])
+    result = driver.check(pool(path), host)
+    assert not result.available
+    assert result.reason == f"pool pool-a: {path} is not a directory"
+
+
+def test_unreadable_mount_table_is_unavailable(driver, tmp_path, pool_dir):
+    host = HostPaths(proc_root=tmp_path / "no-proc")
+    result = driver.check(pool(pool_dir), host)
+    assert not result.available
+    assert f"cannot read {tmp_path / 'no-proc' / 'self' / 'mounts'}" in (result.reason or "")
+
+
+def test_no_covering_mount_is_unavailable(driver, tmp_path, pool_dir):
+    host = prepared_proc(tmp_path, ["garbage", "/dev/vdb1 /elsewhere ext4 rw 0 0"])
+    result = driver.check(pool(pool_dir), host)
+    assert not result.available
+    assert "no mount in" in (result.reason or "")
+
+
+def test_real_proc_sees_a_writable_temporary_directory(driver, tmp_path, pool_dir):
+    assert driver.check(pool(pool_dir), HostPaths()).available
+
+
+def test_options_are_refused():
+    cls = load_plugins().storage_driver.get("local")
+    with pytest.raises(InvalidArgument, match="storage driver local takes no options"):
+        cls({"writeback": "1G"})
