@@ -1,0 +1,113 @@
+#!/bin/sh
+# kibotos Platform init (the initramfs's /init; busybox sh).  See docs/vm.md.
+#
+# 1. mount devtmpfs, proc, sysfs; read kibotos.* parameters from the kernel command line
+# 2. load the virtio, ext4 and overlay modules in the order in /etc/kibotos/modules
+# 3. find the disks by their virtio serial: the Template image (read-only) and the
+#    writable layer (ext4; upper/ and work/ on it), and make the root an overlay of them
+# 4. move the mounts into the new root, start the reaping init (tini) with the agent
+#
+# Kernel command line parameters it reads (all optional):
+#   kibotos.port=NAME       virtio-serial port name of the agent (org.kibotos.agent.0)
+#   kibotos.root=SERIAL     serial of the Template disk          (kibotos-root)
+#   kibotos.rw=SERIAL       serial of the writable layer disk    (kibotos-rw)
+#   kibotos.agent=PATH      agent program in the new root   (/usr/lib/kibotos-guest/agent.py)
+#   kibotos.probe           print KIBOTOS-PROBE-OK and power off (acceleration probe)
+# Any failure prints "kibotos-init: FAILED: <reason>" on the console and powers off.
+
+PATH=/bin
+export PATH
+
+mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev
+mount -t proc -o nosuid,nodev,noexec proc /proc
+mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
+
+log() { echo "kibotos-init: $*" > /dev/console; }
+fail() {
+    log "FAILED: $*"
+    poweroff -f
+    sleep 5
+    exit 1
+}
+stamp() {
+    # Uptime at each step, for bench/boot.py's breakdown.
+    read -r up _ < /proc/uptime
+    log "$1 at ${up}s"
+}
+
+PORT=org.kibotos.agent.0
+ROOT_SERIAL=kibotos-root
+RW_SERIAL=kibotos-rw
+AGENT=/usr/lib/kibotos-guest/agent.py
+PROBE=
+for arg in $(cat /proc/cmdline); do
+    case "$arg" in
+        kibotos.port=*) PORT="${arg#*=}" ;;
+        kibotos.root=*) ROOT_SERIAL="${arg#*=}" ;;
+        kibotos.rw=*) RW_SERIAL="${arg#*=}" ;;
+        kibotos.agent=*) AGENT="${arg#*=}" ;;
+        kibotos.probe) PROBE=1 ;;
+    esac
+done
+
+stamp "init started"
+if [ -n "$PROBE" ]; then
+    echo "KIBOTOS-PROBE-OK" > /dev/console
+    poweroff -f
+    sleep 5
+    exit 0
+fi
+
+while read -r mod; do
+    insmod "/lib/modules/$mod" || fail "insmod $mod"
+done < /etc/kibotos/modules
+stamp "modules loaded"
+
+# virtio-mmio devices probe asynchronously; wait (up to ~10 s) for both disks.
+find_disk() {
+    for dev in /sys/block/vd*; do
+        [ -e "$dev/serial" ] || continue
+        serial=$(cat "$dev/serial" 2>/dev/null)
+        if [ "$serial" = "$1" ]; then
+            echo "${dev##*/}"
+            return 0
+        fi
+    done
+    return 1
+}
+tries=0
+while :; do
+    ROOT_DEV=$(find_disk "$ROOT_SERIAL") && RW_DEV=$(find_disk "$RW_SERIAL") && break
+    tries=$((tries + 1))
+    [ "$tries" -lt 200 ] || fail "disks with serial $ROOT_SERIAL and $RW_SERIAL not found"
+    usleep 50000
+done
+
+mkdir -p /mnt/template /mnt/rw /newroot
+mount -t ext4 -o ro,noload "/dev/$ROOT_DEV" /mnt/template || fail "mount Template image"
+mount -t ext4 -o noatime "/dev/$RW_DEV" /mnt/rw || fail "mount writable layer"
+mkdir -p /mnt/rw/upper /mnt/rw/work || fail "prepare writable layer"
+mount -t overlay -o lowerdir=/mnt/template,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work \
+    overlay /newroot || fail "mount overlay root"
+stamp "root mounted"
+
+for d in dev proc sys run; do
+    [ -d "/newroot/$d" ] || mkdir -p "/newroot/$d" || fail "create /$d in the new root"
+done
+mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs /newroot/run || fail "mount /run"
+mkdir -p /newroot/run/kibotos/template /newroot/run/kibotos/rw
+mount --move /mnt/template /newroot/run/kibotos/template || fail "move Template mount"
+mount --move /mnt/rw /newroot/run/kibotos/rw || fail "move writable layer mount"
+cp /bin/tini /newroot/run/kibotos/init || fail "install the reaping init"
+for d in dev proc sys; do
+    mount --move "/$d" "/newroot/$d" || fail "move /$d"
+done
+mkdir -p /newroot/dev/pts /newroot/dev/shm
+mount -t devpts -o nosuid,noexec,gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
+mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /newroot/dev/shm
+
+[ -e "/newroot$AGENT" ] || fail "agent $AGENT not found in the Template"
+stamp "starting agent"
+export HOME=/root LANG=C.UTF-8
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+exec switch_root /newroot /run/kibotos/init -- /usr/bin/python3 "$AGENT" --port-name "$PORT"

@@ -1,0 +1,183 @@
+"""`QemuVmm`, the ``qemu`` VMM backend: microvm guests under KVM where it works, else TCG.
+
+Backend options (the node passes its ``[vmm.qemu]`` table; all optional)::
+
+    qemu_binary    path or name      default qemu-system-x86_64 (looked up on PATH)
+    accelerator    auto | kvm | tcg  default auto: KVM only if the probe guest boots
+    platform_dir   path              Platform whose kernel boots the KVM probe guest
+    cache_dir      path              where the probe answer is cached (per host boot)
+    probe_timeout  seconds           default 20
+    user           account           run QEMU as this user, with supplementary group kvm
+    python         path              interpreter of the no-THP wrapper (default: ours)
+    proc_root      path              where /proc/cpuinfo is read (tests)
+
+Readiness: `wait_ready` connects to the agent socket (retrying: the socket file exists
+before QEMU listens) and reads the agent's hello, all within ``timeout``.  It never
+kills anything on timeout; the caller stops the unit (the spec's "kill on timeout" is
+the node's job, through its supervisor).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import trio
+
+from kibotos.backends import UnitSpec
+from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.platform.cache import default_cache_root
+from kibotos_qemu import cmdline, probe
+from kibotos_qemu.channel import connect_unix
+from kibotos_qemu.hello import read_hello
+from kibotos_qemu.launch import Launch, parse_launch
+
+#: systemd properties of the VMM service (spec, "VMM service"; the KiboVM row).
+UNIT_PROPERTIES: Mapping[str, Any] = {
+    "Type": "exec",
+    "Restart": "no",
+    "KillMode": "control-group",
+    "OOMPolicy": "kill",
+    "Slice": "kibotos-vmm.slice",
+    "LimitMEMLOCK": "infinity",
+    "PrivateMounts": False,
+}
+_OPTIONS = {"qemu_binary", "accelerator", "platform_dir", "cache_dir", "probe_timeout",
+            "user", "python", "proc_root"}
+
+
+class QemuVmm:
+    """Turns a launch description into a QEMU microvm unit; see the module docstring."""
+
+    name: ClassVar[str] = "qemu"
+    CAN_KVM: ClassVar[bool] = True
+    CAN_TCG: ClassVar[bool] = True
+    CAN_VSOCK: ClassVar[bool] = False
+    CAN_NETWORK: ClassVar[bool] = False
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise InvalidArgument(f"qemu backend: unknown options {sorted(unknown)}")
+        binary = str(options.get("qemu_binary", "qemu-system-x86_64"))
+        found = shutil.which(binary)
+        self.qemu_binary = found or binary
+        accel = str(options.get("accelerator", "auto"))
+        if accel not in ("auto", *cmdline.ACCELERATORS):
+            raise InvalidArgument(f"qemu backend: accelerator {accel!r} is not one of "
+                                  "auto, kvm, tcg")
+        self.accelerator_option = accel
+        self.accelerator: str | None = None if accel == "auto" else accel
+        platform = options.get("platform_dir")
+        self.platform_dir = Path(platform) if platform else None
+        cache = options.get("cache_dir")
+        self.cache_dir = Path(cache) if cache else default_cache_root() / "qemu"
+        self.probe_timeout = float(options.get("probe_timeout", 20.0))
+        if self.probe_timeout <= 0:
+            raise InvalidArgument("qemu backend: probe_timeout must be positive")
+        user = options.get("user")
+        self.user = str(user) if user else None
+        self.python = str(options["python"]) if options.get("python") else None
+        self.proc_root = Path(options.get("proc_root", "/proc"))
+        self.probed: Mapping[str, Any] | None = None
+
+    # ------------------------------------------------------------------ probe
+
+    def qemu_version(self) -> str | None:
+        try:
+            out = subprocess.run([self.qemu_binary, "--version"], capture_output=True,
+                                 text=True, timeout=30, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        first = out.splitlines()[0] if out else ""
+        return first.removeprefix("QEMU emulator version ").strip() or None
+
+    async def probe(self) -> Mapping[str, Any]:
+        """Which accelerator this host runs guests with, and why (for ``kibo node get``
+        and the node log).  KVM needs a real probe boot (see `kibotos_qemu.probe`)."""
+        version = await trio.to_thread.run_sync(self.qemu_version)
+        if version is None:
+            raise FailedPrecondition(f"qemu backend: {self.qemu_binary} does not run "
+                                     "(is qemu-system-x86 installed?)")
+        if self.accelerator_option == "tcg":
+            kvm: Mapping[str, Any] = {"usable": False, "reason": "accelerator=tcg configured",
+                                      "seconds": 0.0, "cached": False}
+        else:
+            vmlinux = initramfs = None
+            if self.platform_dir is not None:
+                vmlinux = self.platform_dir / "vmlinux"
+                initramfs = self.platform_dir / "initramfs"
+            kvm = await probe.probe_kvm(qemu_binary=self.qemu_binary, vmlinux=vmlinux,
+                                        initramfs=initramfs, cache_dir=self.cache_dir,
+                                        timeout=self.probe_timeout)
+        if self.accelerator_option == "kvm" and not kvm["usable"]:
+            raise FailedPrecondition(f"qemu backend: accelerator=kvm configured, but KVM "
+                                     f"is not usable here: {kvm['reason']}")
+        self.accelerator = "kvm" if kvm["usable"] else "tcg"
+        self.probed = {
+            "backend": self.name,
+            "accelerator": self.accelerator,
+            "kvm": dict(kvm),
+            "qemu": {"binary": self.qemu_binary, "version": version},
+            "host_cpu_mhz": self.host_mhz(),
+        }
+        return self.probed
+
+    def host_mhz(self) -> int | None:
+        try:
+            return cmdline.host_cpu_mhz((self.proc_root / "cpuinfo").read_text())
+        except OSError:
+            return None
+
+    # ------------------------------------------------------------------ launch
+
+    def parse(self, launch: Mapping[str, Any]) -> Launch:
+        return parse_launch(launch)
+
+    def argv_for(self, launch: Mapping[str, Any]) -> list[str]:
+        """The unit's whole command: the no-THP wrapper, then QEMU and its arguments."""
+        if self.accelerator is None:
+            raise FailedPrecondition("qemu backend: probe() must run before the first "
+                                     "launch (accelerator=auto)")
+        spec = parse_launch(launch)
+        args = cmdline.qemu_args(spec, self.accelerator, self.host_mhz())
+        return cmdline.wrapped_argv(self.qemu_binary, args, self.python)
+
+    def unit_for(self, launch: Mapping[str, Any]) -> UnitSpec:
+        spec = parse_launch(launch)
+        props = dict(UNIT_PROPERTIES)
+        props["Description"] = f"kibotos VMM (qemu) for {spec.instance_id}"
+        if self.user:
+            props["User"] = self.user
+            props["SupplementaryGroups"] = ["kvm"]
+        return UnitSpec(
+            name=spec.unit_name,
+            argv=self.argv_for(launch),
+            properties=props,
+            environment={},
+            working_directory=spec.runtime_dir,
+            log_path=spec.vmm_log,
+        )
+
+    # ------------------------------------------------------------------ guest
+
+    async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
+                            ) -> trio.SocketStream:
+        """A byte stream to the guest agent (QEMU serves one client at a time)."""
+        return await connect_unix(parse_launch(launch).agent_socket, timeout=timeout)
+
+    async def wait_ready(self, launch: Mapping[str, Any], *, timeout: float
+                         ) -> Mapping[str, Any]:
+        """The agent's hello (boot ID, protocol version, capabilities) once it arrives.
+
+        Raises DeadlineExceeded after `timeout` seconds; the caller stops the unit."""
+        spec = parse_launch(launch)
+        deadline = trio.current_time() + timeout
+        stream = await connect_unix(spec.agent_socket, timeout=timeout)
+        try:
+            return await read_hello(stream, deadline=deadline, console_log=spec.console_log)
+        finally:
+            await stream.aclose()
