@@ -93,7 +93,7 @@ class Output:
         stream = sys.stdout
         ascii_mode = _ascii_mode(stream)
         table = Table(
-            box=box.ASCII if ascii_mode else box.ROUNDED,
+            box=box.ASCII2 if ascii_mode else box.ROUNDED,
             title=Text(title) if title else None,
             title_justify="left",
             header_style="" if ascii_mode else "bold",

@@ -62,6 +62,9 @@ def test_list_is_ascii_and_fits_columns(kibo, fake_ctrl):
     out = kibo("node", "list", env={"COLUMNS": "200"}).stdout
     assert out.isascii()
     assert out.splitlines()[0].startswith("+")
+    # Borders start with '+', so every line starting with '|' is a row of cells.
+    cells = [line.count("|") for line in out.splitlines() if line.startswith("|")]
+    assert cells == [9, 9]
     assert max(len(line) for line in out.splitlines()) <= 200
 
 
