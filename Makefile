@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+# Each built-in plugin's one module, plugins/<name>/kibotos_<name>, for mypy.
+PLUGIN_MODULES := $(foreach p,$(PLUGINS),$(p)kibotos_$(notdir $(p:/=)))
 
 .PHONY: venv demo test test-fast lint clean
 
@@ -24,6 +26,7 @@ demo:
 test: venv
 	$(BIN)/ruff check kibotos plugins tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy --strict $(PLUGIN_MODULES)
 	$(BIN)/python -m pytest -p no:cacheprovider
 
 # The inner loop: skip the slow end-to-end tests.
