@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from kibotos.config import CtrlConfig
+from kibotos.ctrl.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
 from kibotos.plugins import Registries
 
@@ -44,3 +45,7 @@ class CtrlContext:
     registries: Registries
     sessions: SessionRegistry
     now: Callable[[], datetime] = field(default=utcnow)
+    #: Parts of ctrl that own objects a node holds (use rights, Allocations,
+    #: Workspaces, pending commands) register here; isolate calls each in its
+    #: transaction and reports the summed counts.
+    isolate_releasers: list[IsolateReleaser] = field(default_factory=list)

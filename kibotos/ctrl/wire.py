@@ -1,0 +1,339 @@
+"""The HTTP API's request and result shapes, and the time format used on the wire.
+
+Request models forbid unknown fields, so a misspelt key is an `invalid_argument` naming
+it instead of a silently ignored option.  Values that have a documented shape (IDs,
+ratios, command IDs) are checked here, before the command journal sees the request:
+bad input writes nothing, not even a journal row.  Result models describe what the
+handlers return; the OpenAPI document is built from them, and the tests validate real
+responses against them so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kibotos import ids, units
+from kibotos.errors import InvalidArgument
+
+# ----------------------------------------------------------------------------- time
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes for timezone-aware columns; they are UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def iso(value: datetime | None) -> str | None:
+    """RFC 3339 UTC with a ``Z``, millisecond precision: the one time format on the wire."""
+    if value is None:
+        return None
+    return as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(value: object, what: str) -> datetime | None:
+    """Read an RFC 3339 time sent by a node (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be an RFC 3339 time string, got {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidArgument(f"{what} is not an RFC 3339 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise InvalidArgument(f"{what} has no time zone: {value!r}")
+    return as_utc(parsed)
+
+
+# ------------------------------------------------------------------------- requests
+
+
+def _as_value_error(fn: Any, value: Any) -> Any:
+    try:
+        return fn(value)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WriteRequest(Request):
+    """Every write may carry a command ID; replaying it returns the stored result."""
+
+    command_id: str | None = None
+
+    @field_validator("command_id")
+    @classmethod
+    def _command_id(cls, v: str | None) -> str | None:
+        return None if v is None else _as_value_error(ids.check_command_id, v)
+
+
+class VersionedWrite(WriteRequest):
+    """A write to a versioned record: a stale `expected_version` is refused (aborted)."""
+
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class ExchangeIn(Request):
+    token: str = Field(min_length=1, max_length=200)
+    public_key: str = Field(min_length=1, max_length=1000)
+
+
+class GrantCreateIn(WriteRequest):
+    kind: Literal["node", "operator"]
+    node_id: str | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    expires_in_s: float | None = Field(default=None, gt=0, le=366 * 86400)
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, v: str | None) -> str | None:
+        return None if v is None else _as_value_error(ids.check_node_id, v)
+
+    @model_validator(mode="after")
+    def _kind_node(self) -> GrantCreateIn:
+        if self.kind == "node" and self.node_id is None:
+            raise ValueError("node_id is required for a node grant")
+        if self.kind == "operator" and self.node_id is not None:
+            raise ValueError("node_id must not be given for an operator grant")
+        return self
+
+
+class RevokeIn(WriteRequest):
+    id: str = Field(min_length=1, max_length=40)
+
+
+class IsolateIn(VersionedWrite):
+    confirm_host_cannot_write: bool = False
+
+
+def _ratio(value: str | None, what: str, allow_default: bool) -> str | None:
+    if value is None or (allow_default and value == "default"):
+        return value
+    units.parse_ratio(value, what)
+    return value
+
+
+class OvercommitDefaultIn(VersionedWrite):
+    cpu: str | None = None
+    memory: str | None = None
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _check(cls, v: str | None, info: Any) -> str | None:
+        checked: str | None = _as_value_error(
+            lambda x: _ratio(x, f"{info.field_name} ratio", False), v)
+        return checked
+
+    @model_validator(mode="after")
+    def _something(self) -> OvercommitDefaultIn:
+        if self.cpu is None and self.memory is None:
+            raise ValueError("give cpu, memory or both")
+        return self
+
+
+class OvercommitNodeIn(VersionedWrite):
+    cpu: str | None = None
+    memory: str | None = None
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _check(cls, v: str | None, info: Any) -> str | None:
+        checked: str | None = _as_value_error(
+            lambda x: _ratio(x, f"{info.field_name} ratio", True), v)
+        return checked
+
+    @model_validator(mode="after")
+    def _something(self) -> OvercommitNodeIn:
+        if self.cpu is None and self.memory is None:
+            raise ValueError("give cpu, memory or both")
+        return self
+
+
+class NodeListQuery(Request):
+    page_size: int = Field(default=100, ge=1, le=500)
+    page_token: str | None = None
+    order_by: Literal["node_id"] = "node_id"
+
+
+# -------------------------------------------------------------------------- results
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HealthOut(Result):
+    status: Literal["ok"]
+    version: str
+
+
+class ExchangeOut(Result):
+    identity_id: str
+    credential: str
+    kind: Literal["node", "operator"]
+    node_id: str | None
+
+
+class WhoAmIOut(Result):
+    identity_id: str
+    kind: Literal["node", "operator"]
+    node_id: str | None
+    name: str | None
+
+
+class GrantCreateOut(Result):
+    grant_id: str
+    token: str
+    kind: Literal["node", "operator"]
+    node_id: str | None
+    name: str | None
+    expires_at: str | None
+
+
+class GrantOut(Result):
+    grant_id: str
+    kind: Literal["node", "operator"]
+    node_id: str | None
+    name: str | None
+    state: Literal["pending", "used", "expired", "revoked"]
+    created_at: str
+    created_by: str | None
+    expires_at: str | None
+    used_at: str | None
+    identity_id: str | None
+    revoked_at: str | None
+
+
+class IdentityOut(Result):
+    identity_id: str
+    kind: Literal["node", "operator"]
+    node_id: str | None
+    name: str | None
+    grant_id: str
+    state: Literal["active", "revoked"]
+    created_at: str
+    revoked_at: str | None
+
+
+class GrantListOut(Result):
+    grants: list[GrantOut]
+    identities: list[IdentityOut]
+
+
+class RevokeOut(Result):
+    revoked: list[str]
+
+
+class ClockOut(Result):
+    offset_ms: float
+    uncertainty_ms: float
+    sync_status: str | None
+    measured_at: str
+    over: bool
+
+
+class SessionOut(Result):
+    incarnation: int
+    session_id: str | None
+    release_version: str | None
+    source_revision: str | None
+    alive: bool
+    started_at: str | None
+    ended_at: str | None
+    clock: ClockOut | None
+
+
+class Amount(Result):
+    cpu_millis: int
+    memory_bytes: int
+
+
+class ReportOut(Result):
+    at: str
+    allocated: Amount
+    instance_count: int
+    volume_count: int
+
+
+class RatioOut(Result):
+    ratio: str
+    source: Literal["default", "override"]
+
+
+class NodeOvercommitOut(Result):
+    cpu: RatioOut
+    memory: RatioOut
+    confirmed: bool
+
+
+class PlacementOut(Result):
+    eligible: bool
+    reason: str | None
+
+
+class NodeOut(Result):
+    node_id: str
+    admission: Literal["admitted", "revoked"]
+    drain_requested: bool
+    isolated: bool
+    isolated_incarnation: int | None
+    retired: bool
+    retired_at: str | None
+    status: Literal["RETIRED", "REVOKED", "ISOLATED", "DRAINED", "DRAINING", "READY", "OFFLINE"]
+    registration_version: int
+    latest_session: SessionOut | None
+    latest_report: ReportOut | None
+    resources: Amount
+    schedulable: Amount
+    overcommit: NodeOvercommitOut
+    memory_tight: bool
+    memory_tight_since: str | None
+    dataplane_address: str | None
+    placement: PlacementOut
+    host_usage: dict[str, Any] | None = None
+
+
+class NodeListOut(Result):
+    nodes: list[NodeOut]
+    next_page_token: str | None
+
+
+class IsolateOut(Result):
+    node: NodeOut
+    released_volumes: int
+    released_retained_layers: int
+    failed_workspaces: int
+
+
+class RatiosOut(Result):
+    cpu: str
+    memory: str
+
+
+class OverrideOut(Result):
+    node_id: str
+    cpu: str | None
+    memory: str | None
+    registration_version: int
+
+
+class OvercommitOut(Result):
+    default: RatiosOut
+    version: int
+    overrides: list[OverrideOut]
+
+
+class ErrorBody(Result):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorOut(Result):
+    error: ErrorBody
