@@ -1,0 +1,122 @@
+"""``kibotos ctrl serve``: the ctrl role's lifetime, from opening the store to shutdown.
+
+Start: create the state directory, open and migrate the store, mark every session
+dead (they died with the previous process), load plugins, serve the API with
+hypercorn's trio worker, and run reconciliation.  The bound address (``listen`` may
+use port 0) goes to ``task_status`` and, atomically, to ``<state_dir>/listen-address``
+so tests and ``kibotos dev cluster`` can find ctrl.  SIGTERM or SIGINT: tell every
+node the session closes, stop accepting, finish in-flight requests, exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from functools import partial
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from kibotos import atomicfile
+from kibotos.config import CtrlConfig
+from kibotos.ctrl import session_store
+from kibotos.ctrl.app import build_app
+from kibotos.ctrl.context import CtrlContext, utcnow
+from kibotos.ctrl.reconcile import run_reconcile
+from kibotos.ctrl.session import SessionHub
+from kibotos.ctrl.store import migrate
+from kibotos.ctrl.store.db import Store, make_engine
+from kibotos.plugins import load_plugins
+
+log = logging.getLogger("kibotos.ctrl")
+
+LISTEN_ADDRESS_FILE = "listen-address"
+
+
+def _prepare_state_dir(state_dir: Path, address_file: Path) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # A stale address from the previous run must never be read as this run's.
+    address_file.unlink(missing_ok=True)
+
+
+def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
+    """The context a running ctrl shares; tests build theirs the same way."""
+    hub = SessionHub(store, config.ctrl, utcnow)
+    return CtrlContext(config=config, store=store,
+                       registries=load_plugins(config.plugins.disable), sessions=hub)
+
+
+async def open_store(config: CtrlConfig) -> Store:
+    """Open the configured database and migrate it to the newest schema."""
+    engine = make_engine(config.database_url)
+    try:
+        await trio.to_thread.run_sync(migrate.upgrade, engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(engine)
+
+
+def hypercorn_config(listen: str) -> HypercornConfig:
+    hc = HypercornConfig()
+    hc.bind = [listen]
+    hc.accesslog = None
+    hc.graceful_timeout = 5.0
+    # The control session has its own pings and timeout; hypercorn's would only add
+    # a second, differently tuned liveness check.
+    hc.websocket_ping_interval = None
+    return hc
+
+
+async def _signals(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+        async for signum in received:
+            log.info("ctrl: %s received, shutting down", signal.Signals(signum).name)
+            shutdown.set()
+            return
+
+
+async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
+                     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ctrl until cancelled or signalled; ``task_status.started(address)`` once the
+    API listens (``address`` is ``host:port``)."""
+    state_dir = Path(config.ctrl.state_dir)
+    address_file = state_dir / LISTEN_ADDRESS_FILE
+    await trio.to_thread.run_sync(_prepare_state_dir, state_dir, address_file)
+    store = await open_store(config)
+    try:
+        dead = await store.write(partial(session_store.mark_all_dead, now=utcnow()))
+        if dead:
+            log.info("ctrl: %d sessions of the previous process marked dead", dead)
+        ctx = build_context(config, store)
+        assert isinstance(ctx.sessions, SessionHub)
+        hub = ctx.sessions
+        app = build_app(ctx)
+        shutdown = trio.Event()
+
+        async def shutdown_trigger() -> None:
+            await shutdown.wait()
+            await hub.close_all("ctrl_shutdown")
+
+        async with trio.open_nursery() as nursery:
+            if handle_signals:
+                nursery.start_soon(_signals, shutdown)
+
+            async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await hypercorn_serve(app, hypercorn_config(config.ctrl.listen),  # type: ignore[arg-type]
+                                      shutdown_trigger=shutdown_trigger,
+                                      task_status=task_status)
+                nursery.cancel_scope.cancel()
+
+            binds: list[str] = await nursery.start(run_http)
+            address = binds[0].split("://", 1)[-1]
+            atomicfile.write_bytes(address_file, (address + "\n").encode())
+            log.info("ctrl: listening on %s, store %s", address,
+                     store.engine.url.render_as_string(hide_password=True))
+            await nursery.start(run_reconcile, hub, config.ctrl.reconcile_interval)
+            task_status.started(address)
+    finally:
+        address_file.unlink(missing_ok=True)
+        store.close()

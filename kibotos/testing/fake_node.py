@@ -1,0 +1,153 @@
+"""A simulated node that speaks the control session protocol, for tests and benchmarks.
+
+It is a real WebSocket client (trio-websocket) against a real ctrl, with the knobs a
+test needs to play a misbehaving node: a skewed clock, overcommit acks withheld, pings
+stopped, arbitrary frames sent.  It is not the node role (`kibotos.node`), which runs
+VMs; it only plays its side of the session.
+
+    async with open_sim_node(url, credential, "node-a", incarnation=1) as node:
+        assert node.first["type"] == "welcome"
+        await node.send_report(instance_count=1)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+SESSION_PATH = "/v1/node/session"
+
+
+def default_report() -> dict[str, Any]:
+    return {"allocated": {"cpu_millis": 0, "memory_bytes": 0}, "instance_count": 0,
+            "volume_count": 0, "memory_tight": False, "memory_tight_since": None}
+
+
+def default_sample() -> dict[str, Any]:
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "vm_cpu_cores": None,
+            "vm_memory_bytes": None, "memory_available_bytes": 6 << 30,
+            "memory_total_bytes": 8 << 30, "memory_tight": False, "memory_tight_since": None,
+            "cpu_idle_ratio": 0.9, "cpu_pressure": {"some": 0.0, "full": 0.0},
+            "memory_pressure": {"some": 0.0, "full": 0.0}}
+
+
+@dataclass
+class SimNode:
+    ws: WebSocketConnection
+    node_id: str
+    incarnation: int
+    #: The answer to hello: ``welcome`` or ``rejected``.
+    first: dict[str, Any]
+    clock_skew: float = 0.0
+    ack_overcommit: bool = True
+    answer_probes: bool = True
+    sample: Callable[[], dict[str, Any]] = default_sample
+    #: Every frame ctrl sent after the first, in order.
+    received: list[dict[str, Any]] = field(default_factory=list)
+    closed: trio.Event = field(default_factory=trio.Event)
+    close_reason: str | None = None
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def welcomed(self) -> bool:
+        return self.first.get("type") == "welcome"
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.ws.send_message(json.dumps(message))
+
+    async def send_report(self, **fields: Any) -> None:
+        await self.send({"type": "report", **{**default_report(), **fields}})
+
+    async def wait_for(self, kind: str, *, after: int = 0,
+                       timeout: float = 30.0) -> dict[str, Any]:
+        """The first frame of type `kind` at index ≥ `after` in `received`."""
+        with trio.fail_after(timeout):
+            while True:
+                for message in self.received[after:]:
+                    if message.get("type") == kind:
+                        return message
+                if self.closed.is_set():
+                    raise ConnectionError(f"session closed ({self.close_reason}) "
+                                          f"before a {kind} frame arrived")
+                await self._changed.wait()
+
+    def _note(self, message: dict[str, Any]) -> None:
+        self.received.append(message)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _serve(self) -> None:
+        try:
+            while True:
+                message = json.loads(await self.ws.get_message())
+                self._note(message)
+                kind = message.get("type")
+                if kind == "clock_probe" and self.answer_probes:
+                    await self.send({"type": "clock_reply", "id": message["id"],
+                                     "node_time": time.time() + self.clock_skew,
+                                     "sync_status": "synchronized"})
+                elif kind == "usage_request" and self.answer_probes:
+                    await self.send({"type": "usage", "id": message["id"],
+                                     "sample": self.sample()})
+                elif kind == "overcommit" and self.ack_overcommit:
+                    await self.send({"type": "overcommit_ack", "serial": message["serial"]})
+                elif kind == "close":
+                    self.close_reason = str(message.get("reason"))
+        except ConnectionClosed as exc:
+            if self.close_reason is None:
+                self.close_reason = str(exc.reason.reason or exc.reason.name)
+        finally:
+            self.closed.set()
+            self._changed.set()
+
+    async def _ping(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.send({"type": "ping"})
+            except ConnectionClosed:
+                return
+
+
+def hello_message(node_id: str, incarnation: int, **overrides: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "type": "hello", "node_id": node_id, "incarnation": incarnation,
+        "release_version": "unreleased", "source_revision": "test",
+        "resources": {"cpu_millis": 4000, "memory_bytes": 8 << 30},
+        "report": default_report(), "dataplane_address": "127.0.0.1:7500", "facts": {},
+    }
+    message.update(overrides)
+    return message
+
+
+@asynccontextmanager
+async def open_sim_node(base_url: str, credential: str, node_id: str, incarnation: int, *,
+                        ping_interval: float | None = 1.0, clock_skew: float = 0.0,
+                        ack_overcommit: bool = True, answer_probes: bool = True,
+                        **hello: Any) -> AsyncIterator[SimNode]:
+    """Connect, say hello, and play the node until the block ends.  A refused upgrade
+    raises trio-websocket's `ConnectionRejected` (with its ``status_code``)."""
+    url = base_url.replace("http://", "ws://", 1).rstrip("/") + SESSION_PATH
+    headers = [(b"Authorization", f"Bearer {credential}".encode())]
+    async with open_websocket_url(url, extra_headers=headers) as ws:
+        await ws.send_message(json.dumps(hello_message(node_id, incarnation, **hello)))
+        with trio.fail_after(30):
+            first = json.loads(await ws.get_message())
+        node = SimNode(ws=ws, node_id=node_id, incarnation=incarnation, first=first,
+                       clock_skew=clock_skew, ack_overcommit=ack_overcommit,
+                       answer_probes=answer_probes)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node._serve)
+            if ping_interval is not None and node.welcomed:
+                nursery.start_soon(node._ping, ping_interval)
+            try:
+                yield node
+            finally:
+                nursery.cancel_scope.cancel()
