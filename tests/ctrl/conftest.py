@@ -1,0 +1,90 @@
+"""Fixtures of the ctrl tests: a migrated store on SQLite and on a real PostgreSQL server
+(the shared ``postgres_url`` fixture of tests/conftest.py starts it), the ASGI app driven
+in-process through ``httpx.ASGITransport``, an enrolled operator, and a real ctrl served
+by hypercorn on 127.0.0.1 port 0 for the session tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from ctrl_helpers import RunningCtrl, enroll_operator
+from hypercorn.trio import serve as hypercorn_serve
+
+from kibotos.config import CtrlConfig
+from kibotos.ctrl.app import build_app
+from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.store.db import Store
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ctrl.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def make_config(tmp_path: Path, database_url: str = "", **ctrl: object) -> CtrlConfig:
+    section = {"listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
+               "database_url": database_url, **ctrl}
+    return CtrlConfig.model_validate({"ctrl": section})
+
+
+@pytest.fixture
+def ctrl_config(tmp_path: Path, db_url: str) -> CtrlConfig:
+    return make_config(tmp_path, db_url)
+
+
+@pytest.fixture
+async def store(ctrl_config: CtrlConfig) -> AsyncIterator[Store]:
+    s = await open_store(ctrl_config)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def ctx(ctrl_config: CtrlConfig, store: Store) -> CtrlContext:
+    return build_context(ctrl_config, store)
+
+
+@pytest.fixture
+async def client(ctx: CtrlContext) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build_app(ctx))
+    async with httpx.AsyncClient(transport=transport, base_url="http://ctrl") as c:
+        yield c
+
+
+@pytest.fixture
+async def operator(client: httpx.AsyncClient, store: Store) -> dict[str, str]:
+    """Authorization headers of an operator enrolled the way the first one is."""
+    return await enroll_operator(client, store)
+
+
+@pytest.fixture
+async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
+    """A real ctrl app served by hypercorn on 127.0.0.1:0 (SQLite, short timeouts) with
+    an enrolled operator; the test can reach its context (store, session hub)."""
+    config = make_config(tmp_path, session_timeout="3s", reconcile_interval="1h",
+                         overcommit_ack_timeout="2s")
+    store = await open_store(config)
+    ctx = build_context(config, store)
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(
+                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
+            ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0])
+            async with httpx.AsyncClient(base_url=ctrl.url, timeout=30) as http:
+                ctrl.http = http
+                ctrl.operator = await enroll_operator(http, store)
+                yield ctrl
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()

@@ -1,0 +1,58 @@
+"""The OpenAPI document is built from the route table: every route is in it, with the
+schemas of its body and result."""
+
+from __future__ import annotations
+
+import httpx
+from ctrl_helpers import result
+
+from kibotos.ctrl.app import build_app
+from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.routing import Route
+
+# The HTTP API table of docs/architecture.md.
+DOCUMENTED = {
+    ("get", "/v1/health"), ("post", "/v1/enrollment/exchange"), ("get", "/v1/whoami"),
+    ("post", "/v1/enrollment/grants"), ("get", "/v1/enrollment/grants"),
+    ("post", "/v1/enrollment/revoke"), ("get", "/v1/nodes"), ("get", "/v1/nodes/{node_id}"),
+    ("post", "/v1/nodes/{node_id}/drain"), ("post", "/v1/nodes/{node_id}/cancel-drain"),
+    ("post", "/v1/nodes/{node_id}/isolate"), ("post", "/v1/nodes/{node_id}/retire"),
+    ("get", "/v1/overcommit"), ("put", "/v1/overcommit/default"),
+    ("put", "/v1/nodes/{node_id}/overcommit"), ("get", "/v1/node/session"),
+    ("get", "/v1/openapi.json"),
+}
+
+
+async def test_every_route_is_documented(client: httpx.AsyncClient, ctx: CtrlContext) -> None:
+    resp = await client.get("/v1/openapi.json")
+    assert resp.status_code == 200
+    doc = resp.json()
+    assert doc["openapi"].startswith("3.1")
+    listed = {(method, path) for path, ops in doc["paths"].items() for method in ops}
+    table: list[Route] = build_app(ctx).state.routes
+    assert {(r.method.lower(), r.path) for r in table} == listed == DOCUMENTED
+    schemas = doc["components"]["schemas"]
+    for route in table:
+        op = doc["paths"][route.path][route.method.lower()]
+        if route.body is not None:
+            ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.rsplit("/", 1)[1] in schemas
+        if route.result is not None:
+            schema = op["responses"]["200"]["content"]["application/json"]["schema"]
+            assert schema["properties"]["result"]["$ref"].rsplit("/", 1)[1] in schemas
+        assert (op["security"] == []) == (route.who == "anyone")
+    list_params = {p["name"] for p in doc["paths"]["/v1/nodes"]["get"]["parameters"]}
+    assert list_params == {"page_size", "page_token", "order_by"}
+    node = schemas["NodeOut"]["properties"]
+    for name in ("node_id", "admission", "drain_requested", "isolated", "retired", "status",
+                 "registration_version", "latest_session", "latest_report", "resources",
+                 "schedulable", "overcommit", "memory_tight", "memory_tight_since",
+                 "host_usage"):
+        assert name in node
+
+
+async def test_the_document_needs_no_credential(client: httpx.AsyncClient) -> None:
+    # Served as is, not wrapped in {"result": ...}: tools read it directly.
+    doc = (await client.get("/v1/openapi.json")).json()
+    assert "paths" in doc
+    assert result(await client.get("/v1/health"))["status"] == "ok"
