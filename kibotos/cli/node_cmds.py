@@ -23,7 +23,7 @@ from kibotos.cli.options import (
 )
 from kibotos.cli.output import stdin_is_terminal
 from kibotos.cli.overcommit_cmds import overcommit_group
-from kibotos.errors import DeadlineExceeded, FailedPrecondition
+from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 
 #: How often `drain --wait` asks ctrl for the node (a fixed interval, per the spec).
 DRAIN_POLL_INTERVAL = 2.0
@@ -103,10 +103,11 @@ def _counts(node: dict[str, Any]) -> str:
 
 def _wait_drained(inv: Invocation, node: dict[str, Any], interval: float) -> dict[str, Any]:
     """Poll until DRAINED; a cancelled drain or a revoked or retired node ends it (13),
-    the global --timeout too (16), and the drain stays requested either way."""
+    the global --timeout too (16), and the drain stays requested either way.  While
+    ctrl cannot be reached (e.g. it restarts) the wait goes on."""
     node_id = str(node.get("node_id"))
     client = inv.client()
-    announced = False
+    announced = unreachable = False
     while True:
         status = node.get("status")
         if status == "DRAINED":
@@ -124,17 +125,29 @@ def _wait_drained(inv: Invocation, node: dict[str, Any], interval: float) -> dic
             inv.out.message(f"waiting for node {node_id} to drain ({_counts(node)})")
             announced = True
         remaining = inv.deadline.remaining()
+        if remaining is not None and remaining <= 0:
+            raise _still_draining(inv, node, str(status))
+        time.sleep(interval if remaining is None else min(interval, remaining))
         try:
-            if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded("--timeout passed")
-            time.sleep(interval if remaining is None else min(interval, remaining))
             node = client.get(node_path(node_id))
-        except DeadlineExceeded:
-            raise DeadlineExceeded(
-                f"node {node_id} did not reach DRAINED within the global --timeout of "
-                f"{inv.deadline.seconds:g}s (status {status}, {_counts(node)}); the drain "
-                "stays requested and kibo does not submit it again",
-                details={"node_id": node_id, "status": status}) from None
+            unreachable = False
+        except (Unavailable, DeadlineExceeded) as exc:
+            # A restarting or slow ctrl is no reason to give up a long wait; only the
+            # global --timeout ends it.
+            if inv.deadline.expired():
+                raise _still_draining(inv, node, str(status)) from None
+            if not unreachable:
+                inv.out.message(f"{exc.message}; still waiting")
+            unreachable = True
+
+
+def _still_draining(inv: Invocation, node: dict[str, Any], status: str) -> DeadlineExceeded:
+    node_id = str(node.get("node_id"))
+    return DeadlineExceeded(
+        f"node {node_id} did not reach DRAINED within the global --timeout of "
+        f"{inv.deadline.seconds:g}s (status {status}, {_counts(node)}); the drain stays "
+        "requested and kibo does not submit it again",
+        details={"node_id": node_id, "status": status})
 
 
 @node_group.command("drain")

@@ -81,6 +81,15 @@ def test_drain_wait_ends_13_when_cancelled_revoked_or_retired(kibo, fake_ctrl, a
     assert result.stderr.splitlines()[-1].startswith("error: failed_precondition:")
 
 
+def test_drain_wait_rides_out_an_unavailable_ctrl(kibo, fake_ctrl):
+    fake_ctrl.route("POST", DRAIN, (200, {"result": draining()}))
+    down = (503, {"error": {"code": "unavailable", "message": "store unavailable"}})
+    fake_ctrl.route("GET", GET, down, down, (200, {"result": drained()}))
+    result = wait(kibo)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("store unavailable; still waiting") == 1
+
+
 def test_drain_poll_interval_is_fixed_by_default():
     assert node_cmds.DRAIN_POLL_INTERVAL == 2.0
 
