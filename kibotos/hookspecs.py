@@ -14,7 +14,9 @@ and is announced to kibotos through an entry point in group ``kibotos``::
     [project.entry-points.kibotos]
     binpack = "kibotos_binpack"
 
-The contracts of the registered classes are the protocols in `kibotos.backends`.
+The contracts of the registered classes are the protocols in `kibotos.backends`;
+docs/plugins.md documents every hook (a test checks it does) and how to write a plugin.
+Discovery and the registries are in `kibotos.plugins`.
 """
 
 from __future__ import annotations
