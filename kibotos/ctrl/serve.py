@@ -49,7 +49,11 @@ def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
 
 
 async def open_store(config: CtrlConfig) -> Store:
-    """Open the configured database and migrate it to the newest schema."""
+    """Open the configured database (by default a file in the state directory, created
+    if missing) and migrate it to the newest schema."""
+    if not config.ctrl.database_url:
+        await trio.to_thread.run_sync(partial(
+            Path(config.ctrl.state_dir).mkdir, parents=True, exist_ok=True, mode=0o700))
     engine = make_engine(config.database_url)
     try:
         await trio.to_thread.run_sync(migrate.upgrade, engine)

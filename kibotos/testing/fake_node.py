@@ -18,9 +18,15 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    WebSocketConnection,
+    wrap_client_stream,
+)
 
 SESSION_PATH = "/v1/node/session"
 
@@ -101,7 +107,7 @@ class SimNode:
                 elif kind == "close":
                     self.close_reason = str(message.get("reason"))
         except ConnectionClosed as exc:
-            if self.close_reason is None:
+            if self.close_reason is None and exc.reason is not None:
                 self.close_reason = str(exc.reason.reason or exc.reason.name)
         finally:
             self.closed.set()
@@ -128,26 +134,55 @@ def hello_message(node_id: str, incarnation: int, **overrides: Any) -> dict[str,
 
 
 @asynccontextmanager
+async def _unwrap_rejection() -> AsyncIterator[None]:
+    """A refused upgrade surfaces inside the connection's nursery; raise it bare, as
+    ``open_websocket_url`` does, so a test can catch `ConnectionRejected`."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        rejected, _ = group.split(ConnectionRejected)
+        while isinstance(rejected, BaseExceptionGroup) and len(rejected.exceptions) == 1:
+            rejected = rejected.exceptions[0]  # type: ignore[assignment]
+        if isinstance(rejected, ConnectionRejected):
+            raise rejected from None
+        raise
+
+
+@asynccontextmanager
 async def open_sim_node(base_url: str, credential: str, node_id: str, incarnation: int, *,
                         ping_interval: float | None = 1.0, clock_skew: float = 0.0,
                         ack_overcommit: bool = True, answer_probes: bool = True,
                         **hello: Any) -> AsyncIterator[SimNode]:
     """Connect, say hello, and play the node until the block ends.  A refused upgrade
-    raises trio-websocket's `ConnectionRejected` (with its ``status_code``)."""
-    url = base_url.replace("http://", "ws://", 1).rstrip("/") + SESSION_PATH
+    raises trio-websocket's `ConnectionRejected` (with its ``status_code``).
+
+    The TCP stream is opened here and closed here: trio-websocket's client leaves its
+    socket open when the server closes first, which a long test run would notice."""
+    parts = urlsplit(base_url)
+    assert parts.hostname is not None, base_url
+    assert parts.port is not None, base_url
     headers = [(b"Authorization", f"Bearer {credential}".encode())]
-    async with open_websocket_url(url, extra_headers=headers) as ws:
-        await ws.send_message(json.dumps(hello_message(node_id, incarnation, **hello)))
-        with trio.fail_after(30):
-            first = json.loads(await ws.get_message())
-        node = SimNode(ws=ws, node_id=node_id, incarnation=incarnation, first=first,
-                       clock_skew=clock_skew, ack_overcommit=ack_overcommit,
-                       answer_probes=answer_probes)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(node._serve)
-            if ping_interval is not None and node.welcomed:
-                nursery.start_soon(node._ping, ping_interval)
-            try:
-                yield node
-            finally:
-                nursery.cancel_scope.cancel()
+    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    try:
+        async with _unwrap_rejection(), trio.open_nursery() as ws_nursery:
+            ws = await wrap_client_stream(ws_nursery, stream, parts.hostname, SESSION_PATH,
+                                          extra_headers=headers)
+            await ws.send_message(json.dumps(hello_message(node_id, incarnation, **hello)))
+            with trio.fail_after(30):
+                first = json.loads(await ws.get_message())
+            node = SimNode(ws=ws, node_id=node_id, incarnation=incarnation, first=first,
+                           clock_skew=clock_skew, ack_overcommit=ack_overcommit,
+                           answer_probes=answer_probes)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(node._serve)
+                if ping_interval is not None and node.welcomed:
+                    nursery.start_soon(node._ping, ping_interval)
+                try:
+                    yield node
+                finally:
+                    nursery.cancel_scope.cancel()
+            with trio.move_on_after(5):
+                await ws.aclose()
+            ws_nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from ctrl_helpers import RunningCtrl, enroll_operator
+from ctrl_helpers import RunningCtrl, enroll_operator, make_config
 from hypercorn.trio import serve as hypercorn_serve
 
 from kibotos.config import CtrlConfig
@@ -28,12 +28,6 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ctrl.db'}"
     return str(request.getfixturevalue("postgres_url"))
-
-
-def make_config(tmp_path: Path, database_url: str = "", **ctrl: object) -> CtrlConfig:
-    section = {"listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
-               "database_url": database_url, **ctrl}
-    return CtrlConfig.model_validate({"ctrl": section})
 
 
 @pytest.fixture

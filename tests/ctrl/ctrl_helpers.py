@@ -7,6 +7,7 @@ import base64
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +23,12 @@ from kibotos.ctrl.context import CtrlContext, utcnow
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
 from kibotos.errors import ERROR_CLASSES
+
+
+def make_config(tmp_path: Path, database_url: str = "", **ctrl: object) -> CtrlConfig:
+    section = {"listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
+               "database_url": database_url, **ctrl}
+    return CtrlConfig.model_validate({"ctrl": section})
 
 
 def public_key() -> str:
