@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
@@ -26,7 +27,7 @@ from trio_websocket import (
     ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
-    open_websocket_url,
+    wrap_client_stream,
 )
 
 from kibotos._version import SOURCE_REVISION, release_version
@@ -158,6 +159,8 @@ class ControlSession:
                 refused = exc.status_code in (401, 403)
                 drop = _Drop(f"ctrl refused the upgrade with HTTP {exc.status_code}"
                              + (" (credential refused)" if refused else ""), slow=refused)
+            except trio.TooSlowError:
+                drop = _Drop(f"ctrl did not answer within {self.timing.welcome_timeout:g}s")
             except (HandshakeError, ConnectionClosed, OSError, trio.BrokenResourceError) as exc:
                 drop = _Drop(f"{type(exc).__name__}: {exc}".rstrip(": "))
             except NodeIsolated:
@@ -171,6 +174,7 @@ class ControlSession:
             if drop.slow:
                 delay = self.timing.slow_retry
                 self.status.last_refusal = drop.reason
+                self.status._touch()
             else:
                 delay = self.backoff.next_delay()
             log.warning("control session down", reason=drop.reason, url=self.url,
@@ -201,17 +205,51 @@ class ControlSession:
         }
 
     async def _connect_once(self) -> None:
-        headers = [(b"Authorization", f"Bearer {self.identity.credential}".encode())]
-        async with open_websocket_url(self.url, self.ssl_context,
-                                      extra_headers=headers) as ws:
-            seen = self.board.version
-            await _send(ws, self.hello())
-            with trio.move_on_after(self.timing.welcome_timeout) as scope:
-                first = await _receive(ws)
-            if scope.cancelled_caught:
-                raise _Drop(f"no answer to hello within {self.timing.welcome_timeout:g}s")
-            await self._on_first(ws, first)
-            await self._serve(ws, seen)
+        """One connection from TCP connect to close.  The node owns the TCP stream (not
+        trio-websocket's `open_websocket_url`, whose client leaves the socket open when the
+        server closes first), so the socket is closed on every way out."""
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._open_and_serve(nursery)
+                nursery.cancel_scope.cancel()  # ends the websocket's reader task
+        except BaseExceptionGroup as group:
+            raise _first_cause(group) from None
+
+    async def _open_and_serve(self, nursery: trio.Nursery) -> None:
+        target = urllib.parse.urlsplit(self.url)
+        host = target.hostname or ""
+        tls = target.scheme == "wss"
+        port = target.port or (443 if tls else 80)
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+        with trio.fail_after(self.timing.welcome_timeout):
+            if tls:
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=self.ssl_context or ssl.create_default_context(),
+                    https_compatible=True)
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+        try:
+            headers = [(b"Authorization", f"Bearer {self.identity.credential}".encode())]
+            with trio.fail_after(self.timing.welcome_timeout):
+                ws = await wrap_client_stream(
+                    nursery, stream, host if port in (80, 443) else f"{host}:{port}",
+                    target.path, extra_headers=headers)
+            try:
+                seen = self.board.version
+                await _send(ws, self.hello())
+                with trio.move_on_after(self.timing.welcome_timeout) as scope:
+                    first = await _receive(ws)
+                if scope.cancelled_caught:
+                    raise _Drop(f"no answer to hello within {self.timing.welcome_timeout:g}s")
+                await self._on_first(ws, first)
+                await self._serve(ws, seen)
+            finally:
+                # A polite close handshake when ctrl is still there; when the node itself
+                # is being cancelled this returns at once and the stream is just closed.
+                with trio.move_on_after(2.0):
+                    await ws.aclose()
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async def _on_first(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -233,6 +271,8 @@ class ControlSession:
         if kind != "welcome" or not isinstance(msg.get("session_id"), str):
             raise _Drop(f"expected welcome or rejected, got {kind!r}")
         self.backoff.reset()
+        if self.on_established is not None:
+            self.on_established()
         self.status.connected = True
         self.status.session_id = msg["session_id"]
         self.status.established += 1
@@ -242,8 +282,6 @@ class ControlSession:
                  incarnation=self.incarnation, url=self.url)
         if isinstance(msg.get("overcommit"), dict):
             await self._on_overcommit(ws, msg["overcommit"])
-        if self.on_established is not None:
-            self.on_established()
 
     async def _serve(self, ws: WebSocketConnection, seen: int) -> None:
         """Receive, ping and report until one of them ends the connection."""
@@ -340,7 +378,7 @@ def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
             leaves.append(exc)
 
     walk(group)
-    for preferred in (_Drop, ConnectionClosed):
+    for preferred in (NodeIsolated, _Drop, ConnectionRejected, ConnectionClosed):
         for leaf in leaves:
             if isinstance(leaf, preferred):
                 return leaf
