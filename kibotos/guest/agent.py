@@ -1205,7 +1205,8 @@ class Agent:
             if "env" in parsed and parsed["env"] != self.env_defaults:
                 self.env_defaults = parsed["env"]
                 actions.append(f"set {len(parsed['env'])} environment default(s)")
-            if parsed.get("retained_filesystems", self.retained()) != self.retained():
+            old_retained = self.config.get("retained_filesystems")
+            if parsed.get("retained_filesystems", old_retained) != old_retained:
                 actions.append("set retained file systems")
             self.config = {**self.config, **parsed}
             canonical = json.dumps(self.config, sort_keys=True, separators=(",", ":"))

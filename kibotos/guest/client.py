@@ -389,6 +389,9 @@ class GuestChannel:
     def _on_data(self, stream_id: int, data: bytes, eof: bool) -> None:
         stream = self._outputs.get(stream_id)
         if stream is None:  # ids are never reused, so this cannot corrupt another stream
+            if self._hello is None:  # the tail of a previous host's session: expected
+                log.debug("data on stream %s before hello ignored", stream_id)
+                return
             self._protocol_errors += 1
             log.warning("guest sent data on unknown stream %s", stream_id)
             return

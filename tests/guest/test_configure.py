@@ -98,9 +98,11 @@ async def test_bad_configuration_is_refused_and_nothing_is_written(
 async def test_configure_mounts_volumes_once(guest: GuestChannel, agent: AgentProcess,
                                              tmp_path: Path) -> None:
     with ext4_loop(tmp_path) as device:
-        config = LaunchConfig(volumes=[Volume(device, "/mnt/data")])
+        config = LaunchConfig(volumes=[Volume(device, "/mnt/data")],
+                              retained_filesystems=["/run/kibotos/rw"])
         first = await guest.configure(config)
-        assert first.actions == (f"mounted {device} on /mnt/data (ext4)",)
+        assert first.actions == (f"mounted {device} on /mnt/data (ext4)",
+                                 "set retained file systems")
         target = agent.root / "mnt/data"
         assert target.is_mount()
         _, out, _ = await guest.run(["sh", "-c", f"echo kept > {target}/f; cat {target}/f"])
