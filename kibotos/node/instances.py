@@ -9,6 +9,7 @@ none; the VMM issue replaces it with one that launches and adopts VMs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,9 +33,11 @@ class Holdings:
 
 
 class InstanceManager(Protocol):
-    """What the session asks of the Instance manager.  Implementations call the
-    `on_change` callback they were given whenever `holdings()` changes, so the session
-    sends a fresh report at once."""
+    """What the session asks of the Instance manager."""
+
+    def set_change_callback(self, callback: Callable[[], None]) -> None:
+        """`serve_node` hands over the report's change signal; the manager calls it
+        whenever `holdings()` changes, so ctrl gets a fresh report at once."""
 
     def holdings(self) -> Holdings:
         """The current allocated resources and counts."""
@@ -50,7 +53,10 @@ class InstanceManager(Protocol):
 
 class EmptyInstanceManager:
     """The manager of a node that has no VMM backend wired in: it holds nothing, so a
-    report says zero and there is nothing to destroy or measure."""
+    report says zero, nothing ever changes, and there is nothing to destroy or measure."""
+
+    def set_change_callback(self, callback: Callable[[], None]) -> None:
+        del callback  # holdings never change
 
     def holdings(self) -> Holdings:
         return Holdings()

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 LOGGER_NAME = "kibotos.node"
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
 _NEEDS_QUOTES = frozenset(' "=\t\n')
 
 
@@ -58,6 +59,8 @@ class EventLogger:
 def _stderr_is_journal() -> bool:
     """systemd sets ``JOURNAL_STREAM=<dev>:<ino>`` of the stream it connected to stderr;
     a child whose stderr was redirected elsewhere inherits the variable, so compare."""
+    if not os.path.exists(JOURNAL_SOCKET):
+        return False
     value = os.environ.get("JOURNAL_STREAM", "")
     dev, sep, ino = value.partition(":")
     if not sep:

@@ -85,6 +85,7 @@ async def serve_node(
         manager: InstanceManager = instances or EmptyInstanceManager()
         sampler = UsageSampler(config.host.proc_root, manager)
         board = ReportBoard(manager, sampler.tightness)
+        manager.set_change_callback(board.mark_changed)
         ready_sent = False
 
         def on_established() -> None:

@@ -18,6 +18,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 from kibotos import atomicfile
 from kibotos.config import NodeConfig, load
 from kibotos.node.identity import NodeIdentity
+from kibotos.node.instances import Holdings
 
 CREDENTIAL = "kid-test:secret-for-tests"
 
@@ -111,6 +112,34 @@ def store_identity(config: NodeConfig, credential: str = CREDENTIAL) -> NodeIden
     pki.mkdir(parents=True, exist_ok=True)
     atomicfile.write_json(pki / "identity.json", identity.to_json(), mode=0o600)
     return identity
+
+
+class RecordingInstances:
+    """An Instance manager holding fixed figures, recording destroy_all calls."""
+
+    def __init__(self, holdings: Holdings | None = None) -> None:
+        self._holdings = holdings or Holdings()
+        self.destroyed = 0
+        self._changed_cb: Callable[[], None] = lambda: None
+
+    def set_change_callback(self, callback: Callable[[], None]) -> None:
+        self._changed_cb = callback
+
+    def set_holdings(self, holdings: Holdings) -> None:
+        """What a real manager does when an Instance starts or ends."""
+        self._holdings = holdings
+        self._changed_cb()
+
+    def holdings(self) -> Holdings:
+        return self._holdings
+
+    async def destroy_all(self) -> int:
+        self.destroyed += 1
+        count, self._holdings = self._holdings.instance_count, Holdings()
+        return count
+
+    def vm_usage(self) -> tuple[float | None, int | None]:
+        return None, None
 
 
 # ---------------------------------------------------------------------------- FakeCtrl

@@ -9,9 +9,17 @@ from typing import Any
 
 import pytest
 import trio
-from node_helpers import Conn, FakeCtrl, node_config, store_identity, write_proc
+from node_helpers import (
+    Conn,
+    FakeCtrl,
+    RecordingInstances,
+    node_config,
+    store_identity,
+    write_proc,
+)
 
 from kibotos.errors import FailedPrecondition
+from kibotos.node.instances import Holdings
 from kibotos.node.serve import NodeRuntime, serve_node
 from kibotos.node.session import NodeIsolated, SessionTiming
 
@@ -77,6 +85,37 @@ async def test_memory_tight_flip_is_reported_at_once(tmp_path: Path) -> None:
     assert [r["memory_tight"] for r in reports] == [True, False]
     assert reports[0]["memory_tight_since"] is not None
     assert reports[1]["memory_tight_since"] is None
+
+
+async def test_count_change_is_reported_at_once(tmp_path: Path) -> None:
+    got: list[dict[str, Any]] = []
+    arrived = trio.Event()
+
+    async def script(conn: Conn) -> None:
+        await conn.send(type="welcome", session_id="ses-1")
+        got.append(await conn.receive_type("report"))
+        arrived.set()
+        while True:
+            await conn.receive()
+
+    instances = RecordingInstances()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as outer:
+            fake = await outer.start(FakeCtrl(script).serve)
+            config = node_config(tmp_path, ctrl_url=fake.ctrl_url)
+            store_identity(config)
+            async with trio.open_nursery() as nursery:
+                runtime = await _start(nursery, config, instances=instances)
+                await runtime.session.status.wait_until(lambda s: s.connected)
+                instances.set_holdings(Holdings(allocated_cpu_millis=1000,
+                                                allocated_memory_bytes=2**30,
+                                                instance_count=1, volume_count=2))
+                await arrived.wait()
+                nursery.cancel_scope.cancel()
+            outer.cancel_scope.cancel()
+    (report,) = got
+    assert report["allocated"] == {"cpu_millis": 1000, "memory_bytes": 2**30}
+    assert (report["instance_count"], report["volume_count"]) == (1, 2)
 
 
 async def test_second_node_on_the_same_root_is_refused(tmp_path: Path) -> None:

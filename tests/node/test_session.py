@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from node_helpers import CREDENTIAL, Conn, FakeCtrl, node_config, store_identity, write_proc
+from node_helpers import (
+    CREDENTIAL,
+    Conn,
+    FakeCtrl,
+    RecordingInstances,
+    node_config,
+    store_identity,
+    write_proc,
+)
 
 from kibotos.errors import FailedPrecondition
 from kibotos.node.clock import SYNCHRONIZED, UNKNOWN, UNSYNCHRONIZED, NodeClock
@@ -22,25 +30,6 @@ from kibotos.node.usage import UsageSampler
 
 FAST = SessionTiming(ping_interval=0.05, silence_timeout=30.0, welcome_timeout=30.0,
                      slow_retry=60.0, backoff_initial=0.02, backoff_cap=0.1)
-
-
-class RecordingInstances:
-    """An Instance manager holding fixed figures, recording destroy_all calls."""
-
-    def __init__(self, holdings: Holdings | None = None) -> None:
-        self._holdings = holdings or Holdings()
-        self.destroyed = 0
-
-    def holdings(self) -> Holdings:
-        return self._holdings
-
-    async def destroy_all(self) -> int:
-        self.destroyed += 1
-        count, self._holdings = self._holdings.instance_count, Holdings()
-        return count
-
-    def vm_usage(self) -> tuple[float | None, int | None]:
-        return None, None
 
 
 def make_session(tmp_path: Path, ctrl_url: str, *, timing: SessionTiming = FAST,
