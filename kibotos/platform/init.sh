@@ -3,8 +3,9 @@
 #
 # 1. mount devtmpfs, proc, sysfs; read kibotos.* parameters from the kernel command line
 # 2. load the virtio, ext4 and overlay modules in the order in /etc/kibotos/modules
-# 3. find the disks by their virtio serial: the Template image (read-only) and the
-#    writable layer (ext4; upper/ and work/ on it), and make the root an overlay of them
+# 3. find the disks by their virtio serial (and link each as /dev/disk/by-id/virtio-<serial>,
+#    the name udev would give it): the Template image (read-only) and the writable
+#    layer (ext4; upper/ and work/ on it), and make the root an overlay of them
 # 4. move the mounts into the new root, start the reaping init (tini) with the agent
 #
 # Kernel command line parameters it reads (all optional):
@@ -12,6 +13,7 @@
 #   kibotos.root=SERIAL     serial of the Template disk          (kibotos-root)
 #   kibotos.rw=SERIAL       serial of the writable layer disk    (kibotos-rw)
 #   kibotos.agent=PATH      agent program in the new root   (/usr/lib/kibotos-guest/agent.py)
+#   kibotos.disks=N         wait until N virtio disks with a serial are present (2)
 #   kibotos.probe           print KIBOTOS-PROBE-OK and power off (acceleration probe)
 # Any failure prints "kibotos-init: FAILED: <reason>" on the console and powers off.
 
@@ -31,7 +33,7 @@ fail() {
 }
 stamp() {
     # Uptime at each step, for bench/boot.py's breakdown.
-    read -r up _ < /proc/uptime
+    if [ -r /proc/uptime ]; then read -r up _ < /proc/uptime; else read -r up _ < /newroot/proc/uptime; fi
     log "$1 at ${up}s"
 }
 
@@ -40,12 +42,14 @@ ROOT_SERIAL=kibotos-root
 RW_SERIAL=kibotos-rw
 AGENT=/usr/lib/kibotos-guest/agent.py
 PROBE=
+DISKS=2
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         kibotos.port=*) PORT="${arg#*=}" ;;
         kibotos.root=*) ROOT_SERIAL="${arg#*=}" ;;
         kibotos.rw=*) RW_SERIAL="${arg#*=}" ;;
         kibotos.agent=*) AGENT="${arg#*=}" ;;
+        kibotos.disks=*) DISKS="${arg#*=}" ;;
         kibotos.probe) PROBE=1 ;;
     esac
 done
@@ -63,7 +67,14 @@ while read -r mod; do
 done < /etc/kibotos/modules
 stamp "modules loaded"
 
-# virtio-mmio devices probe asynchronously; wait (up to ~10 s) for both disks.
+# virtio-mmio devices may appear after insmod returns; wait (up to ~10 s) for all of them.
+count_disks() {
+    n=0
+    for dev in /sys/block/vd*; do
+        [ -e "$dev/serial" ] && n=$((n + 1))
+    done
+    echo "$n"
+}
 find_disk() {
     for dev in /sys/block/vd*; do
         [ -e "$dev/serial" ] || continue
@@ -77,10 +88,17 @@ find_disk() {
 }
 tries=0
 while :; do
-    ROOT_DEV=$(find_disk "$ROOT_SERIAL") && RW_DEV=$(find_disk "$RW_SERIAL") && break
+    if [ "$(count_disks)" -ge "$DISKS" ]; then
+        ROOT_DEV=$(find_disk "$ROOT_SERIAL") && RW_DEV=$(find_disk "$RW_SERIAL") && break
+    fi
     tries=$((tries + 1))
-    [ "$tries" -lt 200 ] || fail "disks with serial $ROOT_SERIAL and $RW_SERIAL not found"
+    [ "$tries" -lt 200 ] || fail "found $(count_disks) of $DISKS disks; need serials $ROOT_SERIAL and $RW_SERIAL"
     usleep 50000
+done
+mkdir -p /dev/disk/by-id
+for dev in /sys/block/vd*; do
+    serial=$(cat "$dev/serial" 2>/dev/null)
+    [ -n "$serial" ] && ln -sf "../../${dev##*/}" "/dev/disk/by-id/virtio-$serial"
 done
 
 mkdir -p /mnt/template /mnt/rw /newroot

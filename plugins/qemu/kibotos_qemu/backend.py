@@ -12,9 +12,10 @@ Backend options (the node passes its ``[vmm.qemu]`` table; all optional)::
     proc_root      path              where /proc/cpuinfo is read (tests)
 
 Readiness: `wait_ready` connects to the agent socket (retrying: the socket file exists
-before QEMU listens) and reads the agent's hello, all within ``timeout``.  It never
+before QEMU listens) and waits for the agent's hello, all within ``timeout``.  It never
 kills anything on timeout; the caller stops the unit (the spec's "kill on timeout" is
-the node's job, through its supervisor).
+the node's job, through its supervisor).  `guest_channel` gives the raw stream for
+`kibotos.guest.open_guest_channel`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import trio
 
 from kibotos.backends import UnitSpec
 from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.guest import connect_unix_with_retry
 from kibotos.platform.cache import default_cache_root
 from kibotos_qemu import cmdline, probe
-from kibotos_qemu.channel import connect_unix
-from kibotos_qemu.hello import read_hello
 from kibotos_qemu.launch import Launch, parse_launch
+from kibotos_qemu.ready import wait_hello
 
 #: systemd properties of the VMM service (spec, "VMM service"; the KiboVM row).
 UNIT_PROPERTIES: Mapping[str, Any] = {
@@ -166,18 +167,23 @@ class QemuVmm:
 
     async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
                             ) -> trio.SocketStream:
-        """A byte stream to the guest agent (QEMU serves one client at a time)."""
-        return await connect_unix(parse_launch(launch).agent_socket, timeout=timeout)
+        """A byte stream to the guest agent, for `kibotos.guest.open_guest_channel`.
+
+        QEMU's socket chardev serves one client at a time: the stream owns the channel
+        until it is closed."""
+        spec = parse_launch(launch)
+        return await connect_unix_with_retry(spec.agent_socket, trio.current_time() + timeout)
 
     async def wait_ready(self, launch: Mapping[str, Any], *, timeout: float
                          ) -> Mapping[str, Any]:
-        """The agent's hello (boot ID, protocol version, capabilities) once it arrives.
+        """The agent's hello as `GuestInfo.to_json()` (boot ID, protocol version,
+        capabilities …), once it arrives.
 
-        Raises DeadlineExceeded after `timeout` seconds; the caller stops the unit."""
+        Connects (retrying while QEMU does not listen yet), opens a guest session, and
+        closes it again after the hello.  Raises DeadlineExceeded after `timeout`
+        seconds, with the guest console's last lines; it never kills anything: on a
+        timeout the caller stops the unit through its supervisor."""
         spec = parse_launch(launch)
-        deadline = trio.current_time() + timeout
-        stream = await connect_unix(spec.agent_socket, timeout=timeout)
-        try:
-            return await read_hello(stream, deadline=deadline, console_log=spec.console_log)
-        finally:
-            await stream.aclose()
+        info = await wait_hello(spec.agent_socket, spec.console_log,
+                                trio.current_time() + timeout)
+        return info.to_json()

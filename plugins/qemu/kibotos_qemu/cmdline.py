@@ -54,7 +54,7 @@ def kernel_cmdline(launch: Launch, accel: str, host_mhz: int | None) -> str:
             args.append(f"tsc_early_khz={host_mhz * 1000}")
         args += ["tsc=reliable", *TCG_TRIMS]
     args += [f"kibotos.port={AGENT_PORT}", f"kibotos.root={ROOT_SERIAL}",
-             f"kibotos.rw={RW_SERIAL}"]
+             f"kibotos.rw={RW_SERIAL}", f"kibotos.disks={2 + len(launch.volumes)}"]
     args += launch.kernel_args
     return " ".join(args)
 
