@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,13 +198,14 @@ class DevCluster:
 
     def restart_ctrl(self, *, wait_nodes: bool = True) -> None:
         """Stop ctrl (SIGTERM) and start it again on the same address; by default wait
-        until every running node is READY again."""
+        until every running node has a live control session again."""
         self.stop_ctrl()
         self.start_ctrl()
         if wait_nodes:
-            running = [n for n in self.node_ids()
-                       if self._sup.pid(self.node_service(n)) is not None]
-            self.wait_ready(running)
+            deadline = time.monotonic() + self.timeout
+            for node_id in self.node_ids():
+                if self._sup.pid(self.node_service(node_id)) is not None:
+                    self._wait_one(node_id, None, deadline)
 
     def _read_listen_address(self, svc: Service) -> str | None:
         try:
@@ -214,11 +216,10 @@ class DevCluster:
 
     def _pin_ctrl_port(self, url: str) -> None:
         """Rewrite ctrl.toml with the port ctrl bound, so a restart keeps the address."""
-        cfg = config.load(config.CtrlConfig, self.layout.ctrl_config)
-        listen = url.split("://", 1)[1].rstrip("/")
-        lay.write_ctrl_config(self.layout, listen=listen,
-                              reconcile_interval=f"{cfg.ctrl.reconcile_interval}s",
-                              session_timeout=f"{cfg.ctrl.session_timeout}s")
+        with open(self.layout.ctrl_config, "rb") as f:
+            doc = tomllib.load(f)
+        doc["ctrl"]["listen"] = url.split("://", 1)[1].rstrip("/")
+        lay.write_config(self.layout.ctrl_config, config.CtrlConfig, doc, lay.CTRL_HEADER)
 
     def _enroll_operator(self, url: str) -> None:
         grant = self._run([script("kibotos"), "ctrl", "grant", "--config",
@@ -300,7 +301,8 @@ class DevCluster:
         for node_id in list(node_ids) if node_ids is not None else self.node_ids():
             self._wait_one(node_id, status, deadline)
 
-    def _wait_one(self, node_id: str, status: str, deadline: float) -> None:
+    def _wait_one(self, node_id: str, status: str | None, deadline: float) -> None:
+        """Wait for `status`, or with None for a live control session (any status)."""
         last = "no record in ctrl yet"
 
         def reached() -> bool:
@@ -312,10 +314,13 @@ class DevCluster:
             session = rec.get("latest_session") or {}
             last = (f"status {rec.get('status')}, control session "
                     f"{'alive' if session.get('alive') else 'not alive'}")
+            if status is None:
+                return bool(session.get("alive"))
             return bool(rec.get("status") == status)
 
-        svc = self.node_service(node_id) if status == "READY" else None
-        self._wait(reached, deadline, lambda: f"node {node_id} is not {status}: {last}", svc)
+        svc = self.node_service(node_id) if status in ("READY", None) else None
+        goal = status or "connected"
+        self._wait(reached, deadline, lambda: f"node {node_id} is not {goal}: {last}", svc)
 
     # ------------------------------------------------------------------ API and CLI
 

@@ -29,6 +29,11 @@ PROC_FILES = ("meminfo", "stat", "loadavg", "uptime", "pressure/cpu", "pressure/
               "pressure/io")
 
 
+CTRL_HEADER = ("ctrl of a dev cluster, written by `kibotos dev cluster up`.\n"
+               "listen starts as port 0; after the first start it holds the port ctrl\n"
+               "bound, so a restarted ctrl keeps the address the nodes know.")
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path
@@ -151,10 +156,7 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
     if session_timeout:
         section["session_timeout"] = session_timeout
     layout.ctrl_state.mkdir(parents=True, exist_ok=True)
-    write_config(layout.ctrl_config, config.CtrlConfig, {"ctrl": section},
-                 "ctrl of a dev cluster, written by `kibotos dev cluster up`.\n"
-                 "listen starts as port 0; after the first start it holds the port ctrl\n"
-                 "bound, so a restarted ctrl keeps the address the nodes know.")
+    write_config(layout.ctrl_config, config.CtrlConfig, {"ctrl": section}, CTRL_HEADER)
 
 
 def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,

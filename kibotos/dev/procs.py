@@ -69,14 +69,34 @@ def is_ours(pid: int, service: Service) -> bool:
     return "serve" in args and str(service.config) in args
 
 
-def is_stopped(pid: int) -> bool:
-    """Whether `pid` is stopped by a signal (SIGSTOP): alive, but not answering."""
+def _state(pid: int) -> str | None:
+    """The one-letter state of `pid` from /proc/<pid>/stat; None if it does not exist."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return False
+        return None
     # The state follows the command name, which is in parentheses and may hold spaces.
-    return stat.rpartition(")")[2].split()[0] in ("T", "t")
+    return stat.rpartition(")")[2].split()[0]
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (SIGSTOP): alive, but not answering."""
+    return _state(pid) in ("T", "t")
+
+
+def has_exited(pid: int, service: Service) -> bool:
+    """Whether `pid` no longer runs `service` and has let go of its files.
+
+    The command line empties early in the kernel's exit path, before the process's
+    files (its listening socket, its lock file) are closed; only a zombie or a vanished
+    PID has closed them, so a restart right after cannot trip over them."""
+    state = _state(pid)
+    if state is None or state in ("Z", "X", "x"):
+        return True
+    args = cmdline(pid)
+    if args is None:
+        return False  # still exiting
+    return not is_ours(pid, service)  # the PID now runs something else
 
 
 class Supervisor:
@@ -119,14 +139,18 @@ class Supervisor:
         return None if proc is None else proc.poll()
 
     def pid(self, service: Service) -> int | None:
-        """The PID of `service` if it is running now and is really ours, else None."""
-        proc = self._children.get(service.name)
-        if proc is not None and proc.poll() is not None:
-            return None  # reaped: it has exited, whatever the PID file says
+        """The PID of `service` if it is running now and is really ours, else None.
+
+        The PID file is the record (a person may start a service by hand and write it);
+        when it names a child of this supervisor, the child's handle decides, so an
+        exited child is never mistaken for a live process."""
         pid = read_pid(service.pid_file)
-        if pid is None or not is_ours(pid, service):
+        if pid is None:
             return None
-        return pid
+        proc = self._children.get(service.name)
+        if proc is not None and proc.pid == pid:
+            return pid if proc.poll() is None else None
+        return pid if is_ours(pid, service) else None
 
     def signal(self, service: Service, sig: int) -> int | None:
         """Send `sig` to `service` if it runs; return the PID signalled."""
@@ -145,7 +169,7 @@ class Supervisor:
             if proc is not None and proc.pid == pid:
                 if proc.poll() is not None:
                     return True
-            elif not is_ours(pid, service):
+            elif has_exited(pid, service):
                 return True
             if time.monotonic() >= deadline:
                 return False

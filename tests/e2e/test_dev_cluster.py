@@ -101,12 +101,14 @@ def test_a_node_killed_and_started_again_by_hand(tmp_path):
                 [script("kibotos"), "node", "serve", "--config", str(node_dir / "node.toml")],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
+        (node_dir / "node.pid").write_text(f"{proc.pid}\n")  # so `down` knows it
         try:
             c.wait_ready(["node-1"])
             assert c.node("node-1")["latest_session"]["incarnation"] > before
         finally:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0
+            assert c.running() == ["ctrl", "node-1"]
+            assert c.down() == ["node-1", "ctrl"]
+            assert proc.wait(timeout=60) == 0  # a clean stop on SIGTERM
     finally:
         c.down(grace=5)
 

@@ -373,7 +373,7 @@ def test_memory_tight_hysteresis(dev_cluster, wait_until):
     total = 16 * GiB
 
     def set_available(percent: int) -> int:
-        available = total * percent // 100
+        available = total * percent // 100 // 1024 * 1024  # meminfo counts in kB
         write_meminfo(proc, total_bytes=total, available_bytes=available)
         return available
 
@@ -414,7 +414,7 @@ def test_ctrl_restart_loses_nothing(dev_cluster, kibo_json, wait_until):
     kibo_json(c, "node", "isolate", "node-3", "--confirm-host-cannot-write")
     before = {n["node_id"]: n for n in kibo_json(c, "node", "list")["result"]["nodes"]}
 
-    c.restart_ctrl()  # waits until node-1 and node-2 are back
+    c.restart_ctrl()  # waits until node-1 and node-2 are connected again
     c.wait_status(["node-1"], "DRAINED")
 
     after = {n["node_id"]: n for n in kibo_json(c, "node", "list")["result"]["nodes"]}

@@ -101,6 +101,7 @@ def test_another_supervisor_finds_and_stops_a_service(tmp_path):
     other = Supervisor()
     assert other.pid(svc) == pid
     assert other.stop([svc], grace=30.0) == ["svc"]
+    assert starter.wait_exit(svc, pid, 30.0)  # its parent reaps it
     assert starter.exit_status("svc") == -signal.SIGTERM
 
 
