@@ -64,22 +64,21 @@ def serve(config_path: str, log_level: str) -> None:
 @click.option("--kind", required=True, type=click.Choice(["node", "operator"]))
 @click.option("--node-id", default=None, help="the node ID (node grants only)")
 @click.option("--name", default=None, help="a note shown by `kibo enrollment list`")
-@click.option("--expires", default=None, help="lifetime, e.g. 1h (default 24h)")
+@click.option("--expires", default="1h", show_default=True,
+              help="lifetime of the grant, e.g. 30m, 8h")
 @click.option("--json", "as_json", is_flag=True, help='print {"result": …}')
 @_fail_cleanly
 def grant(config_path: str, kind: str, node_id: str | None, name: str | None,
-          expires: str | None, as_json: bool) -> None:
+          expires: str, as_json: bool) -> None:
     """Issue a one-time enrollment grant by writing ctrl's store directly."""
     from kibotos.ctrl import enrollment
     from kibotos.ctrl.context import utcnow
     from kibotos.ctrl.store import migrate
     from kibotos.ctrl.store.db import Store, make_engine
 
-    expires_in_s = None
-    if expires is not None:
-        expires_in_s = parse_duration(expires, "--expires")
-        if expires_in_s <= 0:
-            raise InvalidArgument(f"--expires must be positive, got {expires!r}")
+    expires_in_s = parse_duration(expires, "--expires")
+    if expires_in_s <= 0:
+        raise InvalidArgument(f"--expires must be positive, got {expires!r}")
     cfg = config_mod.load(config_mod.CtrlConfig, config_path)
     if not cfg.ctrl.database_url:
         cfg.ctrl.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
