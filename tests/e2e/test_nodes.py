@@ -63,6 +63,7 @@ def test_list_and_get_fields_and_columns(dev_cluster, kibo_json):
         assert n["overcommit"]["cpu"]["source"] == "default"
         assert n["overcommit"]["memory"]["source"] == "default"
         assert n["memory_tight"] is False
+        assert n["placement"] == {"eligible": True, "reason": None}
         assert "host_usage" not in n  # shown only by get
 
     # Paging is the server's: two pages of 2 and 1, in node_id order.
@@ -135,6 +136,7 @@ def test_drain_revisions_replay_and_wait(dev_cluster, kibo_json):
                       "--expected-version", str(v))["result"]
     assert first["drain_requested"] is True
     assert first["status"] == "DRAINED"
+    assert first["placement"] == {"eligible": False, "reason": "drain requested"}
     assert first["registration_version"] > v
 
     # The replay returns the stored result, even though the version has moved on.
@@ -155,6 +157,7 @@ def test_drain_revisions_replay_and_wait(dev_cluster, kibo_json):
     cancelled = kibo_json(c, "node", "cancel-drain", "node-1")["result"]
     assert cancelled["drain_requested"] is False
     assert cancelled["status"] == "READY"
+    assert cancelled["placement"]["eligible"] is True
     assert kibo_json(c, "node", "drain", "node-9", code=12)["error"]["code"] == "not_found"
 
 
@@ -334,6 +337,7 @@ def test_overcommit_waits_for_the_node_to_confirm(dev_cluster, kibo_json, wait_u
     try:
         n = kibo_json(c, "node", "overcommit", "set", "node-2", "--cpu", "3")["result"]
         assert n["overcommit"]["confirmed"] is False
+        assert n["placement"]["eligible"] is False  # not placeable until confirmed
         c.wait_status(["node-2"], "OFFLINE")
         assert c.node("node-2")["overcommit"]["confirmed"] is False
     finally:
@@ -342,6 +346,7 @@ def test_overcommit_waits_for_the_node_to_confirm(dev_cluster, kibo_json, wait_u
     confirmed = wait_until(lambda: (n := c.node("node-2"))["overcommit"]["confirmed"] and n,
                            "node-2 to confirm after reconnecting")
     assert confirmed["overcommit"]["cpu"] == {"ratio": "3", "source": "override"}
+    wait_until(lambda: c.node("node-2")["placement"]["eligible"], "node-2 placeable again")
 
 
 # ---------------------------------------------------------------------------- test inputs
@@ -354,6 +359,8 @@ def test_clock_gate(dev_cluster, wait_until):
     over = wait_until(lambda: (s := c.node("node-1")["latest_session"]["clock"])["over"] and s,
                       "ctrl to measure node-1's clock over the limit")
     assert over["offset_ms"] > 100_000
+    assert c.node("node-1")["placement"] == {"eligible": False,
+                                             "reason": "clock offset beyond 30 s"}
     assert table(c.kibo("node", "list").stdout)["node-1"]["CLOCK"].endswith("(over)")
     # Within 30 s (less uncertainty) is fine; an offset is still shown.
     skew.write_text("-10\n")
@@ -361,6 +368,7 @@ def test_clock_gate(dev_cluster, wait_until):
         lambda: (s := c.node("node-1")["latest_session"]["clock"])["offset_ms"] < 0 and s,
         "ctrl to measure node-1's clock again")
     assert fine["over"] is False
+    assert c.node("node-1")["placement"]["eligible"] is True
     assert c.node("node-2")["latest_session"]["clock"]["over"] is False
 
 
@@ -386,6 +394,7 @@ def test_memory_tight_hysteresis(dev_cluster, wait_until):
     set_available(5)
     n = wait_until(lambda: (r := c.node("node-1"))["memory_tight"] and r, "memory tight")
     assert n["memory_tight_since"]
+    assert n["placement"] == {"eligible": False, "reason": "host memory tight"}
     assert table(c.kibo("node", "list").stdout)["node-1"]["MEM_TIGHT"] == "yes"
 
     n = wait_until(lambda: sampled(set_available(12)), "a sample at 12 %", timeout=120)
@@ -396,6 +405,7 @@ def test_memory_tight_hysteresis(dev_cluster, wait_until):
                "memory tight to clear above 15 %")
     n = wait_until(lambda: sampled(set_available(12)), "a sample at 12 % again", timeout=120)
     assert n["memory_tight"] is False  # and not tight again until below 10 %
+    assert n["placement"]["eligible"] is True
     assert c.node("node-2")["memory_tight"] is False
 
 
