@@ -99,20 +99,22 @@ def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
 
 
 def build_platform(*, cache_root: Path | None = None, kernel_deb: Path | None = None,
+                   busybox_deb: Path | None = None, tini_deb: Path | None = None,
                    kernel_package: str = "linux-image-amd64",
                    modules: tuple[str, ...] = GUEST_MODULES,
                    compression: str = DEFAULT_COMPRESSION) -> Path:
-    """The Platform directory for these inputs, building it on a cache miss."""
+    """The Platform directory for these inputs, building it on a cache miss.
+
+    Each package comes from apt unless a local .deb is given for it (offline builds)."""
     if compression not in COMPRESSIONS:
         raise InvalidArgument(f"unknown initramfs compression {compression!r} "
                               f"(one of {', '.join(COMPRESSIONS)})")
-    wanted = ["busybox-static", "tini"] + ([] if kernel_deb else [kernel_package])
-    resolved = debs.resolve(*wanted)
-    refs = {
-        "kernel": debs.local(kernel_deb) if kernel_deb else resolved[kernel_package],
-        "busybox": resolved["busybox-static"],
-        "tini": resolved["tini"],
-    }
+    local = {"kernel": kernel_deb, "busybox": busybox_deb, "tini": tini_deb}
+    names = {"kernel": kernel_package, "busybox": "busybox-static", "tini": "tini"}
+    wanted = [names[role] for role, path in local.items() if path is None]
+    resolved = debs.resolve(*wanted) if wanted else {}
+    refs = {role: debs.local(path) if path is not None else resolved[names[role]]
+            for role, path in local.items()}
     inputs = {
         "builder": BUILDER_REVISION,
         "debs": {role: ref.sha256 for role, ref in refs.items()},
@@ -134,10 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                              "as root, ~/.cache/kibotos otherwise)")
     parser.add_argument("--kernel-deb", type=Path, default=None,
                         help="use this linux-image .deb instead of apt's linux-image-amd64")
+    parser.add_argument("--busybox-deb", type=Path, default=None,
+                        help="use this busybox-static .deb instead of apt's")
+    parser.add_argument("--tini-deb", type=Path, default=None,
+                        help="use this tini .deb instead of apt's")
     parser.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION)
     args = parser.parse_args(argv)
     try:
         path = build_platform(cache_root=args.cache_dir, kernel_deb=args.kernel_deb,
+                              busybox_deb=args.busybox_deb, tini_deb=args.tini_deb,
                               compression=args.compression)
     except KibotosError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -42,6 +42,8 @@ MANIFEST = "template.json"
 ROOTFS_MANIFEST = "rootfs.json"
 BUILDER_REVISION = 1
 AGENT_GUEST_PATH = "/usr/lib/kibotos-guest/agent.py"
+#: The debootstrap program (tests put a fake one here).
+DEBOOTSTRAP = "debootstrap"
 #: apt's leftovers that only make an image bigger (an install in the guest runs
 #: ``apt-get update`` first, as in any container image).
 _PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists")
@@ -88,7 +90,7 @@ def _check(recipe: Recipe) -> None:
 
 def _debootstrap(tmp: Path, recipe: Recipe, mirror: str, inputs: dict[str, Any]) -> None:
     rootfs = tmp / "rootfs"
-    argv = ["debootstrap", f"--variant={recipe.variant}"]
+    argv = [DEBOOTSTRAP, f"--variant={recipe.variant}"]
     if recipe.packages:
         argv.append("--include=" + ",".join(recipe.packages))
     argv += [recipe.suite, str(rootfs), mirror]

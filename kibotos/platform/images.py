@@ -32,8 +32,13 @@ def _mkfs(argv: list[str], what: str) -> None:
 def _sparse_file(path: Path, size: int) -> None:
     if size <= 0 or size % MIB:
         raise InvalidArgument(f"image size {size} must be a positive whole number of MiB")
-    with open(path, "xb") as f:
-        f.truncate(size)
+    try:
+        with open(path, "xb") as f:
+            f.truncate(size)
+    except FileExistsError:
+        raise FailedPrecondition(f"image {path} already exists") from None
+    except OSError as exc:
+        raise FailedPrecondition(f"create image {path}: {exc.strerror}") from None
 
 
 def create_ext4(path: Path, size: int, *, label: str = "", journal: bool = True,

@@ -83,9 +83,10 @@ class Launch:
         return self.runtime_dir / "vmm.log"
 
 
-def _abs_path(launch: Mapping[str, Any], key: str, *, must_exist: str | None = None
-              ) -> Path:
+def _abs_path(launch: Mapping[str, Any], key: str, *, must_exist: str | None = None,
+              label: str | None = None) -> Path:
     value = launch.get(key)
+    key = label or key
     if not isinstance(value, str | Path) or not str(value):
         raise InvalidArgument(f"launch: {key} is required and must be a path")
     path = Path(value)
@@ -119,7 +120,7 @@ def _volumes(raw: Any) -> tuple[Volume, ...]:
         unknown = set(item) - {"path", "serial", "read_only"}
         if unknown:
             raise InvalidArgument(f"launch: volumes[{i}] has unknown keys {sorted(unknown)}")
-        path = _abs_path(item, "path", must_exist="file")
+        path = _abs_path(item, "path", must_exist="file", label=f"volumes[{i}].path")
         serial = item.get("serial", f"kibotos-vol{i}")
         if not isinstance(serial, str) or not _SERIAL.fullmatch(serial):
             raise InvalidArgument(
