@@ -11,7 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import trio
 
 # --------------------------------------------------------------------------- placement
 
@@ -228,3 +231,17 @@ class VmmBackend(Protocol):
     async def probe(self) -> Mapping[str, Any]: ...
 
     def unit_for(self, launch: Mapping[str, Any]) -> UnitSpec: ...
+
+    async def wait_ready(self, launch: Mapping[str, Any], *, timeout: float
+                         ) -> Mapping[str, Any]:
+        """The guest's hello (``kibotos.guest.GuestInfo.to_json()``) once the unit of
+        `launch` runs and its agent answered; raises DeadlineExceeded after `timeout`
+        seconds (or FailedPrecondition when the guest visibly cannot come up).  Never
+        stops the unit: on failure the caller does, through its supervisor."""
+        ...
+
+    async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
+                            ) -> trio.abc.Stream:
+        """A byte stream to the guest agent of `launch`, for
+        `kibotos.guest.open_guest_channel`; retries while the VMM does not listen yet."""
+        ...

@@ -19,6 +19,7 @@ from kibotos.backends import (
     UnitInfo,
     UnitSpec,
 )
+from kibotos.errors import FailedPrecondition
 from kibotos.hookspecs import hookimpl
 
 
@@ -36,6 +37,14 @@ class EchoVmm:
 
     def unit_for(self, launch: Mapping[str, Any]) -> UnitSpec:
         return UnitSpec(name=f"test-vmm-{launch['instance_id']}", argv=["echo", "booted"])
+
+    async def wait_ready(self, launch: Mapping[str, Any], *, timeout: float
+                         ) -> Mapping[str, Any]:
+        return {"protocol_version": 1, "boot_id": f"echo-{launch['instance_id']}"}
+
+    async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
+                            ) -> Any:
+        raise FailedPrecondition("the echo backend has no guest agent")
 
 
 class AlwaysDriver:
