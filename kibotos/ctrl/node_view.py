@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from kibotos.ctrl import nodes, overcommit
-from kibotos.ctrl.store.models import Node
+from kibotos.ctrl.nodes import NodeFacts
 from kibotos.ctrl.wire import iso
 from kibotos.units import format_ratio
 
 
-def _session(node: Node) -> dict[str, Any] | None:
+def _session(node: NodeFacts) -> dict[str, Any] | None:
     if node.incarnation is None:
         return None
     clock = None
@@ -39,7 +39,7 @@ def _session(node: Node) -> dict[str, Any] | None:
     }
 
 
-def _report(node: Node) -> dict[str, Any] | None:
+def _report(node: NodeFacts) -> dict[str, Any] | None:
     if node.report_at is None:
         return None
     return {
@@ -51,7 +51,7 @@ def _report(node: Node) -> dict[str, Any] | None:
     }
 
 
-def node_json(node: Node, default: overcommit.DefaultRatios, *,
+def node_json(node: NodeFacts, default: overcommit.DefaultRatios, *,
               with_usage: bool = False) -> dict[str, Any]:
     """Render one node.  `host_usage` (get only) is the latest sample, shown only while
     the control session is alive: an old sample of a dead node would mislead."""

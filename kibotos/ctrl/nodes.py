@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -27,6 +27,44 @@ from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument, NotFoun
 #: Placement puts nothing new on a node whose clock offset, less its uncertainty, is
 #: beyond this (spec: nodes, "list and get").
 CLOCK_LIMIT_MS = 30_000.0
+
+
+class NodeFacts(Protocol):
+    """What the derived views read: a `Node`, or a plain row of its table (the list
+    path reads rows, which is several times cheaper than loading ORM objects)."""
+
+    node_id: str
+    admission: str
+    drain_requested: bool
+    isolated_incarnation: int | None
+    retired_at: datetime | None
+    registration_version: int
+    incarnation: int | None
+    session_id: str | None
+    session_alive: bool
+    session_started_at: datetime | None
+    session_ended_at: datetime | None
+    release_version: str | None
+    source_revision: str | None
+    clock_offset_ms: float | None
+    clock_uncertainty_ms: float | None
+    clock_sync_status: str | None
+    clock_measured_at: datetime | None
+    report_at: datetime | None
+    resources_cpu_millis: int
+    resources_memory_bytes: int
+    allocated_cpu_millis: int
+    allocated_memory_bytes: int
+    instance_count: int
+    volume_count: int
+    memory_tight: bool
+    memory_tight_since: datetime | None
+    host_usage: dict[str, Any] | None
+    dataplane_address: str | None
+    overcommit_cpu: int | None
+    overcommit_memory: int | None
+    overcommit_sent_serial: int
+    overcommit_confirmed_serial: int
 
 
 @dataclass(frozen=True)
@@ -112,11 +150,11 @@ def refuse_retired(node: Node, what: str) -> None:
 # --------------------------------------------------------------------- derived state
 
 
-def is_drained(node: Node) -> bool:
+def is_drained(node: NodeFacts) -> bool:
     return node.drain_requested and node.instance_count == 0 and node.volume_count == 0
 
 
-def status(node: Node) -> str:
+def status(node: NodeFacts) -> str:
     """RETIRED › REVOKED › ISOLATED › DRAINED/DRAINING › READY › OFFLINE."""
     if node.retired_at is not None:
         return "RETIRED"
@@ -129,17 +167,17 @@ def status(node: Node) -> str:
     return "READY" if node.session_alive else "OFFLINE"
 
 
-def clock_over(node: Node) -> bool:
+def clock_over(node: NodeFacts) -> bool:
     if node.clock_offset_ms is None:
         return False
     return abs(node.clock_offset_ms) - (node.clock_uncertainty_ms or 0.0) > CLOCK_LIMIT_MS
 
 
-def overcommit_confirmed(node: Node) -> bool:
+def overcommit_confirmed(node: NodeFacts) -> bool:
     return node.overcommit_confirmed_serial >= node.overcommit_sent_serial
 
 
-def placeable(node: Node) -> tuple[bool, str | None]:
+def placeable(node: NodeFacts) -> tuple[bool, str | None]:
     """Admission for placement: may a new Workspace go to this node at all?  (Whether
     it fits is the capacity check's business; ranking is the placement plugin's.)"""
     if node.retired_at is not None:
@@ -189,12 +227,14 @@ def _decode_token(token: str) -> str:
 
 
 def list_page(session: Session, page_size: int,
-              page_token: str | None) -> tuple[Sequence[Node], str | None]:
-    """One page in node_id order (keyset paging: stable under inserts, no OFFSET)."""
-    query = select(Node).order_by(Node.node_id).limit(page_size + 1)
+              page_token: str | None) -> tuple[Sequence[NodeFacts], str | None]:
+    """One page in node_id order (keyset paging: stable under inserts, no OFFSET), as
+    plain rows: nothing on the list path changes a node."""
+    table = Node.__table__
+    query = select(*table.columns).order_by(table.c.node_id).limit(page_size + 1)
     if page_token:
-        query = query.where(Node.node_id > _decode_token(page_token))
-    rows = list(session.scalars(query))
+        query = query.where(table.c.node_id > _decode_token(page_token))
+    rows = [cast(NodeFacts, row) for row in session.execute(query)]
     if len(rows) > page_size:
         rows = rows[:page_size]
         return rows, _encode_token(rows[-1].node_id)

@@ -43,7 +43,7 @@ def get_default(session: Session, *, for_update: bool = False) -> DefaultRatios:
                          version=row.version)
 
 
-def effective(node: Node, default: DefaultRatios) -> tuple[int, str, int, str]:
+def effective(node: nodes.NodeFacts, default: DefaultRatios) -> tuple[int, str, int, str]:
     """(cpu ratio, its source, memory ratio, its source)."""
     cpu, cpu_src = ((node.overcommit_cpu, "override") if node.overcommit_cpu is not None
                     else (default.cpu, "default"))
@@ -52,13 +52,13 @@ def effective(node: Node, default: DefaultRatios) -> tuple[int, str, int, str]:
     return cpu, cpu_src, mem, mem_src
 
 
-def schedulable(node: Node, default: DefaultRatios) -> tuple[int, int]:
+def schedulable(node: nodes.NodeFacts, default: DefaultRatios) -> tuple[int, int]:
     """What placement may hand out on this node: reported × ratio, rounded down."""
     cpu, _, mem, _ = effective(node, default)
     return node.resources_cpu_millis * cpu // ONE, node.resources_memory_bytes * mem // ONE
 
 
-def push_message(node: Node, default: DefaultRatios) -> dict[str, Any]:
+def push_message(node: nodes.NodeFacts, default: DefaultRatios) -> dict[str, Any]:
     """The fields of the ``overcommit`` message (and of ``welcome.overcommit``)."""
     cpu, _, mem, _ = effective(node, default)
     return {"cpu": format_ratio(cpu), "memory": format_ratio(mem),

@@ -30,7 +30,9 @@ def iso(value: datetime | None) -> str | None:
     """RFC 3339 UTC with a ``Z``, millisecond precision: the one time format on the wire."""
     if value is None:
         return None
-    return as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.isoformat(timespec="milliseconds") + "Z"
 
 
 def parse_time(value: object, what: str) -> datetime | None:
