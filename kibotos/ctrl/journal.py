@@ -23,6 +23,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,6 +55,17 @@ def input_digest(operation: str, params: dict[str, Any], body: WriteRequest | No
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _lock_command_id(session: Session, command_id: str) -> None:
+    """Serialise transactions that carry the same command ID.  ``FOR UPDATE`` cannot
+    lock a row that does not exist yet, so on PostgreSQL two concurrent first attempts
+    take a transaction-scoped advisory lock on the ID's hash: the second waits, then
+    finds the first's entry and replays it.  SQLite has one writer at a time anyway."""
+    if session.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(command_id.encode()).digest()[:8], "big",
+                             signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class Journal:
 
     def _run(self, command_id: str, operation: str, digest: str, identity_id: str | None,
              fn: Txn, session: Session) -> dict[str, Any] | _Stored:
+        _lock_command_id(session, command_id)
         row = session.get(Command, command_id, with_for_update=True)
         if row is not None:
             return _stored(row)
@@ -127,6 +140,7 @@ class Journal:
                         session: Session) -> _Stored | None:
         """Store the verdict after `fn`'s transaction rolled back.  Returns the earlier
         entry if another request journaled this ID in between, else None."""
+        _lock_command_id(session, command_id)
         row = session.get(Command, command_id, with_for_update=True)
         if row is not None:
             return _stored(row)

@@ -5,6 +5,7 @@ refused, and a stale revision changes nothing."""
 from __future__ import annotations
 
 import httpx
+import trio
 from ctrl_helpers import enroll_node, error, read_node, result, update_node
 from sqlalchemy import func, select
 
@@ -33,6 +34,27 @@ async def test_replay_returns_the_stored_result(client: httpx.AsyncClient,
     await update_node(store, "node-a", instance_count=3)
     again = result(await client.post("/v1/nodes/node-a/drain", headers=operator, json=body))
     assert again == first
+    assert (await read_node(store, "node-a")).registration_version == 2
+
+
+async def test_concurrent_duplicates_run_once(client: httpx.AsyncClient,
+                                              operator: dict[str, str],
+                                              store: Store) -> None:
+    """The same write sent several times at once (a client retrying over a slow link)
+    is done once; every copy gets the one result."""
+    await enroll_node(client, operator, "node-a")
+    body = {"command_id": "drain-race", "expected_version": 1}
+    answers: list[httpx.Response] = []
+
+    async def send() -> None:
+        answers.append(await client.post("/v1/nodes/node-a/drain", headers=operator,
+                                         json=body))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(send)
+    results = [result(a) for a in answers]
+    assert all(r == results[0] for r in results)
     assert (await read_node(store, "node-a")).registration_version == 2
 
 

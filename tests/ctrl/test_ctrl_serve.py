@@ -226,3 +226,33 @@ def test_kibotos_ctrl_is_on_the_path_as_a_console_script() -> None:
     assert out.returncode == 0
     assert "serve" in out.stdout
     assert "grant" in out.stdout
+
+
+async def test_reconciliation_runs_every_interval(tmp_path: Path) -> None:
+    config = make_config(tmp_path, reconcile_interval="0.3s")
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(partial(serve_ctrl, config, handle_signals=False))
+        url = f"http://{address}"
+        store = await open_store(config)
+        try:
+            async with httpx.AsyncClient(base_url=url) as http:
+                operator = await enroll_operator(http, store)
+                grant = result(await http.post("/v1/enrollment/grants", headers=operator,
+                                               json={"kind": "node", "node_id": "node-a"}))
+                cred = (await exchange(http, grant["token"]))["credential"]
+                async with open_sim_node(url, cred, "node-a", 1) as node:
+                    for _ in range(3):
+                        before = len(node.received)
+                        await node.wait_for("clock_probe", after=before)
+                        await node.wait_for("usage_request", after=before)
+                    seen: set[str] = set()
+
+                    async def several_measurements() -> bool:
+                        measured = await read_node(store, "node-a")
+                        if measured.clock_measured_at is not None:
+                            seen.add(str(measured.clock_measured_at))
+                        return len(seen) >= 3
+                    await wait_until(several_measurements, "three stored measurements")
+        finally:
+            store.close()
+        nursery.cancel_scope.cancel()
