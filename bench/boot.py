@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Boot time of a bare QEMU microVM: process start to the guest agent's hello.
 
-    .venv/bin/python bench/boot.py [--runs 5] [--cache-dir DIR] [--memory 256M] [--json]
+    .venv/bin/python bench/boot.py [--runs 5] [--cache-dir DIR] [--memory 256M]
+                                   [--compression gzip|zstd|none] [--json]
 
 "Bare" means QEMU started directly with the command line the ``qemu`` backend builds
 (no wrapper, no supervisor, no node), booting the cached Platform and ``kibotos-base``
@@ -123,7 +124,7 @@ def _row(name: str, values: list[float]) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    platform = build_platform(cache_root=args.cache_dir)
+    platform = build_platform(cache_root=args.cache_dir, compression=args.compression)
     template = build_template(default_recipe(), cache_root=args.cache_dir)
     boots = []
     for _ in range(args.runs):
@@ -150,6 +151,8 @@ def main() -> int:
     parser.add_argument("--memory", default="256M")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--compression", default="gzip", choices=("gzip", "zstd", "none"),
+                        help="initramfs compression of the Platform to boot")
     parser.add_argument("--json", action="store_true")
     return trio.run(main_async, parser.parse_args())
 

@@ -154,3 +154,31 @@ async def test_volume_image_made_from_a_directory_is_readable_in_the_guest(
             status, _, err = await guest.run(["sh", "-c", "echo x > /ro/new"])
             assert status.returncode != 0
             assert b"Read-only file system" in err
+
+
+async def test_the_platform_answers_the_probe_and_kvm_is_judged_by_a_real_boot(
+        platform_dir: Path, tmp_path: Path):
+    """The probe guest is the Platform itself with ``kibotos.probe``: under TCG it prints
+    the marker and powers off; under KVM the answer is whatever a real boot shows here
+    (TESTBED: on these machines KVM opens but guests do not run), and it is cached."""
+    from kibotos_qemu import probe
+
+    tcg = list(probe.probe_argv("qemu-system-x86_64", platform_dir / "vmlinux",
+                                       platform_dir / "initramfs"))
+    tcg[tcg.index("kvm")] = "tcg"
+    tcg[tcg.index("host")] = "qemu64,+arat"
+    booted, reason, _ = await probe.boot_probe(tcg, BOOT_TIMEOUT)
+    assert (booted, reason) == (True, "probe guest booted")
+
+    vmm = QemuVmm({"platform_dir": str(platform_dir), "cache_dir": str(tmp_path),
+                   "probe_timeout": 30})
+    facts = await vmm.probe()
+    kvm = facts["kvm"]
+    assert facts["accelerator"] == ("kvm" if kvm["usable"] else "tcg")
+    assert kvm["reason"]
+    assert kvm["cached"] is False
+    again = await QemuVmm({"platform_dir": str(platform_dir), "cache_dir": str(tmp_path),
+                           "probe_timeout": 30}).probe()
+    if not kvm["reason"].startswith("/dev/kvm"):  # a device that opens: the boot is cached
+        assert again["kvm"]["cached"] is True
+    assert again["accelerator"] == facts["accelerator"]
