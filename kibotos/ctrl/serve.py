@@ -63,6 +63,30 @@ async def open_store(config: CtrlConfig) -> Store:
     return Store(engine)
 
 
+def _guard_hypercorn_close() -> None:
+    """hypercorn 0.18's trio ``TCPServer._close`` sends EOF outside the connection's send
+    lock.  When ctrl closes a node's WebSocket and the node's close frame arrives at
+    that moment, the reply's ``send_all`` meets the EOF in flight, raises
+    ``trio.BusyResourceError``, and the error escapes the connection handler and ends
+    the whole server.  Take the send lock for the EOF too (unless this task already
+    holds it, as when a failed send closes the connection).  Idempotent."""
+    from hypercorn.trio.tcp_server import TCPServer
+
+    original = TCPServer._close
+    if getattr(original, "_kibotos_guarded", False):
+        return
+
+    async def _close(self: TCPServer) -> None:
+        if self.send_lock.statistics().owner is trio.lowlevel.current_task():
+            await original(self)
+        else:
+            async with self.send_lock:
+                await original(self)
+
+    _close._kibotos_guarded = True  # type: ignore[attr-defined]
+    TCPServer._close = _close  # type: ignore[method-assign]
+
+
 def hypercorn_config(listen: str) -> HypercornConfig:
     hc = HypercornConfig()
     hc.bind = [listen]
@@ -86,6 +110,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
                      task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
     """Run ctrl until cancelled or signalled; ``task_status.started(address)`` once the
     API listens (``address`` is ``host:port``)."""
+    _guard_hypercorn_close()
     state_dir = Path(config.ctrl.state_dir)
     address_file = state_dir / LISTEN_ADDRESS_FILE
     await trio.to_thread.run_sync(_prepare_state_dir, state_dir, address_file)
