@@ -47,7 +47,7 @@ class CtrlSection(_Strict):
     placement_policy: str = "binpack"
     artifact_dir: Path | None = None
 
-    _listen = field_validator("listen")(lambda v: _check_listen(v))  # type: ignore[misc]
+    _listen = field_validator("listen")(lambda v: _check_listen(v))
 
     @field_validator("reconcile_interval", "session_timeout", "overcommit_ack_timeout",
                      mode="before")
@@ -84,7 +84,7 @@ class NodeSection(_Strict):
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
 
-    _listen = field_validator("dataplane_listen")(lambda v: _check_listen(v))  # type: ignore[misc]
+    _listen = field_validator("dataplane_listen")(lambda v: _check_listen(v))
 
 
 class PoolSection(_Strict):

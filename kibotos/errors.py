@@ -9,7 +9,7 @@
     ├── NotFound                      not_found            404   12
     ├── FailedPrecondition            failed_precondition  412   13
     ├── Aborted                       aborted              409   14   stale expected revision
-    ├── AlreadyExists                 already_exists       409   14   command ID reused with other input
+    ├── AlreadyExists                 already_exists       409   14   command ID, other input
     ├── ResourceExhausted             resource_exhausted   429   15
     ├── DeadlineExceeded              deadline_exceeded    504   16
     ├── Unavailable                   unavailable          503   17

@@ -67,7 +67,8 @@ def check_command_id(value: object) -> str:
         "command ID",
         _COMMAND_ID,
         value,
-        "must be 1-128 characters of letters, digits and . _ : / -, starting with a letter or digit",
+        "must be 1-128 characters of letters, digits and . _ : / -, "
+        "starting with a letter or digit",
     )
 
 

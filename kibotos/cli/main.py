@@ -8,7 +8,6 @@ module and exposes one click group object named in `_LAZY`.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
 import click
@@ -73,4 +72,4 @@ def kibotos_node_main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(kibotos_main())
+    kibotos_main()
