@@ -202,9 +202,11 @@ def test_bad_options_are_refused():
         QemuVmm({"accelerator": "hvf"})
 
 
-async def test_probe_needs_a_runnable_qemu(tmp_path: Path):
+async def test_probe_needs_a_runnable_qemu(tmp_path: Path, launch: dict):
     with pytest.raises(FailedPrecondition, match="does not run"):
         await QemuVmm({"qemu_binary": str(tmp_path / "no-qemu")}).probe()
+    with pytest.raises(FailedPrecondition, match="no-such-qemu not found on PATH"):
+        QemuVmm({"qemu_binary": "no-such-qemu", "accelerator": "tcg"}).unit_for(launch)
 
 
 # ----------------------------------------------------------------------------- KVM probe

@@ -143,6 +143,9 @@ class QemuVmm:
         if self.accelerator is None:
             raise FailedPrecondition("qemu backend: probe() must run before the first "
                                      "launch (accelerator=auto)")
+        if not Path(self.qemu_binary).is_absolute():
+            raise FailedPrecondition(f"qemu backend: {self.qemu_binary} not found on PATH "
+                                     "(is qemu-system-x86 installed?)")
         spec = parse_launch(launch)
         args = cmdline.qemu_args(spec, self.accelerator, self.host_mhz())
         return cmdline.wrapped_argv(self.qemu_binary, args, self.python)
