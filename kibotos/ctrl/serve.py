@@ -88,6 +88,9 @@ def _guard_hypercorn_close() -> None:
 
 
 def hypercorn_config(listen: str) -> HypercornConfig:
+    """hypercorn settings for the ctrl app; also installs the `_guard_hypercorn_close`
+    fix, so whoever serves the app with this configuration (tests too) gets it."""
+    _guard_hypercorn_close()
     hc = HypercornConfig()
     hc.bind = [listen]
     hc.accesslog = None
