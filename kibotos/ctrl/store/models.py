@@ -145,3 +145,24 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict[str, Any] | None]
     text: Mapped[str | None] = mapped_column(Text)
+
+
+class Template(Base):
+    """A Template: a root file system image on a Platform (kernel + initramfs), each a
+    blob in ctrl's artifact store named by its ``sha256:<hex>`` digest.
+
+    `revision` starts at 1 and grows by one whenever a ``PUT`` changes what the name
+    points at; a ``PUT`` of the same blobs changes nothing.  `source` is what the
+    builder said about the inputs (recipe, suite, kernel release), for people."""
+
+    __tablename__ = "templates"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    image_digest: Mapped[str] = mapped_column(String(71))
+    image_size: Mapped[int] = mapped_column(BigInteger)
+    kernel_digest: Mapped[str] = mapped_column(String(71))
+    initramfs_digest: Mapped[str] = mapped_column(String(71))
+    source: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    revision: Mapped[int] = mapped_column(BigInteger, default=1)
