@@ -125,6 +125,8 @@ mount -t devpts -o nosuid,noexec,gid=5,mode=620,ptmxmode=666 devpts /newroot/dev
 mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /newroot/dev/shm
 
 [ -e "/newroot$AGENT" ] || fail "agent $AGENT not found in the Template"
+[ -L /newroot/usr/bin/python3 ] || [ -e /newroot/usr/bin/python3 ] \
+    || fail "/usr/bin/python3 not found in the Template (the agent needs it)"
 stamp "starting agent"
 export HOME=/root LANG=C.UTF-8
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

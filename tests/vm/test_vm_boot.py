@@ -163,15 +163,13 @@ async def test_the_platform_answers_the_probe_and_kvm_is_judged_by_a_real_boot(
     (TESTBED: on these machines KVM opens but guests do not run), and it is cached."""
     from kibotos_qemu import probe
 
-    tcg = list(probe.probe_argv("qemu-system-x86_64", platform_dir / "vmlinux",
-                                       platform_dir / "initramfs"))
-    tcg[tcg.index("kvm")] = "tcg"
-    tcg[tcg.index("host")] = "qemu64,+arat"
+    vmm = QemuVmm({"platform_dir": str(platform_dir), "cache_dir": str(tmp_path),
+                   "probe_timeout": 30})
+    tcg = probe.probe_argv("qemu-system-x86_64", platform_dir / "vmlinux",
+                           platform_dir / "initramfs", accel="tcg", host_mhz=vmm.host_mhz())
     booted, reason, _ = await probe.boot_probe(tcg, BOOT_TIMEOUT)
     assert (booted, reason) == (True, "probe guest booted")
 
-    vmm = QemuVmm({"platform_dir": str(platform_dir), "cache_dir": str(tmp_path),
-                   "probe_timeout": 30})
     facts = await vmm.probe()
     kvm = facts["kvm"]
     assert facts["accelerator"] == ("kvm" if kvm["usable"] else "tcg")

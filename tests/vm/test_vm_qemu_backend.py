@@ -382,3 +382,13 @@ def test_kvm_openable_reports_the_reason(tmp_path: Path):
     assert "No such file" in (probe.kvm_openable(tmp_path / "nope") or "")
     os.close(os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR))
     assert probe.kvm_openable(tmp_path / "f") is None
+
+
+def test_probe_guest_flags_follow_the_accelerator(tmp_path: Path):
+    kvm = probe.probe_argv("q", tmp_path / "k", tmp_path / "i")
+    assert _pairs(kvm, "-cpu") == ["host"]
+    assert "tsc" not in _pairs(kvm, "-append")[0]
+    assert _pairs(kvm, "-append")[0].endswith("kibotos.probe")
+    tcg = probe.probe_argv("q", tmp_path / "k", tmp_path / "i", accel="tcg", host_mhz=2000)
+    assert _pairs(tcg, "-cpu") == ["qemu64,+arat"]
+    assert "tsc_early_khz=2000000 tsc=reliable" in _pairs(tcg, "-append")[0]

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from kibotos import atomicfile
+from kibotos_qemu.cmdline import TCG_TRIMS
 
 PROBE_MARKER = b"KIBOTOS-PROBE-OK"
 
@@ -40,14 +41,23 @@ def kvm_openable(dev: Path = Path("/dev/kvm")) -> str | None:
     return None
 
 
-def probe_argv(qemu_binary: str, vmlinux: Path, initramfs: Path) -> list[str]:
-    """A diskless KVM guest whose console is QEMU's stdout."""
+def probe_argv(qemu_binary: str, vmlinux: Path, initramfs: Path, *, accel: str = "kvm",
+               host_mhz: int | None = None) -> list[str]:
+    """A diskless guest whose console is QEMU's stdout, with the CPU and kernel flags a
+    real launch under `accel` gets (TCG without its TSC flags hangs now and then)."""
+    if accel == "kvm":
+        machine = ["-accel", "kvm", "-cpu", "host"]
+        extra: list[str] = []
+    else:
+        machine = ["-accel", "tcg,tb-size=32", "-cpu", "qemu64,+arat"]
+        extra = [f"tsc_early_khz={host_mhz * 1000}"] if host_mhz else []
+        extra += ["tsc=reliable", *TCG_TRIMS]
     return [
-        qemu_binary, "-M", "microvm", "-accel", "kvm", "-cpu", "host",
+        qemu_binary, "-M", "microvm", *machine,
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-m", "128M", "-smp", "1",
         "-kernel", str(vmlinux), "-initrd", str(initramfs),
-        "-append", "console=ttyS0 panic=-1 quiet kibotos.probe",
+        "-append", " ".join(["console=ttyS0", "panic=-1", "quiet", *extra, "kibotos.probe"]),
         "-chardev", "stdio,id=console,signal=off", "-serial", "chardev:console",
     ]
 
