@@ -179,6 +179,69 @@ class HostSection(_Strict):
     sys_root: Path = Path("/sys")
 
 
+class _BackendChoice(BaseModel):
+    """A section that names a backend and may carry one options table per backend
+    (``[vmm.qemu]``, ``[supervisor.direct]``): switching backends is one line, and each
+    backend gets only its own table.  Scalars other than the declared keys are refused
+    like any unknown key; which table names are real backends is checked by the node
+    against its plugin registry (`backend_tables`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    backend: str
+
+    @model_validator(mode="after")
+    def _tables_only(self) -> _BackendChoice:
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, dict):
+                raise ValueError(f"{key}: unknown key (backend options go in a table "
+                                 f"[<section>.<backend>])")
+        return self
+
+    def backend_tables(self) -> dict[str, dict[str, Any]]:
+        return {k: dict(v) for k, v in (self.model_extra or {}).items()}
+
+    def options(self) -> dict[str, Any]:
+        """The options table of the chosen backend (empty when there is none)."""
+        return self.backend_tables().get(self.backend, {})
+
+
+class VmmSection(_BackendChoice):
+    """The VMM backend and the node's timing around it (docs/architecture.md)."""
+
+    backend: str = "qemu"
+    ready_timeout: float = 300.0  # unit start to the guest's hello
+    stop_timeout: float = 30.0  # unit stop: SIGTERM, then SIGKILL after this
+    force_sync_timeout: float = 5.0  # stop --force: the short guest sync
+    monitor_interval: float = 1.0  # how often a running VMM is looked at
+    artifact_dirs: list[Path] = Field(default_factory=list)
+
+    @field_validator("ready_timeout", "stop_timeout", "force_sync_timeout",
+                     "monitor_interval", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return units.parse_duration(v)
+
+    @field_validator("ready_timeout", "stop_timeout", "monitor_interval")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be positive")
+        return v
+
+    @field_validator("artifact_dirs")
+    @classmethod
+    def _absolute_dirs(cls, v: list[Path]) -> list[Path]:
+        for p in v:
+            if not p.is_absolute():
+                raise ValueError(f"artifact directory must be absolute, got {str(p)!r}")
+        return v
+
+
+class SupervisorSection(_BackendChoice):
+    backend: str = "direct"
+
+
 class TestingSection(_Strict):
     """Test inputs the node reads; see docs/dev.md.  Never needed in production."""
 
@@ -190,6 +253,8 @@ class NodeConfig(_Strict):
     storage: StorageSection
     resources: ResourcesSection
     host: HostSection = Field(default_factory=HostSection)
+    vmm: VmmSection = Field(default_factory=VmmSection)
+    supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     testing: TestingSection = Field(default_factory=TestingSection)
 

@@ -27,6 +27,15 @@ KNOWN: dict[str, str] = {
     "atomic.after-rename": "an atomic file write, after the rename and before the dir fsync",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
+    "node.instance.after-launch-record": "Instance launch, after systemd.json is written and "
+                                         "before the unit starts",
+    "node.instance.after-unit-start": "Instance launch, after the VMM unit started and before "
+                                      "its facts are recorded",
+    "node.instance.after-ready": "Instance launch, after the guest's hello and before RUNNING",
+    "node.instance.before-stop": "Instance stop or destroy, before the VMM unit is stopped",
+    "node.instance.after-stop": "Instance stop or destroy, after the VMM unit is gone",
+    "node.instance.before-object-release": "Instance stop or destroy, before the writable layer "
+                                           "and Volumes are released",
 }
 
 
