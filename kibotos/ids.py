@@ -23,6 +23,11 @@ _NODE_ID = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Command IDs: chosen by callers; '/' allowed so `move` can derive `<id>/stop`.
 _COMMAND_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 _LABEL_KEY = re.compile(r"[a-z0-9](?:[a-z0-9._/-]{0,61}[a-z0-9])?")
+# Template names: like pool IDs (they become file and URL path segments, so "." and
+# ".." must not be names: a separator never starts or ends one).
+_TEMPLATE_NAME = _POOL_ID
+# Artifact digests: "sha256:<64 lowercase hex>"; the bare hex is accepted on input.
+_DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -79,6 +84,30 @@ def check_label_key(value: object) -> str:
         value,
         "must be 1-63 lowercase letters, digits and . _ / -, starting and ending alphanumeric",
     )
+
+
+def check_template_name(value: object) -> str:
+    return _check(
+        "template name",
+        _TEMPLATE_NAME,
+        value,
+        "must be 1-63 lowercase letters, digits, '-' and '.', "
+        "not starting or ending with a separator",
+    )
+
+
+def digest_hex(value: object) -> str:
+    """The 64 hex digits of an artifact digest given as ``sha256:<hex>`` or ``<hex>``."""
+    m = _DIGEST.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise InvalidArgument(
+            f"invalid digest {value!r}: expected sha256:<64 lowercase hex digits>")
+    return m.group(1)
+
+
+def check_digest(value: object) -> str:
+    """An artifact digest in its canonical form, ``sha256:<hex>``."""
+    return "sha256:" + digest_hex(value)
 
 
 def new_id(prefix: str) -> str:

@@ -21,7 +21,8 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.routing import Route as StarletteRoute
 from starlette.websockets import WebSocket
 
-from kibotos.ctrl import api_enrollment, api_nodes
+from kibotos.ctrl import api_enrollment, api_nodes, api_templates
+from kibotos.ctrl.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.auth import Authenticator, Caller
 from kibotos.ctrl.context import CtrlContext
 from kibotos.ctrl.journal import Journal
@@ -83,6 +84,9 @@ def api_routes(api: Api) -> list[Route]:
 
     table.extend(api_enrollment.routes(api))
     table.extend(api_nodes.routes(api))
+    artifacts = ArtifactStore(artifact_root(api.ctx.config))
+    artifacts.prepare()
+    table.extend(api_templates.routes(api, artifacts))
     table.append(Route("GET", "/v1/node/session", None, "node",
                        "The node control session (WebSocket)", websocket=True))
     table.append(Route("GET", "/v1/openapi.json", openapi, "anyone",

@@ -10,6 +10,7 @@ responses against them so the two cannot drift apart.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -161,6 +162,33 @@ class NodeListQuery(Request):
     page_size: int = Field(default=100, ge=1, le=500)
     page_token: str | None = None
     order_by: Literal["node_id"] = "node_id"
+
+
+#: The builder's description of a Template's inputs is for people; keep it small.
+MAX_TEMPLATE_SOURCE = 8192
+
+
+class TemplatePutIn(VersionedWrite):
+    """Point a Template name at three blobs.  `expected_version` is the Template's
+    revision; 0 means "only if no Template has this name yet"."""
+
+    image_digest: str
+    kernel_digest: str
+    initramfs_digest: str
+    source: dict[str, Any] | None = None
+
+    @field_validator("image_digest", "kernel_digest", "initramfs_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        checked: str = _as_value_error(ids.check_digest, v)
+        return checked
+
+    @field_validator("source")
+    @classmethod
+    def _small(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and len(json.dumps(v)) > MAX_TEMPLATE_SOURCE:
+            raise ValueError(f"at most {MAX_TEMPLATE_SOURCE} bytes of JSON")
+        return v
 
 
 # -------------------------------------------------------------------------- results
@@ -329,6 +357,37 @@ class OvercommitOut(Result):
     default: RatiosOut
     version: int
     overrides: list[OverrideOut]
+
+
+class ArtifactOut(Result):
+    digest: str
+    size: int
+    created: bool
+
+
+class TemplateImageOut(Result):
+    digest: str
+    size: int
+
+
+class TemplateOut(Result):
+    name: str
+    image: TemplateImageOut
+    kernel_digest: str
+    initramfs_digest: str
+    source: dict[str, Any] | None
+    created_at: str
+    updated_at: str
+    revision: int
+
+
+class TemplatePutOut(Result):
+    template: TemplateOut
+    outcome: Literal["created", "updated", "unchanged"]
+
+
+class TemplateListOut(Result):
+    templates: list[TemplateOut]
 
 
 class ErrorBody(Result):

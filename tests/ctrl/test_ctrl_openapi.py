@@ -20,6 +20,9 @@ DOCUMENTED = {
     ("get", "/v1/overcommit"), ("put", "/v1/overcommit/default"),
     ("put", "/v1/nodes/{node_id}/overcommit"), ("get", "/v1/node/session"),
     ("get", "/v1/openapi.json"),
+    ("put", "/v1/artifacts/sha256/{hex}"), ("get", "/v1/artifacts/sha256/{hex}"),
+    ("put", "/v1/templates/{name}"), ("get", "/v1/templates"), ("get", "/v1/templates/{name}"),
+    ("delete", "/v1/templates/{name}"),
 }
 
 
