@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -166,3 +166,120 @@ class Template(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     revision: Mapped[int] = mapped_column(BigInteger, default=1)
+
+
+# ------------------------------------------------------------------ Workspaces (issue 3)
+
+
+class Workspace(Base):
+    """A Workspace: a Template, a retained layer, resources, labels and a lifecycle.
+
+    `revision` is its expected revision: every transition bumps it.  `node_id` and
+    `current_instance_id` are set while the Workspace executes (its current Instance
+    holds an unreleased Allocation) and NULL otherwise, so "which Workspaces run on
+    node N / as Instance I" is one indexed lookup.  The Template's digests are copied
+    at create: the retained layer is an overlay on that exact image, so a later change
+    of what the Template name points at must not change the Workspace's lower layer."""
+
+    __tablename__ = "workspaces"
+
+    workspace_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    template_name: Mapped[str] = mapped_column(String(63))
+    image_digest: Mapped[str] = mapped_column(String(71))
+    kernel_digest: Mapped[str] = mapped_column(String(71))
+    initramfs_digest: Mapped[str] = mapped_column(String(71))
+    labels: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    revision: Mapped[int] = mapped_column(BigInteger, default=1)
+    cpu_millis: Mapped[int] = mapped_column(BigInteger)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    layer_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    layer_pool_id: Mapped[str] = mapped_column(String(63))
+    layer_ref: Mapped[str] = mapped_column(String(32))
+    current_instance_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    node_id: Mapped[str | None] = mapped_column(String(63), index=True)
+    last_instance_id: Mapped[str | None] = mapped_column(String(40))
+    last_node_id: Mapped[str | None] = mapped_column(String(63))
+    stop_force: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
+
+
+class WorkspaceLabel(Base):
+    """One label of a Workspace, so ``--label k=v`` filters with an index instead of
+    scanning JSON (the `labels` column keeps the whole map for rendering)."""
+
+    __tablename__ = "workspace_labels"
+
+    workspace_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(63))
+
+    __table_args__ = (Index("ix_workspace_labels_key_value", "key", "value"),)
+
+
+class Instance(Base):
+    """One start of a Workspace on one node, in the node's terms (CREATING, RUNNING,
+    STOPPING, STOPPED, FAILED, DESTROYED).  The three cleanup items are what
+    ``cleanup-status`` shows: IN_USE, PENDING, RELEASED or UNKNOWN, with who observed
+    it (``node`` or ``control_plane``) and when."""
+
+    __tablename__ = "instances"
+
+    instance_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(String(40), index=True)
+    node_id: Mapped[str] = mapped_column(String(63), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    cpu_millis: Mapped[int] = mapped_column(BigInteger)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    guest: Mapped[dict[str, Any] | None]
+    confirmed_on_disk: Mapped[bool | None] = mapped_column(Boolean)
+    runtime_status: Mapped[str] = mapped_column(String(16))
+    attachment_status: Mapped[str] = mapped_column(String(16))
+    residual_status: Mapped[str] = mapped_column(String(16))
+    cleanup_source: Mapped[str] = mapped_column(String(16))
+    cleanup_at: Mapped[datetime]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+
+
+class Allocation(Base):
+    """CPU and memory one Instance holds on its node until `released_at`.  Placement
+    subtracts the unreleased ones from the node's schedulable amount."""
+
+    __tablename__ = "allocations"
+
+    instance_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(63))
+    workspace_id: Mapped[str] = mapped_column(String(40))
+    cpu_millis: Mapped[int] = mapped_column(BigInteger)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    released_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_allocations_node_released", "node_id", "released_at"),)
+
+
+class UseRight(Base):
+    """Who may open one pool object (a retained layer or a Volume), at which epoch.
+
+    `holder_node_id` NULL means nobody holds it (a normal stop in a shared pool, or an
+    isolate).  The epoch grows when the object is granted to a node other than the last
+    holder, or granted again after an isolate released it (`bump_on_grant`)."""
+
+    __tablename__ = "use_rights"
+
+    object_kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    object_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(String(40), index=True)
+    pool_id: Mapped[str] = mapped_column(String(63))
+    pool_shared: Mapped[bool] = mapped_column(Boolean, default=False)
+    holder_node_id: Mapped[str | None] = mapped_column(String(63), index=True)
+    last_holder_node_id: Mapped[str | None] = mapped_column(String(63))
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    bump_on_grant: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[datetime]
