@@ -130,6 +130,17 @@ def _place_files(stage: Path, files: dict[str, tuple[Path, int]]) -> None:
         os.chown(target, 0, 0)
 
 
+def image_from_tree(stage: Path, image: Path, *, name: str,
+                    files: dict[str, tuple[Path, int]]) -> None:
+    """Write `files` into `stage` (a tree the caller owns; each file replaces its path)
+    and make the read-only Template image from it.  Shared by recipe builds and
+    ``kibo template import``, so both lay out and size images the same way."""
+    _place_files(stage, files)
+    size, inodes = images.template_size(stage)
+    images.create_ext4(image, size, label=name[:16], journal=False, source_dir=stage,
+                       inodes=inodes)
+
+
 def _make_image(tmp: Path, rootfs: Path, recipe: Recipe, inputs: dict[str, Any],
                 rootfs_key: str, mirror: str) -> None:
     stage = tmp / "stage"
@@ -139,12 +150,9 @@ def _make_image(tmp: Path, rootfs: Path, recipe: Recipe, inputs: dict[str, Any],
     except subprocess.CalledProcessError as exc:
         raise FailedPrecondition(f"build template: stage rootfs: {exc.stderr.decode()}"
                                  ) from None
+    image = tmp / "image"
     try:
-        _place_files(stage, recipe.files)
-        size, inodes = images.template_size(stage)
-        image = tmp / "image"
-        images.create_ext4(image, size, label=recipe.name[:16], journal=False,
-                           source_dir=stage, inodes=inodes)
+        image_from_tree(stage, image, name=recipe.name, files=recipe.files)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     atomicfile.write_json(tmp / MANIFEST, {
