@@ -63,8 +63,8 @@ async def test_boot_exec_volume_poweroff_and_read_back(platform_dir: Path,
         async with open_guest_channel(stream) as guest:
             await guest.wait_hello(trio.current_time() + 30)
             await guest.configure(LaunchConfig(
-                volumes=[Volume("/dev/disk/by-id/virtio-vol-data", "/data")],
-                retained_filesystems=["/run/kibotos/rw"]))
+                volumes=[Volume(vmm.volume_devices(launch)[0], "/data")],
+                retained_filesystems=list(QemuVmm.GUEST_RETAINED_FILESYSTEMS)))
             status_, out, err = await guest.run(["sh", "-c", (
                 "uname -r; "
                 "echo from-the-layer > /root/layer.txt; "

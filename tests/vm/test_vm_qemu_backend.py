@@ -195,6 +195,13 @@ async def test_unit_has_the_spec_properties(launch: dict):
     assert props["SupplementaryGroups"] == ["kvm"]
 
 
+def test_volume_devices_are_named_by_serial(launch: dict):
+    vmm = QemuVmm({"accelerator": "tcg"})
+    assert vmm.volume_devices(launch) == ["/dev/disk/by-id/virtio-vol-a",
+                                          "/dev/disk/by-id/virtio-kibotos-vol1"]
+    assert QemuVmm.GUEST_RETAINED_FILESYSTEMS == ("/run/kibotos/rw",)
+
+
 def test_bad_options_are_refused():
     with pytest.raises(InvalidArgument, match="unknown options"):
         QemuVmm({"qemu": "x"})

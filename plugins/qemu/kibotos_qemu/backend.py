@@ -58,6 +58,9 @@ class QemuVmm:
     CAN_TCG: ClassVar[bool] = True
     CAN_VSOCK: ClassVar[bool] = False
     CAN_NETWORK: ClassVar[bool] = False
+    #: Mounted by the Platform init before the agent starts (the writable layer's ext4);
+    #: the node hands them to the agent's ``configure`` so ``stop_prepare`` freezes them.
+    GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ("/run/kibotos/rw",)
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         unknown = set(options) - _OPTIONS
@@ -165,6 +168,12 @@ class QemuVmm:
             working_directory=spec.runtime_dir,
             log_path=spec.vmm_log,
         )
+
+    def volume_devices(self, launch: Mapping[str, Any]) -> list[str]:
+        """The guest device path of each Volume of `launch`, in order, for the agent's
+        ``configure`` (``/dev/disk/by-id/virtio-<serial>``, linked by the Platform init;
+        device names like ``vdc`` depend on probe order and are never used)."""
+        return [f"/dev/disk/by-id/virtio-{v.serial}" for v in parse_launch(launch).volumes]
 
     # ------------------------------------------------------------------ guest
 
