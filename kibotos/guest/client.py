@@ -123,6 +123,7 @@ class GuestChannel:
         self._hello: GuestInfo | None = None
         self._hello_event = trio.Event()
         self._error: KibotosError | None = None
+        self._closed_event = trio.Event()
         self._frames_in = self._frames_out = self._protocol_errors = 0
 
     # -- public API
@@ -131,6 +132,19 @@ class GuestChannel:
     def hello(self) -> GuestInfo | None:
         """The latest hello, or None before the first."""
         return self._hello
+
+    @property
+    def error(self) -> KibotosError | None:
+        """Why the channel ended (guest gone, protocol violation, closed by us), or None
+        while it is open.  A channel that ended stays ended: open a new one."""
+        return self._error
+
+    async def wait_closed(self) -> KibotosError:
+        """Until the channel ends; returns why.  For holders of a long-lived channel
+        (the data plane keeps one per guest and reopens it when it ends)."""
+        await self._closed_event.wait()
+        assert self._error is not None
+        return self._error
 
     def statistics(self) -> ChannelStatistics:
         return ChannelStatistics(self._frames_in, self._frames_out, self._protocol_errors,
@@ -332,6 +346,7 @@ class GuestChannel:
         self._outbox.close()
         self._fail_session(error)
         self._hello_event.set()
+        self._closed_event.set()
 
     def _fail_session(self, error: KibotosError) -> None:
         for pending in self._pending.values():

@@ -1,0 +1,226 @@
+"""The client end of exec: what ``kibo workspace exec`` (and tests, and later the E2B
+gateway) use to run a process through a node's data plane.
+
+::
+
+    async with open_exec(url, credential, ExecRequest(("sh", "-c", "cat; exit 3"))) as ex:
+        await ex.send_stdin(b"hi\\n")
+        await ex.close_stdin()
+        async for event in ex.events():
+            if isinstance(event, Output):
+                print(event.stream, event.data)
+        print(ex.exit.returncode)          # 3
+
+trio-websocket is the WebSocket library, as for the node's control session (httpx has
+no WebSocket support).  The client owns its TCP stream, so the socket is closed on every
+way out, also when the server closes first.  A refused upgrade becomes the
+`KibotosError` the data plane's JSON body names; an ``error`` frame after the upgrade
+is raised from `events`; a connection that ends without an ``exit`` frame is
+`Unavailable`.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
+
+from kibotos.dataplane.exec_session import EXEC_PATH, STDIN, ExecRequest
+from kibotos.dataplane.groups import sole_error
+from kibotos.errors import (
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    KibotosError,
+    Unavailable,
+    error_from_wire,
+)
+from kibotos.guest import ExitStatus
+
+#: stdin is sent in frames of at most this many bytes.
+STDIN_CHUNK = 64 * 1024
+_STATUS_CODES = {401: "unauthenticated", 403: "permission_denied", 404: "not_found",
+                 412: "failed_precondition", 503: "unavailable"}
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: int  # 1 stdout, 2 stderr
+    data: bytes
+
+
+Event = Started | Output | ExitStatus
+
+
+def exec_url(dataplane_url: str) -> str:
+    """``http://host:port`` (what ctrl returns) → ``ws://host:port/v1/exec``."""
+    parts = urllib.parse.urlsplit(dataplane_url)
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.hostname:
+        raise InvalidArgument(f"data-plane URL {dataplane_url!r} must be http(s)://host:port")
+    return str(urllib.parse.urlunsplit(
+        (scheme, parts.netloc, parts.path.rstrip("/") + EXEC_PATH, "", "")))
+
+
+def _rejection(exc: ConnectionRejected, url: str) -> KibotosError:
+    try:
+        body = json.loads(exc.body or b"")
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return error_from_wire(body)
+    code = _STATUS_CODES.get(exc.status_code, "internal")
+    return error_from_wire({"error": {"code": code, "message": f"the data plane at {url} "
+                                      f"refused the connection with HTTP {exc.status_code}"}})
+
+
+class ExecClient:
+    """One running exec; created by `open_exec`."""
+
+    def __init__(self, ws: WebSocketConnection) -> None:
+        self._ws = ws
+        self.pid: int | None = None
+        self.exit: ExitStatus | None = None
+
+    async def send_stdin(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            chunk, view = view[:STDIN_CHUNK], view[STDIN_CHUNK:]
+            await self._send(bytes((STDIN,)) + bytes(chunk))
+
+    async def close_stdin(self) -> None:
+        await self._send_json({"type": "eof"})
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._send_json({"type": "resize", "rows": rows, "cols": cols})
+
+    async def signal(self, sig: str | int, *, group: bool = True) -> None:
+        await self._send_json({"type": "signal", "signal": sig, "group": group})
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Started, then Output until the streams end, then the ExitStatus (also kept
+        in `exit`); raises the data plane's error, or `Unavailable` if the connection
+        ends without an exit."""
+        while self.exit is None:
+            try:
+                message = await self._ws.get_message()
+            except ConnectionClosed as exc:
+                reason = exc.reason
+                raise Unavailable(
+                    "the data-plane connection closed before the process exited"
+                    + (f" ({reason.code} {reason.reason or ''})".rstrip() + ")"
+                       if reason is not None else "")) from None
+            if isinstance(message, bytes):
+                if len(message) < 1 or message[0] not in (1, 2):
+                    raise Internal(f"the data plane sent a frame for stream "
+                                   f"{message[:1]!r}")
+                yield Output(message[0], message[1:])
+                continue
+            body = _parse(message)
+            kind = body.get("type")
+            if kind == "started":
+                self.pid = body.get("pid") if isinstance(body.get("pid"), int) else None
+                yield Started(self.pid or 0)
+            elif kind == "exit":
+                self.exit = ExitStatus.from_wire({"exit_code": body.get("code"),
+                                                  "signal": body.get("signal"),
+                                                  "signal_name": body.get("signal_name")})
+                yield self.exit
+            elif kind == "error":
+                raise error_from_wire({"error": body})
+            # Unknown control messages are from a newer data plane: ignored.
+
+    async def _send(self, data: bytes | str) -> None:
+        try:
+            await self._ws.send_message(data)
+        except ConnectionClosed:
+            raise Unavailable("the data-plane connection is closed") from None
+
+    async def _send_json(self, body: dict[str, Any]) -> None:
+        await self._send(json.dumps(body, separators=(",", ":")))
+
+
+def _parse(message: str) -> dict[str, Any]:
+    try:
+        body = json.loads(message)
+    except ValueError:
+        raise Internal(f"the data plane sent a non-JSON text frame: {message[:80]!r}") from None
+    if not isinstance(body, dict):
+        raise Internal(f"the data plane sent {body!r}")
+    return body
+
+
+@asynccontextmanager
+async def open_exec(dataplane_url: str, credential: str, request: ExecRequest, *,
+                    connect_timeout: float = 30.0,
+                    ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[ExecClient]:
+    """Connect, authenticate, send the request; the process runs inside the block."""
+    url = exec_url(dataplane_url)
+    target = urllib.parse.urlsplit(url)
+    host = target.hostname or ""
+    tls = target.scheme == "wss"
+    port = target.port or (443 if tls else 80)
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    try:
+        with trio.fail_after(connect_timeout):
+            if tls:
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=ssl_context or ssl.create_default_context(),
+                    https_compatible=True)
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+    except trio.TooSlowError:
+        raise DeadlineExceeded(f"the data plane at {url} did not accept a connection "
+                               f"within {connect_timeout:g}s") from None
+    except OSError as exc:
+        raise Unavailable(f"cannot reach the data plane at {url}: {exc}") from None
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(connect_timeout):
+                    ws = await wrap_client_stream(
+                        nursery, stream, target.netloc, target.path,
+                        extra_headers=[(b"Authorization", f"Bearer {credential}".encode())],
+                        max_message_size=4 << 20)
+            except ConnectionRejected as exc:
+                raise _rejection(exc, url) from None
+            except HandshakeError as exc:
+                raise Unavailable(f"WebSocket handshake with {url} failed: {exc}") from None
+            except trio.TooSlowError:
+                raise DeadlineExceeded(f"the data plane at {url} did not answer the "
+                                       f"upgrade within {connect_timeout:g}s") from None
+            client = ExecClient(ws)
+            try:
+                await client._send_json({
+                    "argv": list(request.argv), "env": request.env, "cwd": request.cwd,
+                    "tty": request.tty, "rows": request.rows, "cols": request.cols})
+                yield client
+            finally:
+                with trio.move_on_after(2.0, shield=True):
+                    await ws.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaf = sole_error(group)
+        if leaf is None:
+            raise
+        raise leaf from None
+    finally:
+        await trio.aclose_forcefully(stream)

@@ -1,0 +1,277 @@
+"""`serve_dataplane`: one data-plane process, from binding its sockets to its drain.
+
+It listens on the node's ``dataplane_listen`` address for WebSocket connections and on
+``<socket_dir>/dataplane/control.sock`` for the node.  It starts with no state: until
+the node hands one over, every connection is refused with 503.  Afterwards it keeps
+serving with the last state it got, also while the node is stopped (spec:
+node-and-vmm-processes, "Data-plane processes").
+
+Each connection is authenticated on the upgrade request, before anything reaches a
+guest: ``Authorization: Bearer <session credential>``, verified with the public key
+the node handed over, for this node and for the operation of the path.  Refusals are
+plain HTTP answers with the API's JSON error body: 401 for a credential that does not
+verify or has expired, 403 for one of another node or operation, 404 for an Instance
+this data plane does not serve (stopped, or moved), 503 without state or when the guest
+cannot be reached.
+
+SIGTERM or SIGINT: stop accepting (the listening socket closes), give the open
+connections `drain_timeout` seconds (10 by default) to end on their own, close the rest
+with 1001 and log how many were closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from trio_websocket import WebSocketRequest, WebSocketServer
+
+from kibotos.credentials import SessionClaims
+from kibotos.dataplane import control
+from kibotos.dataplane.build import build_id
+from kibotos.dataplane.exec_session import EXEC_PATH, ExecSession
+from kibotos.dataplane.guests import GuestPool
+from kibotos.dataplane.metrics import DataplaneMetrics
+from kibotos.dataplane.state import DataplaneState, parse_state
+from kibotos.errors import (
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
+from kibotos.node.logs import EventLogger
+
+log = EventLogger("kibotos.dataplane")
+
+DRAIN_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class DataplaneSettings:
+    """The command line of ``kibotos dataplane serve``."""
+
+    listen: str
+    socket_dir: Path
+    generation: int
+    drain_timeout: float = DRAIN_TIMEOUT
+    handle_signals: bool = True
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"listen address must be host:port, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> str:
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("unsupported authorization: expected 'Bearer "
+                                      "<session credential>'")
+            return token.strip()
+    raise Unauthenticated("missing session credential: send 'Authorization: Bearer "
+                          "<credential>' (ask ctrl: POST /v1/workspaces/{id}/sessions)")
+
+
+class _Connections:
+    """The open exec sessions, so a stop can wait for them and then close the rest."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[int, tuple[ExecSession | None, trio.CancelScope]] = {}
+        self._idle = trio.Event()
+        self._idle.set()
+        self._next = 0
+
+    def add(self, scope: trio.CancelScope) -> int:
+        self._next += 1
+        self.sessions[self._next] = (None, scope)
+        self._idle = trio.Event()
+        return self._next
+
+    def attach(self, key: int, session: ExecSession) -> None:
+        self.sessions[key] = (session, self.sessions[key][1])
+
+    def remove(self, key: int) -> None:
+        self.sessions.pop(key, None)
+        if not self.sessions:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def close_all(self, grace: float = 3.0) -> int:
+        """End every open session (close frame 1001); returns how many there were."""
+        count = len(self.sessions)
+        for session, _ in list(self.sessions.values()):
+            if session is not None:
+                session.shut_down()
+        with trio.move_on_after(grace):
+            await self.wait_idle()
+        for _, scope in list(self.sessions.values()):
+            scope.cancel()
+        return count
+
+
+class DataplaneServer:
+    """The state, the guest channels, the counters and the open connections."""
+
+    def __init__(self, settings: DataplaneSettings) -> None:
+        self.settings = settings
+        self.state: DataplaneState | None = None
+        self.metrics = DataplaneMetrics()
+        self.guests = GuestPool()
+        self.connections = _Connections()
+        self.listen_address = settings.listen
+        self.draining = False
+        self._versions = 0
+
+    # ---------------------------------------------------------------- control
+
+    async def on_control(self, message: dict[str, Any]) -> dict[str, Any]:
+        kind = message["type"]
+        if kind == "state":
+            self._versions += 1
+            state = parse_state(message, generation=self.settings.generation,
+                                version=self._versions)
+            self.state = state
+            self.guests.retain_only(set(state.targets))
+            self.metrics.state_updates.inc()
+            log.info("state taken", generation=state.generation, version=state.version,
+                     targets=len(state.targets))
+            return {"generation": state.generation, "version": state.version,
+                    "targets": len(state.targets)}
+        if kind == "status":
+            return {"generation": self.settings.generation, "build": build_id(),
+                    "listen": self.listen_address, "configured_listen": self.settings.listen,
+                    "pid": os.getpid(), "has_state": self.state is not None,
+                    "version": self.state.version if self.state else 0,
+                    "connections": len(self.connections.sessions),
+                    "draining": self.draining}
+        if kind == "metrics":
+            return {"text": self.metrics.text()}
+        raise InvalidArgument(f"unknown control request type {kind!r}")
+
+    # ---------------------------------------------------------------- connections
+
+    def authorize(self, request: WebSocketRequest, operation: str) -> tuple[SessionClaims, Any]:
+        state = self.state
+        if state is None:
+            raise Unavailable("this data plane has not been given its state by the node yet")
+        claims = state.verifier.verify(bearer_token(request.headers), node_id=state.node_id,
+                                       operation=operation)
+        target = state.targets.get(claims.instance_id)
+        if target is None:
+            raise NotFound(f"Instance {claims.instance_id} of Workspace {claims.workspace_id} "
+                           "is not served by this data plane (stopped, or on another node?)")
+        if target.workspace_id is not None and target.workspace_id != claims.workspace_id:
+            raise PermissionDenied(f"Instance {claims.instance_id} does not belong to "
+                                   f"Workspace {claims.workspace_id}")
+        return claims, target
+
+    async def handle(self, request: WebSocketRequest) -> None:
+        """One connection; never raises (an exception would end the whole server)."""
+        try:
+            await self._handle(request)
+        except Exception as exc:
+            log.error("connection handler failed", error=repr(exc))
+
+    async def _handle(self, request: WebSocketRequest) -> None:
+        path = request.path.partition("?")[0]
+        try:
+            if path != EXEC_PATH:
+                raise NotFound(f"no such data-plane endpoint: {path}")
+            claims, target = self.authorize(request, "exec")
+            channel = await self.guests.channel(claims.instance_id, target.agent_socket)
+        except KibotosError as exc:
+            self.metrics.rejected.labels(exc.code).inc()
+            log.info("connection refused", path=path, code=exc.code, error=exc.message,
+                     remote=str(request.remote))
+            body = json.dumps(exc.to_wire()).encode()
+            await request.reject(exc.http_status, body=body, extra_headers=[
+                (b"Content-Type", b"application/json")])
+            return
+        with trio.CancelScope() as scope:
+            key = self.connections.add(scope)
+            try:
+                ws = await request.accept()
+                self.metrics.connections.labels("exec").inc()
+                self.metrics.active.inc()
+                try:
+                    session = ExecSession(ws, channel, claims, self.metrics)
+                    self.connections.attach(key, session)
+                    await session.run()
+                finally:
+                    self.metrics.active.dec()
+            finally:
+                self.connections.remove(key)
+
+    # ---------------------------------------------------------------- the process
+
+    async def serve(self, *, task_status: trio.TaskStatus[DataplaneServer]
+                    = trio.TASK_STATUS_IGNORED) -> None:
+        host, port = split_listen(self.settings.listen)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise Unavailable(f"cannot listen on {self.settings.listen}: {exc.strerror}") \
+                from None
+        sockname = listeners[0].socket.getsockname()
+        self.listen_address = f"{host}:{sockname[1]}" if ":" not in host else \
+            f"[{host}]:{sockname[1]}"
+        control_path = control.control_path(self.settings.socket_dir)
+        stop = trio.Event()
+        async with trio.open_nursery() as handlers:
+            await handlers.start(self.guests.run)
+            async with trio.open_nursery() as accepting:
+                server = WebSocketServer(self.handle, listeners, handler_nursery=handlers,
+                                         disconnect_timeout=5.0)
+                await accepting.start(server.run)
+                await handlers.start(control.serve_control, control_path, self.on_control)
+                if self.settings.handle_signals:
+                    accepting.start_soon(self._signals, stop)
+                log.info("data plane serving", generation=self.settings.generation,
+                         listen=self.listen_address, control=control_path, pid=os.getpid(),
+                         build=build_id())
+                task_status.started(self)
+                await stop.wait()
+                self.draining = True
+                accepting.cancel_scope.cancel()  # the listening socket closes here
+            await self._drain()
+            handlers.cancel_scope.cancel()
+
+    async def _signals(self, stop: trio.Event) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for signum in received:
+                log.info("data plane stopping", signal=signal.Signals(signum).name,
+                         connections=len(self.connections.sessions),
+                         drain_timeout=f"{self.settings.drain_timeout:g}s")
+                stop.set()
+                return
+
+    async def _drain(self) -> None:
+        open_at_start = len(self.connections.sessions)
+        with trio.move_on_after(self.settings.drain_timeout):
+            await self.connections.wait_idle()
+        closed = await self.connections.close_all()
+        self.metrics.closed_on_stop.inc(closed)
+        log.info("data plane stopped", generation=self.settings.generation,
+                 open_at_stop=open_at_start, ended_on_their_own=open_at_start - closed,
+                 closed=closed)
+
+
+async def serve_dataplane(settings: DataplaneSettings, *,
+                          task_status: trio.TaskStatus[DataplaneServer]
+                          = trio.TASK_STATUS_IGNORED) -> None:
+    """Run one data-plane process until a signal ends it (or the caller cancels)."""
+    server = DataplaneServer(settings)
+    await server.serve(task_status=task_status)
