@@ -14,6 +14,8 @@ few times (reads are safe, writes are replays); HTTP errors are not.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -94,6 +96,34 @@ class Client:
     def put(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self._request("PUT", path, body=self._with_command_id(body, True))
 
+    def delete(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._request("DELETE", path, body=self._with_command_id(body, True))
+
+    def exists(self, path: str) -> bool:
+        """Whether ``HEAD path`` finds something (404: no; other errors raise)."""
+        response = self._send("HEAD", path, params=None, body=None, content=None)
+        if response.is_success:
+            return True
+        if response.status_code == 404:
+            return False
+        _result(response, "HEAD", f"{self.base_url}{path}")  # raises what the status means
+        raise Internal(f"ctrl answered HEAD {path} with HTTP {response.status_code}")
+
+    def put_file(self, path: str, file: Path, *, piece: int = 1 << 20) -> Any:
+        """``PUT path`` with the bytes of `file` as the body, streamed (never read
+        whole into memory); a retry after a transport failure starts the file again."""
+        size = file.stat().st_size
+
+        def content() -> Iterator[bytes]:
+            with open(file, "rb") as f:
+                while chunk := f.read(piece):
+                    yield chunk
+
+        response = self._send("PUT", path, params=None, body=None, content=content,
+                              headers={"Content-Length": str(size),
+                                       "Content-Type": "application/octet-stream"})
+        return _result(response, "PUT", f"{self.base_url}{path}")
+
     @staticmethod
     def _with_command_id(body: dict[str, Any] | None, write: bool) -> dict[str, Any]:
         sent = {k: v for k, v in (body or {}).items() if v is not None}
@@ -112,13 +142,21 @@ class Client:
 
     def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                  body: dict[str, Any] | None = None) -> Any:
-        url = f"{self.base_url}{path}"
+        response = self._send(method, path, params=params, body=body, content=None)
+        return _result(response, method, f"{self.base_url}{path}")
+
+    def _send(self, method: str, path: str, *, params: dict[str, Any] | None,
+              body: dict[str, Any] | None, content: Callable[[], Iterator[bytes]] | None,
+              headers: dict[str, str] | None = None) -> httpx.Response:
+        """One request, retried after transport failures; `content` makes a fresh body
+        stream for each attempt."""
         attempt = 0
         while True:
             timeout = self._timeout()
             try:
-                response = self._http.request(method, path, params=params, json=body,
-                                              timeout=timeout)
+                response = self._http.request(
+                    method, path, params=params, json=body, timeout=timeout,
+                    content=None if content is None else content(), headers=headers)
             except httpx.TimeoutException:
                 raise DeadlineExceeded(
                     f"ctrl at {self.base_url} did not answer {method} {path} "
@@ -130,7 +168,7 @@ class Client:
                     continue
                 raise Unavailable(f"cannot reach ctrl at {self.base_url}: "
                                   f"{_describe_transport_error(exc)}") from None
-            return _result(response, method, url)
+            return response
 
     def _would_overrun(self, attempt: int) -> bool:
         remaining = self.deadline.remaining()
