@@ -82,3 +82,17 @@ def wait_until() -> Callable[..., Any]:
     fail the test naming `what` after the timeout (no timed assertions: deadlines are
     generous and only bound a hang)."""
     return _wait_until
+
+
+def _table(stdout: str) -> dict[str, dict[str, str]]:
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in stdout.splitlines() if line.startswith("|")]
+    header, body = rows[0], rows[1:]
+    return {row[0]: dict(zip(header, row, strict=True)) for row in body}
+
+
+@pytest.fixture
+def kibo_table() -> Callable[[str], dict[str, dict[str, str]]]:
+    """Parse the ASCII table `kibo` prints when stdout is not a terminal into
+    ``{first cell: {column: cell}}``."""
+    return _table
