@@ -58,6 +58,29 @@ class NodeCapacity:
         ) / 2
 
 
+    def free_share_key_after(self, request: PlacementRequest) -> int:
+        """`free_share_after` as an integer with the same order: ``floor(share × 2**256)``.
+
+        Comparing these keys is exact (equal shares give equal keys, a smaller share a
+        smaller key) as long as ``2 × schedulable CPU × schedulable memory`` stays below
+        2**127, far beyond any real node, because two different shares then differ by
+        more than 2**-254.  Integers compare in C, a `Fraction` in Python: ranking a
+        thousand nodes by this key is some thirty times cheaper.
+        """
+        cpu_total = self.schedulable_cpu_millis
+        mem_total = self.schedulable_memory_bytes
+        cpu_free = self.free_cpu_millis - request.cpu_millis if cpu_total > 0 else 0
+        mem_free = self.free_memory_bytes - request.memory_bytes if mem_total > 0 else 0
+        cpu_total = cpu_total if cpu_total > 0 else 1
+        mem_total = mem_total if mem_total > 0 else 1
+        numerator = cpu_free * mem_total + mem_free * cpu_total
+        return (numerator << _KEY_BITS) // (2 * cpu_total * mem_total)
+
+
+#: Bits of `NodeCapacity.free_share_key_after`: twice the largest denominator's bits.
+_KEY_BITS = 256
+
+
 def _share(free: int, total: int) -> Fraction:
     return Fraction(free, total) if total > 0 else Fraction(0)
 
@@ -83,6 +106,22 @@ class PlacementPolicy(Protocol):
     def __init__(self, options: Mapping[str, Any]) -> None: ...
 
     def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]: ...
+
+
+@runtime_checkable
+class KeyedPlacementPolicy(PlacementPolicy, Protocol):
+    """A policy whose ranking is a sort by a key of each candidate alone (both built-in
+    policies are).  Optional: a policy that has `sort_key` promises that `rank` returns
+    the candidates sorted by ``sort_key(request, candidate)``, ascending.
+
+    ctrl then keeps each admitted node's key for the request shapes it sees and
+    recomputes only the keys of nodes that changed, instead of ranking every node on
+    every placement: with a thousand nodes that is the difference between a few
+    microseconds and a few milliseconds per placement.  Keys of different candidates
+    must be mutually comparable and should be distinct (end them with the node ID).
+    """
+
+    def sort_key(self, request: PlacementRequest, candidate: NodeCapacity) -> Any: ...
 
 
 # --------------------------------------------------------------------------- storage

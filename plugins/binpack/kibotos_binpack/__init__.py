@@ -12,7 +12,6 @@ Registered through the public hook API only, like any third-party plugin.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 from typing import Any, ClassVar
 
 from kibotos.backends import NodeCapacity, PlacementRequest
@@ -33,11 +32,13 @@ class BinpackPolicy:
                 f"placement policy binpack takes no options, got {', '.join(sorted(options))}"
             )
 
-    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
-        def key(node: NodeCapacity) -> tuple[Fraction, str]:
-            return (node.free_share_after(request), node.node_id)
+    def sort_key(self, request: PlacementRequest, candidate: NodeCapacity) -> tuple[int, str]:
+        """Least free share first (as the exact integer key), then the lower node ID."""
+        return (candidate.free_share_key_after(request), candidate.node_id)
 
-        return [node.node_id for node in sorted(candidates, key=key)]
+    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
+        return [node.node_id
+                for node in sorted(candidates, key=lambda c: self.sort_key(request, c))]
 
 
 @hookimpl

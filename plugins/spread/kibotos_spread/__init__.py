@@ -12,7 +12,6 @@ Registered through the public hook API only, like any third-party plugin.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 from typing import Any, ClassVar
 
 from kibotos.backends import NodeCapacity, PlacementRequest
@@ -33,11 +32,16 @@ class SpreadPolicy:
                 f"placement policy spread takes no options, got {', '.join(sorted(options))}"
             )
 
-    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
-        def key(node: NodeCapacity) -> tuple[Fraction, int, str]:
-            return (-node.free_share_after(request), node.instance_count, node.node_id)
+    def sort_key(self, request: PlacementRequest,
+                 candidate: NodeCapacity) -> tuple[int, int, str]:
+        """Most free share first (the exact integer key, negated), then fewer Instances,
+        then the lower node ID."""
+        return (-candidate.free_share_key_after(request), candidate.instance_count,
+                candidate.node_id)
 
-        return [node.node_id for node in sorted(candidates, key=key)]
+    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
+        return [node.node_id
+                for node in sorted(candidates, key=lambda c: self.sort_key(request, c))]
 
 
 @hookimpl
