@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 import trio
-from sqlalchemy import Table, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
@@ -28,7 +28,7 @@ from kibotos import ids
 from kibotos.ctrl.artifacts import ArtifactStore, BlobResponse
 from kibotos.ctrl.auth import Caller
 from kibotos.ctrl.routing import Api, Route, read_body
-from kibotos.ctrl.store.models import Base, Template
+from kibotos.ctrl.store.models import Template, Workspace
 from kibotos.ctrl.wire import (
     ArtifactOut,
     TemplateListOut,
@@ -117,22 +117,12 @@ def put_template(session: Session, name: str, body: TemplatePutIn, image_size: i
 
 
 def workspaces_using(session: Session, name: str, limit: int = 5) -> list[str]:
-    """IDs of Workspaces (not deleted) that use Template `name`.
-
-    The Workspace table belongs to the Workspace code; this reads it through the
-    metadata so the two modules do not import each other, and finds nothing while
-    that table does not exist."""
-    table = Base.metadata.tables.get("workspaces")
-    if not isinstance(table, Table):
-        return []
-    column = next((table.c[c] for c in ("template_name", "template") if c in table.c), None)
-    if column is None:
-        return []
-    key = next(iter(table.primary_key.columns))
-    query = select(key).where(column == name)
-    if "state" in table.c:
-        query = query.where(table.c.state != "DELETED")
-    return [str(v) for v in session.execute(query.limit(limit)).scalars()]
+    """IDs of Workspaces that use Template `name` and are not DELETED (a Workspace
+    copies the digests at create, but its name still ties it to the Template)."""
+    query = (select(Workspace.workspace_id)
+             .where(Workspace.template_name == name, Workspace.state != "DELETED")
+             .order_by(Workspace.workspace_id).limit(limit))
+    return list(session.scalars(query))
 
 
 def delete_template(session: Session, name: str, expected_version: int | None
