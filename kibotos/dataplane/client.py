@@ -115,38 +115,43 @@ class ExecClient:
     async def signal(self, sig: str | int, *, group: bool = True) -> None:
         await self._send_json({"type": "signal", "signal": sig, "group": group})
 
-    async def events(self) -> AsyncIterator[Event]:
+    def events(self) -> _Events:
         """Started, then Output until the streams end, then the ExitStatus (also kept
         in `exit`); raises the data plane's error, or `Unavailable` if the connection
-        ends without an exit."""
+        ends without an exit.  (An iterator object, not an async generator, so leaving
+        the loop early needs no cleanup.)"""
+        return _Events(self)
+
+    async def next_event(self) -> Event | None:
+        """The next event, or None once the exit was delivered."""
         while self.exit is None:
             try:
                 message = await self._ws.get_message()
             except ConnectionClosed as exc:
                 reason = exc.reason
-                raise Unavailable(
-                    "the data-plane connection closed before the process exited"
-                    + (f" ({reason.code} {reason.reason or ''})".rstrip() + ")"
-                       if reason is not None else "")) from None
+                detail = f" ({reason.code} {reason.reason or ''}".rstrip() + ")" \
+                    if reason is not None else ""
+                raise Unavailable("the data-plane connection closed before the process "
+                                  "exited" + detail) from None
             if isinstance(message, bytes):
                 if len(message) < 1 or message[0] not in (1, 2):
                     raise Internal(f"the data plane sent a frame for stream "
                                    f"{message[:1]!r}")
-                yield Output(message[0], message[1:])
-                continue
+                return Output(message[0], message[1:])
             body = _parse(message)
             kind = body.get("type")
             if kind == "started":
                 self.pid = body.get("pid") if isinstance(body.get("pid"), int) else None
-                yield Started(self.pid or 0)
-            elif kind == "exit":
+                return Started(self.pid or 0)
+            if kind == "exit":
                 self.exit = ExitStatus.from_wire({"exit_code": body.get("code"),
                                                   "signal": body.get("signal"),
                                                   "signal_name": body.get("signal_name")})
-                yield self.exit
-            elif kind == "error":
+                return self.exit
+            if kind == "error":
                 raise error_from_wire({"error": body})
             # Unknown control messages are from a newer data plane: ignored.
+        return None
 
     async def _send(self, data: bytes | str) -> None:
         try:
@@ -156,6 +161,20 @@ class ExecClient:
 
     async def _send_json(self, body: dict[str, Any]) -> None:
         await self._send(json.dumps(body, separators=(",", ":")))
+
+
+class _Events:
+    def __init__(self, client: ExecClient) -> None:
+        self._client = client
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> Event:
+        event = await self._client.next_event()
+        if event is None:
+            raise StopAsyncIteration
+        return event
 
 
 def _parse(message: str) -> dict[str, Any]:
@@ -169,11 +188,14 @@ def _parse(message: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def open_exec(dataplane_url: str, credential: str, request: ExecRequest, *,
+async def open_exec(dataplane_url: str, credential: str | None, request: ExecRequest, *,
                     connect_timeout: float = 30.0,
                     ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[ExecClient]:
-    """Connect, authenticate, send the request; the process runs inside the block."""
+    """Connect, authenticate, send the request; the process runs inside the block.
+    (`credential` None sends no Authorization header: the data plane answers 401.)"""
     url = exec_url(dataplane_url)
+    headers = [] if credential is None else [
+        (b"Authorization", f"Bearer {credential}".encode())]
     target = urllib.parse.urlsplit(url)
     host = target.hostname or ""
     tls = target.scheme == "wss"
@@ -198,7 +220,7 @@ async def open_exec(dataplane_url: str, credential: str, request: ExecRequest, *
                 with trio.fail_after(connect_timeout):
                     ws = await wrap_client_stream(
                         nursery, stream, target.netloc, target.path,
-                        extra_headers=[(b"Authorization", f"Bearer {credential}".encode())],
+                        extra_headers=headers,
                         max_message_size=4 << 20)
             except ConnectionRejected as exc:
                 raise _rejection(exc, url) from None
@@ -218,7 +240,13 @@ async def open_exec(dataplane_url: str, credential: str, request: ExecRequest, *
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
+        # The upgrade's refusal is raised by the connection's reader task, so it
+        # arrives in the nursery's group.
         leaf = sole_error(group)
+        if isinstance(leaf, ConnectionRejected):
+            raise _rejection(leaf, url) from None
+        if isinstance(leaf, HandshakeError):
+            raise Unavailable(f"WebSocket handshake with {url} failed: {leaf!r}") from None
         if leaf is None:
             raise
         raise leaf from None

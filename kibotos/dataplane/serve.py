@@ -22,6 +22,7 @@ with 1001 and log how many were closed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from dataclasses import dataclass
@@ -140,9 +141,9 @@ class DataplaneServer:
     async def on_control(self, message: dict[str, Any]) -> dict[str, Any]:
         kind = message["type"]
         if kind == "state":
-            self._versions += 1
             state = parse_state(message, generation=self.settings.generation,
-                                version=self._versions)
+                                version=self._versions + 1)
+            self._versions += 1
             self.state = state
             self.guests.retain_only(set(state.targets))
             self.metrics.state_updates.inc()
@@ -184,6 +185,7 @@ class DataplaneServer:
             await self._handle(request)
         except Exception as exc:
             log.error("connection handler failed", error=repr(exc))
+            logging.getLogger("kibotos.dataplane").debug("traceback", exc_info=True)
 
     async def _handle(self, request: WebSocketRequest) -> None:
         path = request.path.partition("?")[0]
