@@ -7,7 +7,10 @@ Startup order matters, and each step fails with a message naming what was wrong:
 3. the pool directories (never created here: absent means not mounted);
 4. a new incarnation, persisted before anyone hears of it;
 5. the identity, enrolling once if there is none;
-6. then the host-usage sampler and the control session, until cancelled.
+6. the Instance manager (VMM backend and supervisor from the config; it reloads the
+   Instances a previous process left);
+7. then the host-usage sampler, the manager's background work and the control session,
+   with the manager's command handlers, until cancelled.
 
 systemd learns ``READY=1`` after the first session is established, so `systemctl start`
 returns once ctrl sees the node.
@@ -26,11 +29,12 @@ from kibotos.node import layout
 from kibotos.node.clock import NodeClock
 from kibotos.node.identity import NodeIdentity, ensure_identity
 from kibotos.node.incarnation import next_incarnation
-from kibotos.node.instances import EmptyInstanceManager, InstanceManager
+from kibotos.node.instances import InstanceManager
 from kibotos.node.logs import EventLogger
 from kibotos.node.report import ReportBoard
 from kibotos.node.session import DEFAULT_TIMING, ControlSession, SessionTiming
 from kibotos.node.usage import SAMPLE_INTERVAL, UsageSampler
+from kibotos.node.vmsetup import build_instance_manager
 
 log = EventLogger()
 
@@ -82,7 +86,16 @@ async def serve_node(
                  root=paths.root)
         identity = await ensure_identity(config, paths.identity_file)
 
-        manager: InstanceManager = instances or EmptyInstanceManager()
+        def memory_tight_now() -> bool:
+            """A fresh reading for an admission: ctrl may not know yet that memory
+            turned tight, and the node must refuse then (ctrl tries another node)."""
+            _, flipped = sampler.sample()
+            if flipped:
+                board.mark_changed()
+            return sampler.tightness.tight
+
+        manager: InstanceManager = instances or build_instance_manager(
+            config, memory_tight=memory_tight_now)
         sampler = UsageSampler(config.host.proc_root, manager)
         board = ReportBoard(manager, sampler.tightness)
         manager.set_change_callback(board.mark_changed)
@@ -100,12 +113,14 @@ async def serve_node(
             sampler=sampler, board=board, instances=manager,
             on_established=on_established, timing=timing,
         )
+        session.commands.update(manager.command_handlers())
         runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,
                               session)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(functools.partial(
                     sampler.run, board.mark_changed, interval=sample_interval))
+                await nursery.start(manager.run)
                 task_status.started(runtime)
                 await session.run()
         except BaseExceptionGroup as group:

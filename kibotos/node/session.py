@@ -236,13 +236,15 @@ class ControlSession:
                     target.path, extra_headers=headers)
             try:
                 seen = self.board.version
+                # hello carries every Instance's state: older frames are superseded.
+                seen_states = self.instances.state_feed().position
                 await _send(ws, self.hello())
                 with trio.move_on_after(self.timing.welcome_timeout) as scope:
                     first = await _receive(ws)
                 if scope.cancelled_caught:
                     raise _Drop(f"no answer to hello within {self.timing.welcome_timeout:g}s")
                 await self._on_first(ws, first)
-                await self._serve(ws, seen)
+                await self._serve(ws, seen, seen_states)
             finally:
                 # A polite close handshake when ctrl is still there; when the node itself
                 # is being cancelled this returns at once and the stream is just closed.
@@ -280,16 +282,19 @@ class ControlSession:
         self.status._touch()
         log.info("control session established", session_id=msg["session_id"],
                  incarnation=self.incarnation, url=self.url)
+        if isinstance(msg.get("drain_requested"), bool):
+            self.instances.set_drain_requested(msg["drain_requested"])
         if isinstance(msg.get("overcommit"), dict):
             await self._on_overcommit(ws, msg["overcommit"])
 
-    async def _serve(self, ws: WebSocketConnection, seen: int) -> None:
+    async def _serve(self, ws: WebSocketConnection, seen: int, seen_states: int) -> None:
         """Receive, ping and report until one of them ends the connection."""
         self._last_heard = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pinger, ws)
                 nursery.start_soon(self._reporter, ws, seen)
+                nursery.start_soon(self._state_sender, ws, seen_states)
                 await self._receiver(ws, nursery)
         except BaseExceptionGroup as group:
             raise _first_cause(group) from None
@@ -363,6 +368,15 @@ class ControlSession:
             await _send(ws, {"type": "report", **report})
             log.info("report sent", memory_tight=report["memory_tight"],
                      instance_count=report["instance_count"])
+
+
+    async def _state_sender(self, ws: WebSocketConnection, seen: int) -> None:
+        """``instance_state`` frames, in order, as the Instance manager publishes them."""
+        feed = self.instances.state_feed()
+        while True:
+            seen, frames = await feed.after(seen)
+            for frame in frames:
+                await _send(ws, frame)
 
 
 def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -18,7 +18,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 from kibotos import atomicfile
 from kibotos.config import NodeConfig, load
 from kibotos.node.identity import NodeIdentity
-from kibotos.node.instances import Holdings
+from kibotos.node.instances import Holdings, StateFeed
 
 CREDENTIAL = "kid-test:secret-for-tests"
 
@@ -120,6 +120,8 @@ class RecordingInstances:
     def __init__(self, holdings: Holdings | None = None) -> None:
         self._holdings = holdings or Holdings()
         self.destroyed = 0
+        self.feed = StateFeed()
+        self.drain_requested: bool | None = None
         self._changed_cb: Callable[[], None] = lambda: None
 
     def set_change_callback(self, callback: Callable[[], None]) -> None:
@@ -140,6 +142,19 @@ class RecordingInstances:
 
     def vm_usage(self) -> tuple[float | None, int | None]:
         return None, None
+
+    def state_feed(self) -> StateFeed:
+        return self.feed
+
+    def command_handlers(self) -> dict[str, Any]:
+        return {}
+
+    def set_drain_requested(self, requested: bool) -> None:
+        self.drain_requested = requested
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
 
 
 # ---------------------------------------------------------------------------- FakeCtrl

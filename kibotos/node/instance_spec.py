@@ -1,0 +1,188 @@
+"""The arguments of the Instance commands, checked before the node writes anything.
+
+ctrl checks every ID when it makes one; the node checks again (spec: "The node checks
+again before use and rejects any command whose ID does not fit the shape, without
+writing any file"), because IDs become file names, unit names and paths here.  A bad
+argument is `invalid_argument` naming the field; unknown fields are refused so a
+contract drift between ctrl and node shows up at the first command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from kibotos import ids
+from kibotos.errors import InvalidArgument
+
+_DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _object_id(kind: str) -> AfterValidator:
+    """A validator checking an object ID with `kibotos.ids` (as ctrl does)."""
+    def validate(v: str) -> str:
+        try:
+            return ids.check_object_id(v, kind)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+    return AfterValidator(validate)
+
+
+def _pool_id(v: str) -> str:
+    try:
+        return ids.check_pool_id(v)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None
+
+
+InstanceId = Annotated[str, _object_id("instance ID")]
+WorkspaceId = Annotated[str, _object_id("workspace ID")]
+LayerRefId = Annotated[str, _object_id("retained layer ref")]
+VolumeId = Annotated[str, _object_id("volume ID")]
+PoolId = Annotated[str, AfterValidator(_pool_id)]
+
+
+def digest_hex(value: str) -> str:
+    """``sha256:<hex>`` or bare ``<hex>`` → the 64 lowercase hex digits."""
+    m = _DIGEST.fullmatch(value) if isinstance(value, str) else None
+    if not m:
+        raise InvalidArgument(f"invalid digest {value!r}: expected sha256:<64 lowercase hex>")
+    return m.group(1)
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TemplateRef(_Args):
+    name: str = Field(min_length=1, max_length=128)
+    image_digest: str
+    kernel_digest: str
+    initramfs_digest: str
+
+    @field_validator("image_digest", "kernel_digest", "initramfs_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        try:
+            return "sha256:" + digest_hex(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
+
+class LayerRef(_Args):
+    pool_id: PoolId
+    ref: LayerRefId
+    capacity_bytes: int = Field(gt=0)
+    epoch: int = Field(ge=0)
+    create: bool = False
+
+    @field_validator("capacity_bytes")
+    @classmethod
+    def _whole_mib(cls, v: int) -> int:
+        if v % (1 << 20):
+            raise ValueError("must be a whole number of MiB")
+        return v
+
+
+class VolumeRef(_Args):
+    volume_id: VolumeId
+    pool_id: PoolId
+    epoch: int = Field(ge=0)
+
+
+class LaunchArgs(_Args):
+    hostname: str | None = Field(default=None, max_length=64)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"invalid environment variable name {name!r}")
+        return v
+
+
+class CreateSpec(_Args):
+    """``instance.create`` arguments (docs/architecture.md, "Session commands")."""
+
+    instance_id: InstanceId
+    workspace_id: WorkspaceId
+    template: TemplateRef
+    cpu_millis: int = Field(gt=0, le=1_000_000)
+    memory_bytes: int = Field(gt=0)
+    layer: LayerRef
+    volumes: list[VolumeRef] = Field(default_factory=list)
+    launch: LaunchArgs = Field(default_factory=LaunchArgs)
+
+    @field_validator("volumes")
+    @classmethod
+    def _distinct(cls, v: list[VolumeRef]) -> list[VolumeRef]:
+        seen = set()
+        for vol in v:
+            key = (vol.pool_id, vol.volume_id)
+            if key in seen:
+                raise ValueError(f"volume {vol.volume_id} of pool {vol.pool_id} is listed twice")
+            seen.add(key)
+        return v
+
+    def digest(self) -> str:
+        """Identity of the arguments: a repeated create with the same digest is a replay."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+class StopArgs(_Args):
+    instance_id: InstanceId
+    force: bool = False
+    deadline_s: float = Field(default=30.0, gt=0, le=3600)
+
+
+
+class DestroyArgs(_Args):
+    instance_id: InstanceId
+
+
+
+class LayerDeleteArgs(_Args):
+    pool_id: PoolId
+    ref: LayerRefId
+    epoch: int = Field(ge=0)
+
+
+
+
+class DrainArgs(_Args):
+    requested: bool
+
+
+M = TypeVar("M", bound=_Args)
+
+
+def parse_args(model: type[M], kind: str, args: Any) -> M:
+    """Validate `args` of command `kind`; `invalid_argument` names every bad field."""
+    if not isinstance(args, dict):
+        raise InvalidArgument(f"{kind}: args must be an object")
+    try:
+        return model.model_validate(args)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "args"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            parts.append(f"{loc}: {msg}")
+        raise InvalidArgument(f"{kind}: {'; '.join(parts)}") from None

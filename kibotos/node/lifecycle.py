@@ -1,0 +1,388 @@
+"""One Instance's life on this node: launch, readiness, stop, and what it holds.
+
+`Instance` is the node's in-memory view (persisted in ``instance.json`` on every
+change); `Launcher` does the work with the VMM backend, the supervisor, the pool
+objects and the guest agent.  The order of a launch is the spec's
+(node-and-vmm-processes, "Launch records and adoption"):
+
+1. open the writable layer (create it on the first start) and the Volumes, each after
+   the takeover check of its holder record (`kibotos.node.objects`);
+2. find the Template's blobs and link them into the Instance directory;
+3. build the unit (`VmmBackend.unit_for`) and write the launch record ``systemd.json``
+   *before* the unit starts;
+4. start the unit through the supervisor, then add its InvocationID, MainPID, start
+   time, executable, cgroup and namespace to the record;
+5. wait for the guest's hello through the backend, within ``ready_timeout``, while
+   watching that the unit still runs (a VMM that died is not waited for); on failure
+   stop the unit;
+6. hand the guest its launch configuration, record the accepted guest (boot ID,
+   capabilities); then the Instance is RUNNING.
+
+Stops: a normal stop asks the guest to end its processes, sync and freeze
+(``stop_prepare``); if that fails the VMM is left running and the error starts with
+``prepare guest stop:`` (spec troubleshooting).  ``force`` asks for a short sync if the
+guest answers and stops the VMM regardless.  Either way the unit is stopped, the node
+confirms none of its processes remains, and only then releases the objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from kibotos import failpoints, ids
+from kibotos.backends import Supervisor, UnitInfo, VmmBackend
+from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
+from kibotos.guest import GuestChannel, LaunchConfig, open_guest_channel
+from kibotos.node import records
+from kibotos.node.instance_spec import CreateSpec
+from kibotos.node.instances import CREATING, HOLDING_STATES
+from kibotos.node.logs import EventLogger
+from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.templates import TemplateSource, link_into
+from kibotos.node.vmstats import read_process
+
+log = EventLogger()
+
+#: Where the kibotos Platform's init mounts the writable layer in the guest
+#: (docs/vm.md): stop_prepare syncs and freezes it.  A backend whose guest is not a
+#: kibotos Platform says otherwise with a class attribute of this name.
+GUEST_RETAINED_FILESYSTEMS: tuple[str, ...] = ("/run/kibotos/rw",)
+#: How often a booting VMM is checked while its guest is awaited.
+_BOOT_WATCH = 0.5
+_GUEST_CONNECT = 10.0
+_LOG_TAIL = 64 * 1024
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The node's timing around VMs; from ``[vmm]``, shortened by tests."""
+
+    ready_timeout: float = 300.0
+    stop_timeout: float = 30.0
+    force_sync_timeout: float = 5.0
+    monitor_interval: float = 1.0
+
+
+@dataclass(frozen=True)
+class HeldObject:
+    kind: str
+    pool_id: str
+    object_id: str
+    epoch: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "pool_id": self.pool_id, "object_id": self.object_id,
+                "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> HeldObject:
+        return cls(str(value["kind"]), str(value["pool_id"]), str(value["object_id"]),
+                   int(value["epoch"]))
+
+
+@dataclass(eq=False)
+class Instance:
+    spec: CreateSpec
+    dir: Path
+    state: str = CREATING
+    reason: str | None = None
+    guest: dict[str, Any] | None = None
+    unit_name: str | None = None
+    launch: dict[str, Any] | None = None
+    main_process: tuple[int, int] | None = None
+    held: list[HeldObject] = field(default_factory=list)
+    released: bool = False
+    confirmed_on_disk: bool | None = None
+    created_at: str = field(default_factory=records.now_iso)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    boot_scope: trio.CancelScope | None = None
+    boot_done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def instance_id(self) -> str:
+        return self.spec.instance_id
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING_STATES
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "workspace_id": self.spec.workspace_id,
+            "spec": self.spec.model_dump(mode="json"),
+            "state": self.state,
+            "reason": self.reason,
+            "guest": self.guest,
+            "unit_name": self.unit_name,
+            "launch": self.launch,
+            "main_process": list(self.main_process) if self.main_process else None,
+            "held": [h.to_json() for h in self.held],
+            "released": self.released,
+            "confirmed_on_disk": self.confirmed_on_disk,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_record(cls, instance_dir: Path, rec: Mapping[str, Any]) -> Instance:
+        spec = CreateSpec.model_validate(rec["spec"])
+        main = rec.get("main_process")
+        inst = cls(spec=spec, dir=instance_dir, state=str(rec["state"]),
+                   reason=rec.get("reason"), guest=rec.get("guest"),
+                   unit_name=rec.get("unit_name"), launch=rec.get("launch"),
+                   main_process=(int(main[0]), int(main[1])) if main else None,
+                   held=[HeldObject.from_json(h) for h in rec.get("held") or []],
+                   released=bool(rec.get("released")),
+                   confirmed_on_disk=rec.get("confirmed_on_disk"),
+                   created_at=str(rec.get("created_at") or records.now_iso()))
+        inst.boot_done.set()
+        return inst
+
+
+def unit_name_for(instance_id: str) -> str:
+    return f"kibotos-vmm-{ids.check_object_id(instance_id, 'instance ID')}.service"
+
+
+class Launcher:
+    """Launches and stops the VMs of one node."""
+
+    def __init__(self, *, node_id: str, backend: VmmBackend, supervisor: Supervisor,
+                 pools: Mapping[tuple[str, str], PoolObjects], templates: TemplateSource,
+                 settings: Settings) -> None:
+        self.node_id = node_id
+        self.backend = backend
+        self.supervisor = supervisor
+        self.pools = pools
+        self.templates = templates
+        self.settings = settings
+
+    def pool(self, pool_id: str, kind: str) -> PoolObjects:
+        try:
+            return self.pools[(pool_id, kind)]
+        except KeyError:
+            raise FailedPrecondition(f"storage pool {pool_id} is not configured on node "
+                                     f"{self.node_id}") from None
+
+    # ------------------------------------------------------------------ launch
+
+    async def open_objects(self, inst: Instance) -> tuple[Path, list[Path]]:
+        """The writable layer (made on the first start) and the Volumes, opened at the
+        command's epochs; recorded in `inst.held` as each is taken."""
+        spec = inst.spec
+        layer = spec.layer
+        lower = {"template": spec.template.name, "image_digest": spec.template.image_digest}
+        opened = await self.pool(layer.pool_id, RETAINED_LAYERS).open(
+            layer.ref, layer.epoch, lower=lower,
+            create_capacity=layer.capacity_bytes if layer.create else None)
+        self._hold(inst, HeldObject(RETAINED_LAYERS, layer.pool_id, layer.ref, layer.epoch))
+        volumes = []
+        for vol in spec.volumes:
+            got = await self.pool(vol.pool_id, VOLUMES).open(vol.volume_id, vol.epoch)
+            self._hold(inst, HeldObject(VOLUMES, vol.pool_id, vol.volume_id, vol.epoch))
+            volumes.append(got.path)
+        return opened.path, volumes
+
+    @staticmethod
+    def _hold(inst: Instance, obj: HeldObject) -> None:
+        if obj not in inst.held:
+            inst.held.append(obj)
+        inst.released = False
+
+    async def launch_description(self, inst: Instance, layer: Path, volumes: Sequence[Path]
+                                 ) -> dict[str, Any]:
+        resolved = await self.templates.resolve(inst.spec.template)
+        platform, image = await trio.to_thread.run_sync(link_into, inst.dir, resolved)
+        return {
+            "instance_id": inst.instance_id,
+            "unit_name": unit_name_for(inst.instance_id),
+            "runtime_dir": str(inst.dir),
+            "platform_dir": str(platform),
+            "template_image": str(image),
+            "writable_layer": str(layer),
+            "volumes": [{"path": str(p)} for p in volumes],
+            "vcpus": max(1, -(-inst.spec.cpu_millis // 1000)),
+            "memory": inst.spec.memory_bytes,
+        }
+
+    async def start_unit(self, inst: Instance, launch: dict[str, Any]) -> UnitInfo:
+        """Launch record, then the unit, then the unit's facts in the record."""
+        unit = self.backend.unit_for(launch)
+        inst.unit_name = unit.name
+        inst.launch = launch
+        record = await trio.to_thread.run_sync(lambda: records.write_launch_record(
+            inst.dir, launch_id=ids.new_id("lch"), instance_id=inst.instance_id,
+            unit_name=unit.name, argv=unit.argv, supervisor=self.supervisor.name,
+            backend=self.backend.name, launch=launch))
+        failpoints.hit("node.instance.after-launch-record")
+        info = await self.supervisor.start(unit)
+        failpoints.hit("node.instance.after-unit-start")
+        if info.main_pid is not None and info.start_time_ticks is not None:
+            inst.main_process = (info.main_pid, info.start_time_ticks)
+        await trio.to_thread.run_sync(records.add_unit_facts, inst.dir, record, info)
+        return info
+
+    async def wait_ready(self, inst: Instance, launch: dict[str, Any]) -> dict[str, Any]:
+        """The guest's hello within ``ready_timeout``; fails at once if the unit ends."""
+        assert inst.unit_name is not None
+        result: dict[str, Any] = {}
+        gone: str | None = None
+
+        async def ready(cancel: trio.CancelScope) -> None:
+            result.update(await self.backend.wait_ready(launch,
+                                                        timeout=self.settings.ready_timeout))
+            cancel.cancel()
+
+        async def watch(cancel: trio.CancelScope) -> None:
+            nonlocal gone
+            while True:
+                await trio.sleep(_BOOT_WATCH)
+                info = await self.supervisor.describe(inst.unit_name or "")
+                if info is None or not info.active:
+                    gone = info.result if info is not None and info.result else "gone"
+                    cancel.cancel()
+                    return
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ready, nursery.cancel_scope)
+                nursery.start_soon(watch, nursery.cancel_scope)
+        except BaseExceptionGroup as group:
+            found = first_kibotos_error(group)
+            if found is None:
+                raise
+            raise found from None
+        if gone is not None:
+            tail = log_tail(inst.dir / "vmm.log", 400)
+            raise FailedPrecondition(
+                f"the VMM unit {inst.unit_name} ended ({gone}) before the guest was ready"
+                + (f"; vmm.log ends with: {tail}" if tail else ""))
+        failpoints.hit("node.instance.after-ready")
+        return result
+
+    def retained_filesystems(self) -> tuple[str, ...]:
+        value = getattr(type(self.backend), "GUEST_RETAINED_FILESYSTEMS",
+                        GUEST_RETAINED_FILESYSTEMS)
+        return tuple(value)
+
+    @contextlib.asynccontextmanager
+    async def guest(self, inst: Instance, timeout: float = _GUEST_CONNECT
+                    ) -> AsyncIterator[GuestChannel]:
+        """A session with the Instance's guest agent, its hello already received."""
+        if inst.launch is None:
+            raise Unavailable(f"Instance {inst.instance_id} has no launched VMM")
+        deadline = trio.current_time() + timeout
+        stream = await self.backend.guest_channel(inst.launch, timeout=timeout)
+        try:
+            async with open_guest_channel(stream) as channel:
+                await channel.wait_hello(deadline)
+                yield channel
+        except BaseExceptionGroup as group:  # the channel's nursery wraps what we raise
+            found = first_kibotos_error(group)
+            if found is None:
+                raise
+            raise found from None
+
+    async def configure_guest(self, inst: Instance) -> None:
+        launch = inst.spec.launch
+        config = LaunchConfig(hostname=launch.hostname, env=dict(launch.env),
+                              retained_filesystems=list(self.retained_filesystems()))
+        async with self.guest(inst) as channel:
+            await channel.configure(config)
+
+    # ------------------------------------------------------------------ stop
+
+    async def unit_active(self, inst: Instance) -> bool:
+        if inst.unit_name is None:
+            return False
+        info = await self.supervisor.describe(inst.unit_name)
+        return info is not None and info.active
+
+    async def prepare_stop(self, inst: Instance, deadline_s: float) -> None:
+        """stop_prepare in the guest; every failure is a ``prepare guest stop:`` error."""
+        try:
+            async with self.guest(inst) as channel:
+                await channel.stop_prepare(trio.current_time() + deadline_s)
+        except FailedPrecondition as exc:
+            if exc.message.startswith("prepare guest stop:"):
+                raise
+            raise FailedPrecondition(f"prepare guest stop: {exc.message}",
+                                     details=exc.details) from None
+        except KibotosError as exc:
+            raise FailedPrecondition(f"prepare guest stop: guest not reachable: "
+                                     f"{exc.message}") from None
+
+    async def short_sync(self, inst: Instance) -> bool:
+        """stop --force: a short sync if the guest answers; whether it did."""
+        timeout = self.settings.force_sync_timeout
+        with trio.move_on_after(timeout + _GUEST_CONNECT):
+            try:
+                async with self.guest(inst, timeout=min(timeout, _GUEST_CONNECT)) as channel:
+                    await channel.sync(timeout)
+                return True
+            except KibotosError as exc:
+                log.warning("instance force stop: guest sync failed", instance=inst.instance_id,
+                            error=exc.message)
+        return False
+
+    async def stop_unit(self, inst: Instance) -> None:
+        """Stop the unit and confirm none of its processes remains."""
+        name = inst.unit_name or unit_name_for(inst.instance_id)
+        failpoints.hit("node.instance.before-stop")
+        await self.supervisor.stop(name, timeout=self.settings.stop_timeout)
+        info = await self.supervisor.describe(name)
+        if info is not None and info.active:
+            raise Unavailable(f"instance cleanup pending: unit {name} is still active "
+                              f"(MainPID {info.main_pid}) after its stop")
+        main = inst.main_process
+        if main is not None and \
+                await trio.to_thread.run_sync(read_process, PROC, *main) is not None:
+            raise Unavailable(f"instance cleanup pending: process {main[0]} of unit {name} "
+                              "still exists after its stop")
+        failpoints.hit("node.instance.after-stop")
+
+    async def release_objects(self, inst: Instance, *, confirmed_on_disk: bool) -> None:
+        """Record the clean release of everything the Instance held open."""
+        if inst.released:
+            return
+        failpoints.hit("node.instance.before-object-release")
+        for obj in inst.held:
+            pool = self.pool(obj.pool_id, obj.kind)
+            done = await trio.to_thread.run_sync(functools.partial(
+                pool.release, obj.object_id, obj.epoch, confirmed_on_disk=confirmed_on_disk))
+            if not done:
+                log.warning("object release skipped: another holder took it over",
+                            instance=inst.instance_id, kind=obj.kind, pool=obj.pool_id,
+                            object=obj.object_id, epoch=obj.epoch)
+        inst.released = True
+
+
+def log_tail(path: Path, limit: int = _LOG_TAIL) -> str:
+    """The last `limit` bytes of a log, as text, on one line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - limit))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-5:])
+
+
+def first_kibotos_error(exc: BaseException) -> KibotosError | None:
+    """`exc` itself, or the first KibotosError inside an exception group."""
+    if isinstance(exc, KibotosError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = first_kibotos_error(inner)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,514 @@
+"""`VmInstanceManager`: the node's Instances, their commands, states and holdings.
+
+It answers the session commands of docs/architecture.md ("Session commands for
+Instances"), every one idempotent by its IDs: ``instance.create`` is admitted by the
+node itself (refused while drained or while host memory is tight) and answered at once,
+the boot going on in the background (`kibotos.node.lifecycle`); ``instance.stop`` and
+``instance.destroy`` return when the VMM is gone and what it held is released;
+``layer.delete`` removes a retained layer; ``node.drain`` sets the drain flag.  Every
+state change is persisted (``instance.json``), published as an ``instance_state`` frame
+and signalled to the report.  A watcher looks at each running VMM every
+``monitor_interval``: one that ended on its own makes its Instance FAILED with the
+spec's reason (or ``oom_killed`` when the supervisor saw an OOM kill); the Instance
+keeps its resources and objects until it is stopped with force or destroyed.
+
+A restarted node reloads the records it finds: a RUNNING Instance whose unit still
+matches its launch record is kept, any other unfinished one becomes FAILED (its VMM, if
+any, is left alone).  Full adoption (guest reconfiguration, installations, the startup
+refusal on a mismatch) is the next issue's.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from kibotos.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    KibotosError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from kibotos.node import records
+from kibotos.node.instance_spec import (
+    CreateSpec,
+    DestroyArgs,
+    DrainArgs,
+    LayerDeleteArgs,
+    StopArgs,
+    parse_args,
+)
+from kibotos.node.instances import (
+    CREATING,
+    DESTROYED,
+    FAILED,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    CommandHandler,
+    Holdings,
+    InstanceSummary,
+    StateFeed,
+)
+from kibotos.node.lifecycle import Instance, Launcher, Settings, log_tail
+from kibotos.node.logs import EventLogger
+from kibotos.node.objects import RETAINED_LAYERS
+from kibotos.node.vmstats import VmUsageMeter
+
+log = EventLogger()
+
+#: The reasons the spec and docs/architecture.md give for a VMM that ended on its own.
+EXITED_REASON = "node reports the Instance as no longer running"
+OOM_REASON = "oom_killed"
+#: `UnitInfo.result` values that mean the kernel's OOM killer ended the unit.  systemd
+#: reports ``oom-kill``; ``direct`` cannot tell (it reports ``gone``).
+OOM_RESULTS = frozenset({"oom-kill"})
+
+
+class VmInstanceManager:
+    """The real `kibotos.node.instances.InstanceManager`; see the module docstring."""
+
+    def __init__(self, *, node_id: str, root: Path, launcher: Launcher,
+                 shared_pools: Mapping[str, bool], memory_tight: Callable[[], bool],
+                 settings: Settings) -> None:
+        self.node_id = node_id
+        self.instances_dir = root / "runtime" / "instances"
+        self.registry_dir = root / "runtime" / "registry"
+        self.machine_logs = root / "machine-logs"
+        self.launcher = launcher
+        self.shared_pools = dict(shared_pools)
+        self.memory_tight = memory_tight
+        self.settings = settings
+        self.drain_requested = False
+        self.probe_result: Mapping[str, Any] | None = None
+        self.backend_error: str | None = None
+        self._instances: dict[str, Instance] = {}
+        self._retained: set[tuple[str, str, str]] = set()
+        self._feed = StateFeed()
+        self._changed: Callable[[], None] = lambda: None
+        self._nursery: trio.Nursery | None = None
+        self._probed = trio.Event()
+        self._meter = VmUsageMeter()
+        self._started_vm = False
+
+    # ------------------------------------------------------------------ the protocol
+
+    def set_change_callback(self, callback: Callable[[], None]) -> None:
+        self._changed = callback
+
+    def state_feed(self) -> StateFeed:
+        return self._feed
+
+    def set_drain_requested(self, requested: bool) -> None:
+        if requested != self.drain_requested:
+            log.info("drain requested" if requested else "drain cancelled")
+        self.drain_requested = requested
+
+    def holdings(self) -> Holdings:
+        cpu = memory = count = 0
+        objects = set(self._retained)
+        for inst in self._instances.values():
+            if inst.holding:
+                cpu += inst.spec.cpu_millis
+                memory += inst.spec.memory_bytes
+                count += 1
+            if not inst.released:
+                objects.update((h.pool_id, h.kind, h.object_id) for h in inst.held)
+        summaries = tuple(InstanceSummary(i.instance_id, i.spec.workspace_id, i.state,
+                                          i.reason)
+                          for i in sorted(self._instances.values(),
+                                          key=lambda i: i.instance_id))
+        return Holdings(cpu, memory, count, len(objects), summaries)
+
+    def vm_usage(self) -> tuple[float | None, int | None]:
+        processes = [i.main_process for i in self._instances.values()
+                     if i.holding and i.main_process is not None]
+        if not self._started_vm and not processes:
+            return None, None
+        return self._meter.measure(processes)
+
+    def command_handlers(self) -> Mapping[str, CommandHandler]:
+        return {
+            "instance.create": self._cmd_create,
+            "instance.stop": self._cmd_stop,
+            "instance.destroy": self._cmd_destroy,
+            "layer.delete": self._cmd_layer_delete,
+            "node.drain": self._cmd_drain,
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._load()
+            nursery.start_soon(self._probe)
+            nursery.start_soon(self._watch)
+            task_status.started()
+
+    async def destroy_all(self) -> int:
+        ids = list(self._instances)
+        for instance_id in ids:
+            try:
+                await self.destroy(instance_id)
+            except KibotosError as exc:
+                log.error("instance destroy failed", instance=instance_id, error=exc.message)
+        return len(ids)
+
+    # ------------------------------------------------------------------ commands
+
+    async def _cmd_create(self, args: dict[str, Any]) -> dict[str, Any]:
+        return await self.create(parse_args(CreateSpec, "instance.create", args))
+
+    async def _cmd_stop(self, args: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_args(StopArgs, "instance.stop", args)
+        return await self.stop(parsed.instance_id, force=parsed.force,
+                               deadline_s=parsed.deadline_s)
+
+    async def _cmd_destroy(self, args: dict[str, Any]) -> dict[str, Any]:
+        return await self.destroy(parse_args(DestroyArgs, "instance.destroy",
+                                             args).instance_id)
+
+    async def _cmd_layer_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_args(LayerDeleteArgs, "layer.delete", args)
+        return await self.delete_layer(parsed.pool_id, parsed.ref, parsed.epoch)
+
+    async def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.set_drain_requested(parse_args(DrainArgs, "node.drain", args).requested)
+        return {"drain_requested": self.drain_requested}
+
+    # ------------------------------------------------------------------ create
+
+    async def create(self, spec: CreateSpec) -> dict[str, Any]:
+        """Admit, record, and boot in the background; ``{accepted: true}`` at once."""
+        existing = self._instances.get(spec.instance_id)
+        if existing is not None:
+            if existing.spec.digest() == spec.digest():
+                return {"accepted": True}
+            raise AlreadyExists(f"Instance {spec.instance_id} already exists on node "
+                                f"{self.node_id} with other arguments")
+        ended = records.read_registry_entry(self.registry_dir, spec.instance_id)
+        if ended is not None:
+            raise FailedPrecondition(f"Instance {spec.instance_id} was destroyed on node "
+                                     f"{self.node_id}; a new start needs a new Instance ID")
+        self._admit(spec)
+        inst = Instance(spec=spec, dir=self.instances_dir / spec.instance_id)
+        self._instances[spec.instance_id] = inst  # before any await: a replay finds it
+        try:
+            await trio.to_thread.run_sync(self._make_dir, inst)
+        except BaseException:
+            del self._instances[spec.instance_id]
+            raise
+        log.info("instance accepted", instance=spec.instance_id,
+                 workspace=spec.workspace_id, cpu_millis=spec.cpu_millis,
+                 memory_bytes=spec.memory_bytes)
+        self._publish(inst)
+        assert self._nursery is not None, "run() must be started before commands arrive"
+        self._nursery.start_soon(self._boot, inst)
+        return {"accepted": True}
+
+    def _admit(self, spec: CreateSpec) -> None:
+        """The node's own admission, before anything is written."""
+        if self.drain_requested:
+            raise FailedPrecondition(f"node {self.node_id} is drained: it takes no new "
+                                     "Instances", details={"reason": "drained"})
+        if self.memory_tight():
+            raise ResourceExhausted(f"host memory is tight on node {self.node_id}: it takes "
+                                    "no new Instances", details={"reason": "memory_tight"})
+        if self.backend_error is not None:
+            raise FailedPrecondition(f"node {self.node_id} cannot run VMs: "
+                                     f"{self.backend_error}", details={"reason": "vmm_unusable"})
+        self.launcher.pool(spec.layer.pool_id, RETAINED_LAYERS)
+        for vol in spec.volumes:
+            self.launcher.pool(vol.pool_id, "volumes")
+        for other in self._instances.values():
+            if other.holding and other.spec.layer.pool_id == spec.layer.pool_id and \
+                    other.spec.layer.ref == spec.layer.ref:
+                raise FailedPrecondition(
+                    f"retained layer {spec.layer.ref} of pool {spec.layer.pool_id} is in use "
+                    f"by Instance {other.instance_id} ({other.state})")
+
+    def _make_dir(self, inst: Instance) -> None:
+        if inst.dir.exists():
+            raise FailedPrecondition(f"Instance directory {inst.dir} exists without a record "
+                                     "this node knows; left alone")
+        inst.dir.mkdir(mode=0o700, parents=True)
+        records.write_instance_record(inst.dir, inst.to_record())
+
+    async def _boot(self, inst: Instance) -> None:
+        async with inst.lock:
+            with trio.CancelScope() as scope:
+                inst.boot_scope = scope
+                try:
+                    await self._boot_steps(inst)
+                except (KibotosError, OSError) as exc:
+                    reason = exc.message if isinstance(exc, KibotosError) else str(exc)
+                    log.error("instance boot failed", instance=inst.instance_id, error=reason)
+                    await self._set_state(inst, FAILED, reason)
+                except Exception as exc:  # a bug must not end the node with its VMs
+                    log.error("instance boot failed unexpectedly", instance=inst.instance_id,
+                              error=repr(exc))
+                    await self._set_state(inst, FAILED, f"internal: {exc!r}")
+                finally:
+                    inst.boot_scope = None
+                    inst.boot_done.set()
+
+    async def _boot_steps(self, inst: Instance) -> None:
+        await self._probed.wait()
+        if self.backend_error is not None:
+            raise FailedPrecondition(f"node {self.node_id} cannot run VMs: {self.backend_error}")
+        layer, volumes = await self.launcher.open_objects(inst)
+        self._changed()
+        launch = await self.launcher.launch_description(inst, layer, volumes)
+        try:
+            await self.launcher.start_unit(inst, launch)
+        finally:
+            await self._persist(inst)
+        self._started_vm = True
+        try:
+            guest = await self.launcher.wait_ready(inst, launch)
+            await self.launcher.configure_guest(inst)
+        except (KibotosError, OSError):
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.launcher.stop_unit(inst)
+                except KibotosError as exc:
+                    log.error("instance boot failed and its unit did not stop",
+                              instance=inst.instance_id, error=exc.message)
+            raise
+        record = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
+        await trio.to_thread.run_sync(records.add_guest, inst.dir, record or {}, guest)
+        inst.guest = {"boot_id": guest.get("boot_id"),
+                      "capabilities": sorted(guest.get("capabilities") or [])}
+        log.info("instance running", instance=inst.instance_id, unit=inst.unit_name,
+                 boot_id=inst.guest["boot_id"])
+        await self._set_state(inst, RUNNING)
+
+    # ------------------------------------------------------------------ stop, destroy
+
+    async def stop(self, instance_id: str, *, force: bool, deadline_s: float
+                   ) -> dict[str, Any]:
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            ended = records.read_registry_entry(self.registry_dir, instance_id)
+            if ended is not None:
+                return {"confirmed_on_disk": bool(ended.get("confirmed_on_disk"))}
+            raise NotFound(f"Instance {instance_id} is not on node {self.node_id}")
+        if force and inst.boot_scope is not None:
+            inst.boot_scope.cancel()
+        async with inst.lock:
+            if inst.state == STOPPED:
+                return {"confirmed_on_disk": bool(inst.confirmed_on_disk)}
+            if inst.state == DESTROYED:
+                return {"confirmed_on_disk": False}
+            await self._set_state(inst, STOPPING)
+            try:
+                active = await self.launcher.unit_active(inst)
+                if force:
+                    if active:
+                        await self.launcher.short_sync(inst)
+                    confirmed = False
+                elif active:
+                    await self.launcher.prepare_stop(inst, deadline_s)
+                    confirmed = True
+                else:
+                    confirmed = False  # the VMM already ended: nothing could be flushed
+                await self.launcher.stop_unit(inst)
+                await self.launcher.release_objects(inst, confirmed_on_disk=confirmed)
+            except Unavailable as exc:  # cleanup pending: stays STOPPING, ctrl retries
+                log.warning("instance cleanup pending", instance=instance_id,
+                            error=exc.message)
+                raise
+            except KibotosError as exc:
+                log.error("instance stop failed", instance=instance_id, error=exc.message)
+                await self._set_state(inst, FAILED, exc.message)
+                raise
+            self._after_release(inst)
+            inst.confirmed_on_disk = confirmed
+            log.info("instance stopped", instance=instance_id, force=force,
+                     confirmed_on_disk=confirmed)
+            await self._set_state(inst, STOPPED)
+            return {"confirmed_on_disk": confirmed}
+
+    async def destroy(self, instance_id: str) -> dict[str, Any]:
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return {"destroyed": True}
+        if inst.boot_scope is not None:
+            inst.boot_scope.cancel()
+        async with inst.lock:
+            if self._instances.get(instance_id) is not inst:
+                return {"destroyed": True}  # a concurrent destroy finished it
+            await self.launcher.stop_unit(inst)
+            await self.launcher.release_objects(inst, confirmed_on_disk=False)
+            self._after_release(inst)
+            await trio.to_thread.run_sync(self._remove, inst)
+            del self._instances[instance_id]
+            inst.state, inst.reason = DESTROYED, None
+            log.info("instance destroyed", instance=instance_id)
+            self._publish(inst)
+            return {"destroyed": True}
+
+    def _remove(self, inst: Instance) -> None:
+        """Keep the log tails (spec: "Console and VMM logs"), leave a registry entry,
+        then delete the Instance directory.  The block files are in the pool: kept."""
+        kept = self.machine_logs / inst.instance_id
+        for name in ("console.log", "vmm.log"):
+            src = inst.dir / name
+            if src.is_file():
+                kept.mkdir(parents=True, exist_ok=True)
+                with open(src, "rb") as f:
+                    f.seek(max(0, src.stat().st_size - 256 * 1024))
+                    (kept / name).write_bytes(f.read())
+        if kept.exists():
+            log.info("instance machine exited", instance=inst.instance_id,
+                     tail=log_tail(kept / "console.log", 200))
+        records.write_registry_entry(self.registry_dir, inst.instance_id, {
+            "workspace_id": inst.spec.workspace_id, "state": DESTROYED,
+            "last_state": inst.state, "reason": inst.reason,
+            "confirmed_on_disk": bool(inst.confirmed_on_disk),
+            "released": [h.to_json() for h in inst.held], "ended_at": records.now_iso()})
+        shutil.rmtree(inst.dir, ignore_errors=False)
+
+    def _after_release(self, inst: Instance) -> None:
+        """Objects of a private pool stay this node's after a release (ctrl keeps the
+        holder); in a shared pool the use right goes back to ctrl."""
+        for h in inst.held:
+            if not self.shared_pools.get(h.pool_id, False):
+                self._retained.add((h.pool_id, h.kind, h.object_id))
+
+    async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]:
+        pool = self.launcher.pool(pool_id, RETAINED_LAYERS)
+        for inst in self._instances.values():
+            if not inst.released and any(h.kind == RETAINED_LAYERS and h.pool_id == pool_id
+                                         and h.object_id == ref for h in inst.held):
+                raise FailedPrecondition(f"retained layer {ref} of pool {pool_id} is in use "
+                                         f"by Instance {inst.instance_id} ({inst.state})")
+        existed = await trio.to_thread.run_sync(pool.delete, ref, epoch)
+        self._retained.discard((pool_id, RETAINED_LAYERS, ref))
+        log.info("retained layer deleted", pool=pool_id, ref=ref, epoch=epoch, existed=existed)
+        self._changed()
+        return {"deleted": True}
+
+    # ------------------------------------------------------------------ state
+
+    async def _persist(self, inst: Instance) -> None:
+        if inst.dir.is_dir():
+            await trio.to_thread.run_sync(records.write_instance_record, inst.dir,
+                                          inst.to_record())
+
+    async def _set_state(self, inst: Instance, state: str, reason: str | None = None) -> None:
+        inst.state, inst.reason = state, reason
+        await self._persist(inst)
+        self._publish(inst)
+
+    def _publish(self, inst: Instance) -> None:
+        frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
+                                 "workspace_id": inst.spec.workspace_id, "state": inst.state,
+                                 "reason": inst.reason, "at": records.now_iso()}
+        if inst.state == RUNNING and inst.guest is not None:
+            frame["guest"] = inst.guest
+        self._feed.publish(frame)
+        self._changed()
+
+    # ------------------------------------------------------------------ background
+
+    async def _probe(self) -> None:
+        try:
+            self.probe_result = await self.launcher.backend.probe()
+            log.info("vmm backend ready", backend=self.launcher.backend.name,
+                     accelerator=self.probe_result.get("accelerator"))
+        except Exception as exc:
+            self.backend_error = exc.message if isinstance(exc, KibotosError) else repr(exc)
+            log.error("vmm backend unusable: creates are refused",
+                      backend=self.launcher.backend.name, error=self.backend_error)
+        finally:
+            self._probed.set()
+
+    async def _watch(self) -> None:
+        """Notice VMMs that ended on their own."""
+        while True:
+            await trio.sleep(self.settings.monitor_interval)
+            for inst in list(self._instances.values()):
+                if inst.state != RUNNING or inst.lock.locked() or inst.unit_name is None:
+                    continue
+                try:
+                    info = await self.launcher.supervisor.describe(inst.unit_name)
+                except KibotosError as exc:
+                    log.warning("cannot look at a VMM unit", unit=inst.unit_name,
+                                error=exc.message)
+                    continue
+                main = inst.main_process
+                if info is not None and info.active and \
+                        (main is None or info.main_pid == main[0]):
+                    continue
+                if inst.state != RUNNING or inst.lock.locked():
+                    continue  # a stop or destroy began meanwhile: the exit is theirs
+                reason = OOM_REASON if info is not None and info.result in OOM_RESULTS \
+                    else EXITED_REASON
+                log.error("instance VMM exited unexpectedly", instance=inst.instance_id,
+                          unit=inst.unit_name, result=info.result if info else None,
+                          reason=reason)
+                async with inst.lock:
+                    if inst.state == RUNNING:
+                        await self._set_state(inst, FAILED, reason)
+
+    async def _load(self) -> None:
+        """Reload the Instances a previous node process left (see the module docstring)."""
+        for pool_id, shared in self.shared_pools.items():
+            if shared:
+                continue
+            for kind in (RETAINED_LAYERS, "volumes"):
+                try:
+                    objects = self.launcher.pool(pool_id, kind)
+                except FailedPrecondition:
+                    continue
+                held = await trio.to_thread.run_sync(objects.held_by_me)
+                self._retained.update((pool_id, kind, ref) for ref in held)
+        try:
+            dirs = sorted(p for p in self.instances_dir.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return
+        for d in dirs:
+            try:
+                rec = await trio.to_thread.run_sync(records.read_instance_record, d)
+                if rec is None:
+                    log.warning("Instance directory without a record: left alone", path=d)
+                    continue
+                inst = Instance.from_record(d, rec)
+            except (KibotosError, KeyError, ValueError) as exc:
+                log.error("unreadable Instance record: left alone", path=d, error=str(exc))
+                continue
+            if inst.state in (RUNNING, CREATING, STOPPING):
+                await self._reload_live(inst)
+            self._instances[inst.instance_id] = inst
+        if self._instances:
+            log.info("instances reloaded", count=len(self._instances))
+
+    async def _reload_live(self, inst: Instance) -> None:
+        launch = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
+        info = None
+        if inst.unit_name is not None:
+            info = await self.launcher.supervisor.describe(inst.unit_name)
+        if inst.state == RUNNING and launch is not None and records.unit_matches(launch, info):
+            self._started_vm = True
+            return
+        if info is not None and info.active:
+            reason = (f"node restarted while the Instance was {inst.state}; its VMM still "
+                      "runs and was not taken over: stop it with force")
+        else:
+            reason = EXITED_REASON
+        log.error("instance not taken over", instance=inst.instance_id, state=inst.state,
+                  reason=reason)
+        inst.state, inst.reason = FAILED, reason
+        await self._persist(inst)
+
+    def get(self, instance_id: str) -> Instance | None:
+        """The Instance as the node sees it (tests and tools)."""
+        return self._instances.get(instance_id)
+

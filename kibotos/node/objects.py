@@ -1,0 +1,339 @@
+"""Block-file objects in a storage pool, as far as an Instance needs them today.
+
+Layout (spec: storage-pools-on-nfs, "Directory layout"), per kind (``retained-layers``
+or ``volumes``)::
+
+    <pool>/<kind>/data/<id>.ext4        sparse ext4 block file, length = capacity
+    <pool>/<kind>/metadata/<id>.json    identity, capacity, lower, lifecycle, released_cleanly
+    <pool>/<kind>/holders/<id>.json     {node_id, epoch}: who holds the use right
+    <pool>/<kind>/releases/<id>.json    {node_id, epoch}: the receipt of a holder that
+                                        stopped writing
+    <pool>/<kind>/locks/<id>.lock       flock, mutual exclusion on this machine only
+
+Every record is written temp → fsync → rename (`kibotos.atomicfile`, temporary names
+starting with this node's ID) and reread on every read.  Before opening a block file
+the node applies the spec's takeover table ("Epochs and takeover"): a newer epoch in the
+holder record refuses (the use right was taken over; retrying cannot help), the same
+epoch held by this node opens directly, an older epoch or no record is taken over by
+writing this node's holder record first.  When taking over from a holder that did not
+release, the node waits up to 15 s (monotonic) for its release receipt and records
+``released_cleanly=false`` when none came.
+
+The full storage-pool implementation (marker, availability, expansion, transfer, the
+5-second holder check, legacy names) is issue 4; this module writes only what an
+Instance's writable layer and Volumes need, in the spec's layout, so it can grow there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from kibotos import atomicfile, ids
+from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.platform.images import create_ext4
+
+RETAINED_LAYERS = "retained-layers"
+VOLUMES = "volumes"
+KINDS = (RETAINED_LAYERS, VOLUMES)
+SUBDIRS = ("data", "metadata", "holders", "releases", "locks")
+#: How long a takeover waits for the previous holder's release receipt (spec: 15 s).
+RECEIPT_WAIT = 15.0
+_RECEIPT_POLL = 0.2
+_LABELS = {RETAINED_LAYERS: "retained layer", VOLUMES: "volume"}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass(frozen=True)
+class Holder:
+    node_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The outcome of `PoolObjects.open`: the block file, and whether the handoff to
+    this node was clean (None when no handoff happened: a new object or a retry)."""
+
+    path: Path
+    handoff_clean: bool | None
+    created: bool
+
+
+class UseRightTakenOver(FailedPrecondition):
+    """A newer epoch holds the object: retrying will not succeed."""
+
+
+class PoolObjects:
+    """The objects of one kind in one pool, handled by node `node_id`."""
+
+    def __init__(self, pool_id: str, pool_path: Path, kind: str, node_id: str, *,
+                 receipt_wait: float = RECEIPT_WAIT) -> None:
+        if kind not in KINDS:
+            raise InvalidArgument(f"unknown pool object kind {kind!r}")
+        self.pool_id = pool_id
+        self.root = pool_path / kind
+        self.kind = kind
+        self.label = _LABELS[kind]
+        self.node_id = node_id
+        self.receipt_wait = receipt_wait
+
+    # ------------------------------------------------------------------ paths
+
+    def _check(self, object_id: str) -> str:
+        return ids.check_object_id(object_id, f"{self.label} ID")
+
+    def data_path(self, object_id: str) -> Path:
+        return self.root / "data" / f"{self._check(object_id)}.ext4"
+
+    def _record(self, sub: str, object_id: str) -> Path:
+        return self.root / sub / f"{self._check(object_id)}.json"
+
+    def _what(self, object_id: str) -> str:
+        return f"{self.label} {object_id} in pool {self.pool_id}"
+
+    def ensure_dirs(self) -> None:
+        for sub in SUBDIRS:
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self, object_id: str) -> Iterator[None]:
+        """flock on ``locks/<id>.lock``: one operation on an object at a time here."""
+        self.ensure_dirs()
+        fd = os.open(self.root / "locks" / f"{self._check(object_id)}.lock",
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ records
+
+    def _read(self, sub: str, object_id: str) -> dict[str, Any] | None:
+        path = self._record(sub, object_id)
+        try:
+            value = atomicfile.read_json(path)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise FailedPrecondition(f"{self._what(object_id)}: unreadable record {path}: "
+                                     f"{exc}") from None
+        if not isinstance(value, dict):
+            raise FailedPrecondition(f"{self._what(object_id)}: record {path} is not an object")
+        return value
+
+    def _write(self, sub: str, object_id: str, value: Mapping[str, Any]) -> None:
+        atomicfile.write_json(self._record(sub, object_id), dict(value), prefix=self.node_id)
+
+    def holder(self, object_id: str) -> Holder | None:
+        rec = self._read("holders", object_id)
+        if rec is None:
+            return None
+        node, epoch = rec.get("node_id"), rec.get("epoch")
+        if not isinstance(node, str) or not isinstance(epoch, int):
+            raise FailedPrecondition(f"{self._what(object_id)}: holder record lacks "
+                                     "node_id or epoch")
+        return Holder(node, epoch)
+
+    def release_receipt(self, object_id: str) -> Holder | None:
+        rec = self._read("releases", object_id)
+        if rec is None or not isinstance(rec.get("node_id"), str) or \
+                not isinstance(rec.get("epoch"), int):
+            return None
+        return Holder(rec["node_id"], rec["epoch"])
+
+    def metadata(self, object_id: str) -> dict[str, Any] | None:
+        """The metadata record; its identity must match the file name (spec)."""
+        rec = self._read("metadata", object_id)
+        if rec is not None and (rec.get("id") != object_id or rec.get("kind") != self.kind):
+            raise FailedPrecondition(
+                f"{self._what(object_id)}: metadata names {rec.get('kind')} "
+                f"{rec.get('id')!r}, not this object: refusing to use it")
+        return rec
+
+    def held_by_me(self) -> list[str]:
+        """IDs whose holder record names this node (read at start for the report)."""
+        out = []
+        try:
+            names = sorted(os.listdir(self.root / "holders"))
+        except OSError:
+            return []
+        for name in names:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            object_id = name[:-5]
+            try:
+                holder = self.holder(object_id)
+            except (FailedPrecondition, InvalidArgument):
+                continue
+            if holder is not None and holder.node_id == self.node_id:
+                out.append(object_id)
+        return out
+
+    # ------------------------------------------------------------------ open
+
+    def _decide(self, object_id: str, epoch: int) -> Holder | None:
+        """The takeover table; returns the previous holder to take over from, or None
+        when the object opens directly (same epoch, this node).  Raises when refused."""
+        holder = self.holder(object_id)
+        what = self._what(object_id)
+        if holder is not None and holder.epoch > epoch:
+            raise UseRightTakenOver(
+                f"{what}: the use right was taken over (node {holder.node_id} holds epoch "
+                f"{holder.epoch}, this command carries {epoch}); retrying will not succeed",
+                details={"reason": "use_right_taken_over", "holder_epoch": holder.epoch})
+        if holder is not None and holder.epoch == epoch:
+            if holder.node_id == self.node_id:
+                return None
+            raise UseRightTakenOver(
+                f"{what}: node {holder.node_id} already holds epoch {epoch}; this node "
+                "does not open it", details={"reason": "use_right_taken_over",
+                                             "holder_epoch": holder.epoch})
+        return holder or Holder("", -1)
+
+    def _released(self, object_id: str, previous: Holder) -> bool:
+        """Whether `previous` stopped writing: its receipt, or its clean release."""
+        if previous.epoch < 0:
+            return True
+        receipt = self.release_receipt(object_id)
+        if receipt == previous:
+            return True
+        meta = self.metadata(object_id)
+        return bool(meta and meta.get("state") == "released"
+                    and meta.get("released_cleanly") is True
+                    and meta.get("epoch") == previous.epoch
+                    and meta.get("holder") == previous.node_id)
+
+    def _create(self, object_id: str, capacity: int, lower: Mapping[str, Any] | None) -> None:
+        target = self.data_path(object_id)
+        tmp = atomicfile.temp_name(target, self.node_id)
+        try:
+            create_ext4(tmp, capacity, label="kibotos-rw" if self.kind == RETAINED_LAYERS
+                        else "")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        atomicfile.fsync_dir(target.parent)
+        self._write("metadata", object_id, {
+            "version": 1, "kind": self.kind, "id": object_id, "pool_id": self.pool_id,
+            "capacity_bytes": capacity, "lower": dict(lower or {}), "state": "created",
+            "created_at": _now(), "holder": self.node_id, "epoch": None,
+            "released_cleanly": True})
+
+    def _attach(self, object_id: str, epoch: int, clean: bool | None) -> None:
+        meta = self.metadata(object_id) or {"version": 1, "kind": self.kind, "id": object_id,
+                                            "pool_id": self.pool_id}
+        meta.update(state="attached", holder=self.node_id, epoch=epoch, attached_at=_now())
+        if clean is not None:
+            meta["released_cleanly"] = clean
+            meta["handoff_clean"] = clean
+        self._write("metadata", object_id, meta)
+
+    async def open(self, object_id: str, epoch: int, *, create_capacity: int | None = None,
+                   lower: Mapping[str, Any] | None = None) -> Opened:
+        """Take the use right at `epoch` per the takeover table and return the block
+        file; with `create_capacity`, make a missing object first (truncate + mkfs)."""
+        self._check(object_id)
+        previous = await trio.to_thread.run_sync(self._take, object_id, epoch,
+                                                 create_capacity is not None)
+        clean: bool | None = None
+        if previous is not None and previous.epoch >= 0:
+            clean = await self._await_receipt(object_id, previous)
+        return await trio.to_thread.run_sync(self._finish_open, object_id, epoch, clean,
+                                             create_capacity, lower)
+
+    def _take(self, object_id: str, epoch: int, may_create: bool) -> Holder | None:
+        with self.locked(object_id):
+            previous = self._decide(object_id, epoch)
+            if not may_create and not self.data_path(object_id).is_file():
+                raise FailedPrecondition(f"{self._what(object_id)} does not exist "
+                                         f"({self.data_path(object_id)} is missing)")
+            if previous is not None:  # take over: holder record first, then open
+                self._write("holders", object_id, {"node_id": self.node_id, "epoch": epoch,
+                                                   "at": _now()})
+            return previous
+
+    async def _await_receipt(self, object_id: str, previous: Holder) -> bool:
+        with trio.move_on_after(self.receipt_wait):
+            while True:
+                if await trio.to_thread.run_sync(self._released, object_id, previous):
+                    return True
+                await trio.sleep(_RECEIPT_POLL)
+        return False
+
+    def _finish_open(self, object_id: str, epoch: int, clean: bool | None,
+                     create_capacity: int | None, lower: Mapping[str, Any] | None) -> Opened:
+        with self.locked(object_id):
+            if self.holder(object_id) != Holder(self.node_id, epoch):
+                self._decide(object_id, epoch)  # raises if a newer epoch came meanwhile
+                raise FailedPrecondition(f"{self._what(object_id)}: the holder record "
+                                         "changed while it was being opened; retry")
+            path = self.data_path(object_id)
+            created = False
+            if not path.is_file():
+                if create_capacity is None:
+                    raise FailedPrecondition(f"{self._what(object_id)} does not exist "
+                                             f"({path} is missing)")
+                self._create(object_id, create_capacity, lower)
+                created = True
+            self._attach(object_id, epoch, clean)
+            return Opened(path, clean, created)
+
+    # ------------------------------------------------------------------ release, delete
+
+    def release(self, object_id: str, epoch: int, *, confirmed_on_disk: bool) -> bool:
+        """The block file is closed: record the clean release and the receipt, keep the
+        holder record.  Returns False (writing nothing) when another holder took over."""
+        with self.locked(object_id):
+            if self.holder(object_id) != Holder(self.node_id, epoch):
+                return False
+            meta = self.metadata(object_id) or {"version": 1, "kind": self.kind,
+                                                "id": object_id, "pool_id": self.pool_id}
+            meta.update(state="released", holder=self.node_id, epoch=epoch,
+                        released_cleanly=True, confirmed_on_disk=confirmed_on_disk,
+                        released_at=_now())
+            self._write("metadata", object_id, meta)
+            self._write("releases", object_id, {"node_id": self.node_id, "epoch": epoch,
+                                                "at": _now()})
+            return True
+
+    def delete(self, object_id: str, epoch: int) -> bool:
+        """Delete the block file and its records (metadata last, so an interrupted
+        delete is finished by a retry).  Refused when a newer epoch holds it."""
+        with self.locked(object_id):
+            holder = self.holder(object_id)
+            if holder is not None and holder.epoch > epoch:
+                raise UseRightTakenOver(
+                    f"{self._what(object_id)}: the use right was taken over (node "
+                    f"{holder.node_id} holds epoch {holder.epoch}, this command carries "
+                    f"{epoch}); not deleted", details={"reason": "use_right_taken_over"})
+            existed = False
+            for path in (self.data_path(object_id), self._record("holders", object_id),
+                         self._record("releases", object_id),
+                         self._record("metadata", object_id)):
+                try:
+                    path.unlink()
+                    existed = True
+                except FileNotFoundError:
+                    continue
+                atomicfile.fsync_dir(path.parent)
+            (self.root / "locks" / f"{object_id}.lock").unlink(missing_ok=True)
+            return existed

@@ -1,0 +1,69 @@
+"""Builds the node's `VmInstanceManager` from ``node.toml`` and the plugin registries.
+
+``[vmm] backend`` and ``[supervisor] backend`` name registered plugins; each may have an
+options table per backend (``[vmm.qemu]``, ``[supervisor.direct]``), of which only the
+chosen backend's is used.  A table named after no registered backend is refused (a
+typo must not silently drop options).  The ``direct`` supervisor keeps its unit records
+in ``<storage.root>/runtime/supervisor`` unless its table says otherwise, so several
+nodes on one host (a dev cluster) never share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kibotos.config import NodeConfig
+from kibotos.errors import InvalidArgument
+from kibotos.node.lifecycle import Launcher, Settings
+from kibotos.node.manager import VmInstanceManager
+from kibotos.node.objects import KINDS, PoolObjects
+from kibotos.node.templates import LocalArtifacts
+from kibotos.plugins import Registries, load_plugins
+
+
+def settings_from(config: NodeConfig) -> Settings:
+    vmm = config.vmm
+    return Settings(ready_timeout=vmm.ready_timeout, stop_timeout=vmm.stop_timeout,
+                    force_sync_timeout=vmm.force_sync_timeout,
+                    monitor_interval=vmm.monitor_interval)
+
+
+def _check_tables(section: str, tables: dict[str, Any], registry: Any) -> None:
+    for name in tables:
+        if name not in registry:
+            raise InvalidArgument(
+                f"[{section}.{name}]: no {section} backend is named {name!r} "
+                f"(available: {', '.join(registry.names()) or 'none'})")
+
+
+def supervisor_options(config: NodeConfig) -> dict[str, Any]:
+    options = dict(config.supervisor.options())
+    if config.supervisor.backend == "direct" and "state_dir" not in options:
+        options["state_dir"] = str(config.storage.root / "runtime" / "supervisor")
+    return options
+
+
+def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], bool],
+                           registries: Registries | None = None,
+                           settings: Settings | None = None,
+                           receipt_wait: float | None = None) -> VmInstanceManager:
+    """The manager the node runs; a bad backend name or option fails here, at start."""
+    regs = registries or load_plugins(config.plugins.disable)
+    _check_tables("vmm", config.vmm.backend_tables(), regs.vmm)
+    _check_tables("supervisor", config.supervisor.backend_tables(), regs.supervisor)
+    backend = regs.vmm.get(config.vmm.backend)(config.vmm.options())
+    supervisor = regs.supervisor.get(config.supervisor.backend)(supervisor_options(config))
+    node_id = config.node.id
+    pools: dict[tuple[str, str], PoolObjects] = {}
+    for pool in config.storage.pool:
+        for kind in KINDS:
+            extra = {} if receipt_wait is None else {"receipt_wait": receipt_wait}
+            pools[(pool.id, kind)] = PoolObjects(pool.id, pool.path, kind, node_id, **extra)
+    root = config.storage.root
+    templates = LocalArtifacts([root / "template-cache", *config.vmm.artifact_dirs])
+    launcher = Launcher(node_id=node_id, backend=backend, supervisor=supervisor, pools=pools,
+                        templates=templates, settings=settings or settings_from(config))
+    return VmInstanceManager(node_id=node_id, root=root, launcher=launcher,
+                             shared_pools={p.id: p.shared for p in config.storage.pool},
+                             memory_tight=memory_tight, settings=launcher.settings)

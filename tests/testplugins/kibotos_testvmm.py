@@ -1,0 +1,116 @@
+"""``testvmm``: a test-only VMM backend whose "VM" is the real guest agent on the host.
+
+Loaded through ``KIBOTOS_TEST_PLUGIN_MODULES=kibotos_testvmm`` with ``tests/testplugins``
+on ``PYTHONPATH`` (docs/plugins.md, "Test-only plugins"); never installed.  Its unit runs
+`testvmm_guest.py`, which makes ``<runtime_dir>/guestroot`` and execs
+`kibotos/guest/agent.py --socket <runtime_dir>/agent.sock --root <guestroot>`: the node's
+whole path (launch record, supervisor, readiness, configure, exec, stop_prepare, sync,
+unit stop) runs for real, without QEMU.
+
+It reads the same launch description as ``qemu`` (checked with the qemu backend's own
+parser, so the node cannot build a launch that only this backend accepts).  The guest
+is not a kibotos Platform: nothing is mounted at ``/run/kibotos/rw``, so it declares no
+retained file systems (`GUEST_RETAINED_FILESYSTEMS`), and stop_prepare ends the guest's
+processes and syncs/freezes nothing on the host.
+
+Options (``[vmm.testvmm]``): ``python`` (interpreter of the unit; default this one),
+``hang`` (the agent never starts: readiness times out), ``refuse`` (the agent announces
+protocol version 0), ``probe_error`` (probe raises this message: the backend is unusable).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import trio
+from kibotos_qemu.launch import parse_launch
+
+from kibotos.backends import UnitSpec
+from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.guest import AGENT_PATH, connect_unix_with_retry, open_guest_channel
+from kibotos.hookspecs import Register, hookimpl
+
+GUEST_SCRIPT = Path(__file__).with_name("testvmm_guest.py")
+_OPTIONS = frozenset({"python", "hang", "refuse", "probe_error"})
+
+
+def _first_error(exc: BaseException) -> KibotosError | None:
+    if isinstance(exc, KibotosError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+class TestVmm:
+    """See the module docstring."""
+
+    __test__ = False  # not a pytest test class, whatever its name says
+    name: ClassVar[str] = "testvmm"
+    GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ()
+    CAN_KVM: ClassVar[bool] = False
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise InvalidArgument(f"testvmm backend: unknown options {unknown}")
+        self.python = str(options.get("python") or sys.executable)
+        self.hang = bool(options.get("hang", False))
+        self.refuse = bool(options.get("refuse", False))
+        self.probe_error = options.get("probe_error")
+
+    async def probe(self) -> Mapping[str, Any]:
+        if self.probe_error:
+            raise FailedPrecondition(f"testvmm backend: {self.probe_error}")
+        return {"backend": self.name, "accelerator": "none"}
+
+    def unit_for(self, launch: Mapping[str, Any]) -> UnitSpec:
+        spec = parse_launch(launch)
+        argv = [self.python, "-I", str(GUEST_SCRIPT), "--agent", str(AGENT_PATH),
+                "--socket", str(spec.agent_socket), "--root",
+                str(spec.runtime_dir / "guestroot")]
+        if self.hang:
+            argv.append("--hang")
+        if self.refuse:
+            argv.append("--refuse")
+        return UnitSpec(
+            name=spec.unit_name,
+            argv=argv,
+            properties={"Type": "exec", "Restart": "no", "KillMode": "control-group",
+                        "OOMPolicy": "kill", "Slice": "kibotos-vmm.slice",
+                        "Description": f"kibotos test VMM for {spec.instance_id}"},
+            environment={},
+            working_directory=spec.runtime_dir,
+            log_path=spec.vmm_log,
+        )
+
+    async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
+                            ) -> trio.SocketStream:
+        spec = parse_launch(launch)
+        return await connect_unix_with_retry(spec.agent_socket, trio.current_time() + timeout)
+
+    async def wait_ready(self, launch: Mapping[str, Any], *, timeout: float
+                         ) -> Mapping[str, Any]:
+        """The agent's hello within `timeout` seconds (DeadlineExceeded otherwise)."""
+        deadline = trio.current_time() + timeout
+        stream = await self.guest_channel(launch, timeout=timeout)
+        try:
+            async with open_guest_channel(stream) as guest:
+                info = await guest.wait_hello(deadline)
+        except BaseExceptionGroup as group:
+            found = _first_error(group)
+            if found is None:
+                raise
+            raise found from None
+        return info.to_json()
+
+
+@hookimpl
+def kibotos_register_vmm(register: Register) -> None:
+    register(TestVmm)
