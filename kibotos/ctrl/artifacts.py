@@ -9,9 +9,9 @@ writes nothing that anyone will read.  Uploading a blob that already exists is
 harmless: the body is hashed (a wrong one is still refused) and nothing is written.
 
 Images are hundreds of MB, so nothing here holds a whole blob in memory: uploads are
-written in pieces of at most `WRITE_BATCH` bytes from a worker thread, downloads are
-served from the file by `BlobResponse`.  Temporary files of uploads that a crash cut
-short are removed when the store is opened.
+written in pieces of `WRITE_BATCH` bytes from a worker thread (zero runs left as holes:
+an image stays sparse), downloads are served from the file by `BlobResponse`.
+Temporary files of uploads that a crash cut short are removed when the store is opened.
 """
 
 from __future__ import annotations
@@ -120,9 +120,9 @@ class ArtifactStore:
             batch = bytearray()
             async for chunk in chunks:
                 batch += chunk
-                if len(batch) >= WRITE_BATCH:
-                    await trio.to_thread.run_sync(writer.write, bytes(batch))
-                    batch.clear()
+                while len(batch) >= WRITE_BATCH:  # whole pieces keep holes aligned
+                    await trio.to_thread.run_sync(writer.write, bytes(batch[:WRITE_BATCH]))
+                    del batch[:WRITE_BATCH]
             if batch:
                 await trio.to_thread.run_sync(writer.write, bytes(batch))
             got = writer.hash.hexdigest()
@@ -166,10 +166,8 @@ class _Writer:
         self.size += len(data)
         if self.fd is None:
             return
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self.fd, view):]
+            atomicfile.write_sparse(self.fd, data)
         except OSError as exc:
             raise FailedPrecondition(f"store artifact: write {self.tmp}: {exc.strerror}"
                                      ) from None
@@ -177,6 +175,7 @@ class _Writer:
     def commit(self) -> None:
         if self.fd is None or self.tmp is None or self.target is None:
             return
+        os.ftruncate(self.fd, self.size)  # a trailing hole was skipped, not written
         os.fsync(self.fd)
         os.close(self.fd)
         self.fd = None

@@ -13,8 +13,9 @@ verified file.  How the Instance manager uses it (docs/templates.md, "On the nod
 
 * `ensure(digest)` returns the blob's path, fetching it on a miss: streamed from
   ``GET /v1/artifacts/sha256/<hex>`` with the node's bearer credential into a temporary
-  file beside the target, hashed on the way, and renamed into place only when the digest
-  matches (fsync before, directory fsync after).  Concurrent calls for one digest share
+  file beside the target, hashed on the way (zero runs left as holes, so images stay
+  sparse), and renamed into place only when the digest matches (fsync before, directory
+  fsync after).  Concurrent calls for one digest share
   one download.
 * Least recently used blobs are deleted when the cache would grow past `limit`
   (``storage.template_cache_limit``); "used" is the file's mtime, touched on every hit,
@@ -217,9 +218,9 @@ class TemplateCache:
                 batch = bytearray()
                 async for chunk in resp.aiter_raw():
                     batch += chunk
-                    if len(batch) >= PIECE:
-                        await trio.to_thread.run_sync(sink.write, bytes(batch))
-                        batch.clear()
+                    while len(batch) >= PIECE:  # whole pieces keep holes aligned
+                        await trio.to_thread.run_sync(sink.write, bytes(batch[:PIECE]))
+                        del batch[:PIECE]
                 if batch:
                     await trio.to_thread.run_sync(sink.write, bytes(batch))
                 got = sink.hash.hexdigest()
@@ -350,13 +351,12 @@ class _Sink:
         assert self.fd is not None
         self.hash.update(data)
         self.size += len(data)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        atomicfile.write_sparse(self.fd, data)
 
     def commit(self) -> None:
         assert self.fd is not None
         assert self.tmp is not None
+        os.ftruncate(self.fd, self.size)  # a trailing hole was skipped, not written
         os.fsync(self.fd)
         os.close(self.fd)
         self.fd = None

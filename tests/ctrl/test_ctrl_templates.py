@@ -274,3 +274,14 @@ async def test_delete_is_refused_while_a_workspace_uses_it(
 
     await ctx.store.write(mark_deleted)
     result(await client.delete("/v1/templates/t", headers=operator))
+
+
+async def test_zero_runs_are_stored_as_holes(client: httpx.AsyncClient, ctx: CtrlContext,
+                                             operator: dict[str, str]) -> None:
+    # An ext4 image is mostly zeros; a trailing run of zeros must survive as length.
+    data = kernel_blob() + bytes(6 << 20) + b"middle" + bytes(3 << 20)
+    await upload(client, operator, data)
+    path = blob_dir(ctx) / hashlib.sha256(data).hexdigest()
+    assert path.read_bytes() == data
+    assert path.stat().st_blocks * 512 < 2 << 20
+    assert (await client.get(blob_path(data), headers=operator)).content == data

@@ -265,3 +265,13 @@ async def test_a_blob_larger_than_the_limit_is_refused(tmp_path: Path, ctrl: Ctr
     with pytest.raises(ResourceExhausted, match="template_cache_limit"):
         await cache.ensure(digest)
     assert cache_files(cache) == []
+
+
+async def test_fetched_images_stay_sparse(tmp_path: Path, ctrl: Ctrl,
+                                          counting: Counting) -> None:
+    data = os.urandom(1000) + bytes(5 << 20) + os.urandom(1000) + bytes(2 << 20)
+    digest = await ctrl.upload(data)
+    cache = make_cache(tmp_path, ctrl, counting)
+    path = await cache.ensure(digest)
+    assert path.read_bytes() == data
+    assert path.stat().st_blocks * 512 < 1 << 20
