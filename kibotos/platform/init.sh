@@ -9,7 +9,8 @@
 # 4. move the mounts into the new root, start the reaping init (tini) with the agent
 #
 # Kernel command line parameters it reads (all optional):
-#   kibotos.port=NAME       virtio-serial port name of the agent (org.kibotos.agent.0)
+#   kibotos.port=NAME[,NAME…] virtio-serial ports the agent serves (org.kibotos.agent.0);
+#                           the qemu backend passes the node's and the data plane's
 #   kibotos.root=SERIAL     serial of the Template disk          (kibotos-root)
 #   kibotos.rw=SERIAL       serial of the writable layer disk    (kibotos-rw)
 #   kibotos.agent=PATH      agent program in the new root   (/usr/lib/kibotos-guest/agent.py)
@@ -130,4 +131,9 @@ mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /newroot/dev/shm
 stamp "starting agent"
 export HOME=/root LANG=C.UTF-8
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-exec switch_root /newroot /run/kibotos/init -- /usr/bin/python3 "$AGENT" --port-name "$PORT"
+PORT_ARGS=
+for name in $(echo "$PORT" | tr ',' ' '); do
+    PORT_ARGS="$PORT_ARGS --port-name $name"
+done
+# shellcheck disable=SC2086  # one word per port name, by construction
+exec switch_root /newroot /run/kibotos/init -- /usr/bin/python3 "$AGENT" $PORT_ARGS

@@ -121,7 +121,7 @@ def test_tcg_command_line_carries_testbed_flags(launch: dict):
     append = _pairs(args, "-append")[0].split()
     for word in ("console=ttyS0", "panic=-1", "tsc_early_khz=2596000", "tsc=reliable",
                  "mitigations=off", "audit=0", "8250.nr_uarts=1", "cryptomgr.notests",
-                 "kibotos.port=org.kibotos.agent.0", "kibotos.disks=4"):
+                 "kibotos.port=org.kibotos.agent.0,org.kibotos.agent.1", "kibotos.disks=4"):
         assert word in append
     drives = _pairs(args, "-drive")
     assert all("cache=none,aio=threads" in d for d in drives)
@@ -134,9 +134,12 @@ def test_tcg_command_line_carries_testbed_flags(launch: dict):
         "virtio-blk-device,drive=vol0,serial=vol-a",
         "virtio-blk-device,drive=vol1,serial=kibotos-vol1"]
     assert "virtserialport,chardev=agent,name=org.kibotos.agent.0" in devices
+    assert "virtserialport,chardev=agentdp,name=org.kibotos.agent.1" in devices
     assert "virtio-balloon-device,free-page-reporting=on" in devices
     run = launch["runtime_dir"].replace(",", ",,")
     assert f"socket,id=agent,path={run}/agent.sock,server=on,wait=off" in _pairs(
+        args, "-chardev")
+    assert f"socket,id=agentdp,path={run}/agent-dp.sock,server=on,wait=off" in _pairs(
         args, "-chardev")
     assert f"file,id=console,path={run}/console.log" in _pairs(args, "-chardev")
 

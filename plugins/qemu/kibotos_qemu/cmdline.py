@@ -13,8 +13,10 @@ reason in docs/vm.md):
   of the TSC trims (the guest gets kvmclock).
 * Disks: ``cache=none,aio=threads``; the Template read-only.  Each disk carries a
   virtio serial by which the guest init finds it.
-* The agent channel: virtio-serial port ``org.kibotos.agent.0`` on a unix socket that
-  QEMU listens on (``server=on,wait=off``: QEMU does not wait for the host side).
+* The agent channels: virtio-serial port ``org.kibotos.agent.0`` (the node's) on
+  ``agent.sock`` and ``org.kibotos.agent.1`` (the data plane's) on ``agent-dp.sock``,
+  unix sockets that QEMU listens on (``server=on,wait=off``: QEMU does not wait for the
+  host side).  The guest agent serves both (``kibotos.port=`` lists them).
 * ``virtio-balloon-device,free-page-reporting=on``: the only way used guest memory
   returns to the host.
 * ``-no-reboot`` with ``panic=-1``: a guest that panics, or whose init (tini, hence the
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import sys
 
-from kibotos_qemu.launch import AGENT_PORT, ROOT_SERIAL, RW_SERIAL, Launch
+from kibotos_qemu.launch import AGENT_PORT, DATAPLANE_PORT, ROOT_SERIAL, RW_SERIAL, Launch
 
 ACCELERATORS = ("kvm", "tcg")
 
@@ -53,7 +55,7 @@ def kernel_cmdline(launch: Launch, accel: str, host_mhz: int | None) -> str:
         if host_mhz:
             args.append(f"tsc_early_khz={host_mhz * 1000}")
         args += ["tsc=reliable", *TCG_TRIMS]
-    args += [f"kibotos.port={AGENT_PORT}", f"kibotos.root={ROOT_SERIAL}",
+    args += [f"kibotos.port={AGENT_PORT},{DATAPLANE_PORT}", f"kibotos.root={ROOT_SERIAL}",
              f"kibotos.rw={RW_SERIAL}", f"kibotos.disks={2 + len(launch.volumes)}"]
     args += launch.kernel_args
     return " ".join(args)
@@ -104,6 +106,9 @@ def qemu_args(launch: Launch, accel: str, host_mhz: int | None) -> list[str]:
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=agent,path={_opt(str(launch.agent_socket))},server=on,wait=off",
         "-device", f"virtserialport,chardev=agent,name={AGENT_PORT}",
+        "-chardev",
+        f"socket,id=agentdp,path={_opt(str(launch.dataplane_socket))},server=on,wait=off",
+        "-device", f"virtserialport,chardev=agentdp,name={DATAPLANE_PORT}",
         "-device", "virtio-balloon-device,free-page-reporting=on",
     ]
     return args

@@ -6,7 +6,8 @@ naming the key.  Keys (docs/vm.md, "Launch description")::
 
     instance_id     str, required    names the unit (kibotos-vmm-<id>.service)
     unit_name       str              overrides that name
-    runtime_dir     abs path, req.   agent.sock, qmp.sock, console.log, vmm.log go here
+    runtime_dir     abs path, req.   agent.sock, agent-dp.sock, qmp.sock, console.log,
+                                     vmm.log go here
     platform_dir    abs path, req.   a Platform: vmlinux, initramfs, platform.json
     template_image  abs path, req.   the Template image, attached read-only
     writable_layer  abs path, req.   the writable layer (ext4), read-write
@@ -35,6 +36,9 @@ from kibotos.units import parse_size
 ROOT_SERIAL = "kibotos-root"
 RW_SERIAL = "kibotos-rw"
 AGENT_PORT = "org.kibotos.agent.0"
+#: The data plane's own port: a virtio port takes one host at a time, and a new host
+#: starts a new guest session, so the node and the data plane each need one.
+DATAPLANE_PORT = "org.kibotos.agent.1"
 MIN_MEMORY = 64 << 20
 MAX_VCPUS = 64
 
@@ -69,6 +73,11 @@ class Launch:
     @property
     def agent_socket(self) -> Path:
         return self.runtime_dir / "agent.sock"
+
+    @property
+    def dataplane_socket(self) -> Path:
+        """The data plane's agent socket (docs/dataplane.md)."""
+        return self.runtime_dir / "agent-dp.sock"
 
     @property
     def qmp_socket(self) -> Path:
