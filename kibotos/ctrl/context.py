@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kibotos.config import CtrlConfig
 from kibotos.ctrl.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
 from kibotos.plugins import Registries
+
+if TYPE_CHECKING:
+    from kibotos.ctrl.workspace_ops import WorkspaceService
 
 
 def utcnow() -> datetime:
@@ -49,3 +52,6 @@ class CtrlContext:
     #: Workspaces, pending commands) register here; isolate calls each in its
     #: transaction and reports the summed counts.
     isolate_releasers: list[IsolateReleaser] = field(default_factory=list)
+    #: The Workspace service (placement, Instances); built by `serve.build_context`
+    #: (or by the API's route table); its `run` must be started for it to serve.
+    workspaces: WorkspaceService | None = None

@@ -123,6 +123,43 @@ class Journal:
             return Outcome(done, replayed=False)
         raise Internal(f"command {command_id}: could not journal the write")  # pragma: no cover
 
+    async def lookup(self, *, operation: str, params: dict[str, Any],
+                     body: WriteRequest | None) -> Outcome | None:
+        """The stored outcome of the body's command ID, if it has one: for writes that
+        must talk to a node *before* their transaction (a create is accepted by a node,
+        then recorded), so a replay is answered without doing the work again.  Raises
+        the stored refusal, or `AlreadyExists` for the same ID with other input."""
+        command_id = body.command_id if body is not None else None
+        if command_id is None:
+            return None
+        digest = input_digest(operation, params, body)
+        stored = await self.store.run(partial(self._read, command_id))
+        if stored is None:
+            return None
+        return self._replay(command_id, operation, digest, stored)
+
+    async def refuse(self, *, operation: str, params: dict[str, Any],
+                     body: WriteRequest | None, identity_id: str | None,
+                     exc: KibotosError) -> None:
+        """Journal a refusal reached outside `execute` (before the transaction) when it
+        is a verdict, exactly as `execute` would, then raise it (or, if the ID was
+        journaled meanwhile, raise or return per the stored entry)."""
+        command_id = body.command_id if body is not None else None
+        if command_id is None or not isinstance(exc, STORED_ERRORS):
+            raise exc
+        digest = input_digest(operation, params, body)
+        stored = await self.store.write(partial(
+            self._record_failure, command_id, operation, digest, identity_id, exc))
+        if stored is None:
+            raise exc
+        self._replay(command_id, operation, digest, stored)
+        raise exc
+
+    @staticmethod
+    def _read(command_id: str, session: Session) -> _Stored | None:
+        row = session.get(Command, command_id)
+        return None if row is None else _stored(row)
+
     def _run(self, command_id: str, operation: str, digest: str, identity_id: str | None,
              fn: Txn, session: Session) -> dict[str, Any] | _Stored:
         _lock_command_id(session, command_id)

@@ -28,6 +28,7 @@ from kibotos.ctrl.reconcile import run_reconcile
 from kibotos.ctrl.session import SessionHub
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.db import Store, make_engine
+from kibotos.ctrl.workspace_ops import WorkspaceService
 from kibotos.plugins import load_plugins
 
 log = logging.getLogger("kibotos.ctrl")
@@ -44,8 +45,13 @@ def _prepare_state_dir(state_dir: Path, address_file: Path) -> None:
 def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
     """The context a running ctrl shares; tests build theirs the same way."""
     hub = SessionHub(store, config.ctrl, utcnow)
-    return CtrlContext(config=config, store=store,
-                       registries=load_plugins(config.plugins.disable), sessions=hub)
+    ctx = CtrlContext(config=config, store=store,
+                      registries=load_plugins(config.plugins.disable), sessions=hub)
+    # Validates ctrl.placement_policy against the plugin registry: a bad name stops
+    # ctrl here, naming the key and the policies there are.
+    ctx.workspaces = WorkspaceService(ctx)
+    hub.observers.append(ctx.workspaces)
+    return ctx
 
 
 async def open_store(config: CtrlConfig) -> Store:
@@ -148,6 +154,8 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
             log.info("ctrl: listening on %s, store %s", address,
                      store.engine.url.render_as_string(hide_password=True))
             await nursery.start(run_reconcile, hub, config.ctrl.reconcile_interval)
+            assert ctx.workspaces is not None
+            await nursery.start(ctx.workspaces.run)
             task_status.started(address)
     finally:
         address_file.unlink(missing_ok=True)

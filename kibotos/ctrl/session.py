@@ -21,7 +21,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from starlette.responses import JSONResponse
@@ -35,6 +35,7 @@ from kibotos.ctrl.session_proto import (
     ClockReply,
     CommandResult,
     Hello,
+    InstanceState,
     OvercommitAck,
     ProtocolError,
     Report,
@@ -228,9 +229,13 @@ class NodeSession:
                 waiter.event.set()
         elif kind == "report":
             report = parse(Report, data)
-            await self.hub.store.write(partial(
-                ss.store_report, node_id=self.node_id, session_id=self.session_id,
-                report=report, now=self.hub.now()))
+            if await self.hub.store.write(partial(
+                    ss.store_report, node_id=self.node_id, session_id=self.session_id,
+                    report=report, now=self.hub.now())):
+                await self.hub.notify("node_report", self.node_id, report)
+        elif kind == "instance_state":
+            await self.hub.notify("instance_state", self.node_id,
+                                  parse(InstanceState, data))
         elif kind == "overcommit_ack":
             ack = parse(OvercommitAck, data)
             self._acked_serial = max(self._acked_serial, ack.serial)
@@ -272,6 +277,21 @@ class NodeSession:
                             self.node_id, step.__name__, exc)
 
 
+class SessionObserver(Protocol):
+    """A part of ctrl that follows what nodes say (the Workspace service): told when a
+    session starts (after the welcome is queued) and ends, of every stored report and
+    of every ``instance_state``.  Called in the session's reader, in order; an error is
+    logged and never ends the session."""
+
+    async def session_started(self, node_id: str, hello: Hello) -> None: ...
+
+    async def node_report(self, node_id: str, report: Report) -> None: ...
+
+    async def instance_state(self, node_id: str, frame: InstanceState) -> None: ...
+
+    async def session_ended(self, node_id: str) -> None: ...
+
+
 class SessionHub:
     """The live sessions of this process, by node ID (one per node)."""
 
@@ -281,6 +301,17 @@ class SessionHub:
         self.settings = settings
         self.now = now
         self._sessions: dict[str, NodeSession] = {}
+        self.observers: list[SessionObserver] = []
+
+    async def notify(self, event: str, node_id: str, *args: Any) -> None:
+        """Call `event` on every observer; failures are logged, not raised."""
+        for observer in list(self.observers):
+            try:
+                await getattr(observer, event)(node_id, *args)
+            except (KibotosError, ProtocolError) as exc:
+                log.warning("node %s: %s observer failed: %s", node_id, event, exc)
+            except Exception:
+                log.exception("node %s: %s observer failed", node_id, event)
 
     # ------------------------------------------------------ SessionRegistry protocol
 
@@ -354,7 +385,9 @@ class SessionHub:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(session.run, {"type": "welcome", "session_id": session_id,
-                                                 "overcommit": verdict.overcommit})
+                                                 "overcommit": verdict.overcommit,
+                                                 "drain_requested": verdict.drain_requested})
+                nursery.start_soon(self.notify, "session_started", hello.node_id, hello)
                 # A revoke or retire that committed after the hello was decided but
                 # before this session was registered would have found nothing to close.
                 if not await self.store.run(partial(
@@ -369,6 +402,8 @@ class SessionHub:
                 await self.store.write(partial(
                     ss.end_session, node_id=hello.node_id, session_id=session_id,
                     now=self.now()))
+                with trio.move_on_after(5.0):
+                    await self.notify("session_ended", hello.node_id)
                 with trio.move_on_after(1.0):
                     await _close_quietly(ws)
             log.info("node %s: session %s ended (%s)", hello.node_id, session_id,

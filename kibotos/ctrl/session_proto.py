@@ -48,6 +48,9 @@ class ReportFields(_Msg):
     volume_count: int = Field(default=0, ge=0)
     memory_tight: bool = False
     memory_tight_since: str | None = None
+    #: Every Instance on the node ``{instance_id, workspace_id, state, reason}``, so
+    #: ctrl reconciles after a reconnect; None from a node that does not say.
+    instances: list[dict[str, Any]] | None = None
 
     @field_validator("memory_tight_since")
     @classmethod
@@ -77,6 +80,23 @@ class Hello(_Msg):
             return ids.check_node_id(v)
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
+
+
+class InstanceState(_Msg):
+    """node → ctrl whenever an Instance changes state (docs/architecture.md)."""
+
+    type: Literal["instance_state"]
+    instance_id: str = Field(min_length=1, max_length=40)
+    workspace_id: str | None = Field(default=None, max_length=40)
+    state: Literal["CREATING", "RUNNING", "STOPPING", "STOPPED", "FAILED", "DESTROYED"]
+    reason: str | None = Field(default=None, max_length=4000)
+    guest: dict[str, Any] | None = None
+    at: str | None = None
+
+    @field_validator("at")
+    @classmethod
+    def _at(cls, v: str | None) -> str | None:
+        return _check_time(v, "at")
 
 
 class ClockReply(_Msg):

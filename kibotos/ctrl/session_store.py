@@ -28,6 +28,7 @@ class Verdict:
     message: str | None = None
     overcommit: dict[str, Any] | None = None
     cleared_isolate: bool = False
+    drain_requested: bool = False
 
 
 def _reject(reason: str, message: str) -> Verdict:
@@ -99,7 +100,7 @@ def evaluate_hello(session: Session, identity_id: str, hello: Hello, session_id:
     node.overcommit_confirmed_serial = node.overcommit_sent_serial
     nodes.bump(node)
     return Verdict(True, overcommit=overcommit.push_message(node, overcommit.get_default(session)),
-                   cleared_isolate=cleared)
+                   cleared_isolate=cleared, drain_requested=node.drain_requested)
 
 
 def _current(session: Session, node_id: str, session_id: str) -> Node | None:

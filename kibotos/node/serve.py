@@ -2,6 +2,9 @@
 
 Startup order matters, and each step fails with a message naming what was wrong:
 
+0. under systemd, the startup checks of `kibotos.node.startup_checks`: this process is
+   its unit's MainPID, runs in the unit's cgroup, and no leftover helper of a previous
+   node run is in it;
 1. storage root and its subdirectories (nothing else can be written without them);
 2. the owner lock, so a second node process on the same root stops before it writes;
 3. the pool directories (never created here: absent means not mounted);
@@ -33,6 +36,7 @@ from kibotos.node.instances import InstanceManager
 from kibotos.node.logs import EventLogger
 from kibotos.node.report import ReportBoard
 from kibotos.node.session import DEFAULT_TIMING, ControlSession, SessionTiming
+from kibotos.node.startup_checks import check_startup
 from kibotos.node.usage import SAMPLE_INTERVAL, UsageSampler
 from kibotos.node.vmsetup import build_instance_manager
 
@@ -76,6 +80,7 @@ async def serve_node(
 ) -> None:
     """Run the node until cancelled.  Raises `NodeIsolated` (exit status 75) when ctrl
     says this incarnation was isolated, after every Instance was destroyed."""
+    unit = await trio.to_thread.run_sync(check_startup)  # before any state is touched
     paths = layout.NodePaths(config.storage.root)
     layout.prepare_root(paths)
     with layout.OwnerLock(paths.lock_file):
@@ -83,7 +88,7 @@ async def serve_node(
             layout.prepare_pool(pool)
         incarnation = next_incarnation(paths.incarnation_file)
         log.info("node starting", node_id=config.node.id, incarnation=incarnation,
-                 root=paths.root)
+                 root=paths.root, unit=unit.unit if unit else None)
         identity = await ensure_identity(config, paths.identity_file)
 
         def memory_tight_now() -> bool:

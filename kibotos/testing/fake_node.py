@@ -3,7 +3,10 @@
 It is a real WebSocket client (trio-websocket) against a real ctrl, with the knobs a
 test needs to play a misbehaving node: a skewed clock, overcommit acks withheld, pings
 stopped, arbitrary frames sent.  It is not the node role (`kibotos.node`), which runs
-VMs; it only plays its side of the session.
+VMs; it only plays its side of the session.  Its Instances are simulated
+(`kibotos.testing.sim_instances`): it answers the Instance commands, reports their
+states, and announces one private default storage pool (``<node_id>-local``) unless
+`pools` says otherwise.
 
     async with open_sim_node(url, credential, "node-a", incarnation=1) as node:
         assert node.first["type"] == "welcome"
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +30,9 @@ from trio_websocket import (
     WebSocketConnection,
     wrap_client_stream,
 )
+
+from kibotos.errors import Internal, KibotosError
+from kibotos.testing.sim_instances import SimInstances
 
 SESSION_PATH = "/v1/node/session"
 
@@ -55,11 +61,14 @@ class SimNode:
     ack_overcommit: bool = True
     answer_probes: bool = True
     sample: Callable[[], dict[str, Any]] = default_sample
+    #: The simulated Instances (None: commands are received and never answered).
+    sim: SimInstances | None = None
     #: Every frame ctrl sent after the first, in order.
     received: list[dict[str, Any]] = field(default_factory=list)
     closed: trio.Event = field(default_factory=trio.Event)
     close_reason: str | None = None
     _changed: trio.Event = field(default_factory=trio.Event)
+    _nursery: trio.Nursery | None = None
 
     @property
     def welcomed(self) -> bool:
@@ -67,6 +76,11 @@ class SimNode:
 
     async def send(self, message: dict[str, Any]) -> None:
         await self.ws.send_message(json.dumps(message))
+
+    async def send_quietly(self, message: dict[str, Any]) -> None:
+        """`send`, ignoring a session that closed (background frames of the simulation)."""
+        with suppress(ConnectionClosed):
+            await self.send(message)
 
     async def send_report(self, **fields: Any) -> None:
         await self.send({"type": "report", **{**default_report(), **fields}})
@@ -104,6 +118,9 @@ class SimNode:
                                      "sample": self.sample()})
                 elif kind == "overcommit" and self.ack_overcommit:
                     await self.send({"type": "overcommit_ack", "serial": message["serial"]})
+                elif kind == "command" and self.sim is not None:
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._command, message)
                 elif kind == "close":
                     self.close_reason = str(message.get("reason"))
         except ConnectionClosed as exc:
@@ -112,6 +129,21 @@ class SimNode:
         finally:
             self.closed.set()
             self._changed.set()
+
+    async def _command(self, message: dict[str, Any]) -> None:
+        assert self.sim is not None
+        reply: dict[str, Any] = {"type": "command_result", "id": message.get("id")}
+        try:
+            args = message.get("args")
+            result = await self.sim.handle(str(message.get("kind")),
+                                           args if isinstance(args, dict) else {})
+            reply.update(ok=True, result=result)
+        except KibotosError as exc:
+            reply.update(ok=False, error=exc.to_wire()["error"])
+        except Exception as exc:  # a bug in the simulation must not end the session
+            reply.update(ok=False, error=Internal(repr(exc)).to_wire()["error"])
+        with suppress(ConnectionClosed):
+            await self.send(reply)
 
     async def _ping(self, interval: float) -> None:
         while True:
@@ -122,12 +154,17 @@ class SimNode:
                 return
 
 
+def default_pools(node_id: str) -> list[dict[str, Any]]:
+    return [{"id": f"{node_id}-local", "shared": False, "default": True}]
+
+
 def hello_message(node_id: str, incarnation: int, **overrides: Any) -> dict[str, Any]:
     message: dict[str, Any] = {
         "type": "hello", "node_id": node_id, "incarnation": incarnation,
         "release_version": "unreleased", "source_revision": "test",
         "resources": {"cpu_millis": 4000, "memory_bytes": 8 << 30},
-        "report": default_report(), "dataplane_address": "127.0.0.1:7500", "facts": {},
+        "report": default_report(), "dataplane_address": "127.0.0.1:7500",
+        "facts": {"pools": default_pools(node_id)},
     }
     message.update(overrides)
     return message
@@ -152,9 +189,15 @@ async def _unwrap_rejection() -> AsyncIterator[None]:
 async def open_sim_node(base_url: str, credential: str, node_id: str, incarnation: int, *,
                         ping_interval: float | None = 1.0, clock_skew: float = 0.0,
                         ack_overcommit: bool = True, answer_probes: bool = True,
+                        sim: SimInstances | None = None, answer_commands: bool = True,
+                        pools: list[dict[str, Any]] | None = None,
                         **hello: Any) -> AsyncIterator[SimNode]:
     """Connect, say hello, and play the node until the block ends.  A refused upgrade
     raises trio-websocket's `ConnectionRejected` (with its ``status_code``).
+
+    `sim` carries Instances over from an earlier session of the same node (a fresh one
+    by default; None with ``answer_commands=False``: commands go unanswered).  `pools`
+    replaces the announced storage pools (``hello.facts.pools``).
 
     The TCP stream is opened here and closed here: trio-websocket's client leaves its
     socket open when the server closes first, which a long test run would notice."""
@@ -167,13 +210,24 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
         async with _unwrap_rejection(), trio.open_nursery() as ws_nursery:
             ws = await wrap_client_stream(ws_nursery, stream, parts.hostname, SESSION_PATH,
                                           extra_headers=headers)
+            if sim is None and answer_commands:
+                sim = SimInstances()
+            if pools is not None:
+                hello["facts"] = {**hello.get("facts", {}), "pools": pools}
+            if sim is not None and "report" not in hello:
+                hello["report"] = {**default_report(), **sim.report_fields()}
             await ws.send_message(json.dumps(hello_message(node_id, incarnation, **hello)))
             with trio.fail_after(30):
                 first = json.loads(await ws.get_message())
             node = SimNode(ws=ws, node_id=node_id, incarnation=incarnation, first=first,
                            clock_skew=clock_skew, ack_overcommit=ack_overcommit,
-                           answer_probes=answer_probes)
+                           answer_probes=answer_probes, sim=sim)
             async with trio.open_nursery() as nursery:
+                node._nursery = nursery
+                if sim is not None:
+                    sim.bind(node.send_quietly, nursery)
+                    if first.get("drain_requested") is not None:
+                        sim.drain_requested = bool(first["drain_requested"])
                 nursery.start_soon(node._serve)
                 if ping_interval is not None and node.welcomed:
                     nursery.start_soon(node._ping, ping_interval)

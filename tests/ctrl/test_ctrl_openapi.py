@@ -23,6 +23,13 @@ DOCUMENTED = {
     ("put", "/v1/artifacts/sha256/{hex}"), ("get", "/v1/artifacts/sha256/{hex}"),
     ("put", "/v1/templates/{name}"), ("get", "/v1/templates"), ("get", "/v1/templates/{name}"),
     ("delete", "/v1/templates/{name}"),
+    ("post", "/v1/workspaces"), ("get", "/v1/workspaces"),
+    ("get", "/v1/workspaces/{workspace_id}"), ("post", "/v1/workspaces/{workspace_id}/start"),
+    ("post", "/v1/workspaces/{workspace_id}/stop"),
+    ("post", "/v1/workspaces/{workspace_id}/delete"),
+    ("get", "/v1/workspaces/{workspace_id}/location"), ("get", "/v1/workspace-locations"),
+    ("get", "/v1/workspaces/{workspace_id}/move-check"),
+    ("get", "/v1/workspaces/{workspace_id}/cleanup-status"),
 }
 
 

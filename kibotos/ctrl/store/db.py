@@ -67,6 +67,12 @@ class Store:
     def session(self) -> Session:
         return self._sessions()
 
+    def listen(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register a SQLAlchemy session event (``after_flush``, ``after_commit`` …) for
+        the sessions of this store only, not for every Session in the process (several
+        ctrl instances share a process in tests and benchmarks)."""
+        event.listen(self._sessions, name, fn)
+
     def run_sync(self, fn: Callable[[Session], T]) -> T:
         """Run `fn` in one transaction, committed if it returns, rolled back if it raises."""
         with map_sqlalchemy_errors(), self._sessions() as session, session.begin():

@@ -1,0 +1,455 @@
+"""The Workspace service: placement of creates and starts, and the operations that talk
+to nodes (docs/workspaces.md).
+
+A create or start *places first*: admission and ranking pick a node from the
+in-memory `CapacityIndex`, the capacity is reserved, and ``instance.create`` goes to the
+node, which admits it again and answers at once.  Only an accepted Instance is recorded
+(Workspace, Instance, Allocation, use rights, events and the command journal in one
+transaction), so a create that no node takes leaves nothing behind.  A node that
+refuses because its memory turned tight (or it was drained meanwhile, or its session
+dropped) is skipped and the next candidate tried at once; none left is
+``resource_exhausted``.  ``--node`` makes one node the only candidate.  The boot goes
+on on the node; its ``instance_state`` frames move the Workspace on (`instances`).
+
+Stops and deletes are recorded at once (STOPPING, DELETING) and finished by background
+tasks (`workspace_tasks`) that call the node and retry while it is away, also after a
+ctrl restart.  The service follows the nodes' sessions as a `SessionObserver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from sqlalchemy.orm import Session
+
+from kibotos import ids
+from kibotos.ctrl import instances as inst_mod
+from kibotos.ctrl import workspace_txns as tx
+from kibotos.ctrl import workspaces as w
+from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.journal import STORED_ERRORS, Journal
+from kibotos.ctrl.placement import CapacityIndex, Demand, NodeEntry, admit
+from kibotos.ctrl.session_proto import Hello, InstanceState, Report
+from kibotos.ctrl.store.models import Instance, Node
+from kibotos.ctrl.store_watch import Change, NodeSnapshot, StoreWatch, WorkspaceSnapshot
+from kibotos.ctrl.wire import VersionedWrite
+from kibotos.ctrl.workspace_tasks import Tasks
+from kibotos.ctrl.workspace_wire import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
+from kibotos.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    KibotosError,
+    ResourceExhausted,
+    Unavailable,
+)
+from kibotos.units import format_bytes, format_cores
+
+log = logging.getLogger("kibotos.ctrl.workspaces")
+
+#: The node answers ``instance.create`` after its own admission, before the boot.
+CREATE_TIMEOUT = 30.0
+#: How often pending operations are looked at again, and the index resynchronised.
+SWEEP_INTERVAL = 5.0
+RESYNC_INTERVAL = 60.0
+
+Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
+Args = Callable[[NodeEntry, str], dict[str, Any]]
+
+
+class WorkspaceService:
+    def __init__(self, ctx: CtrlContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.journal = Journal(ctx.store, ctx.now)
+        # A misspelt policy must stop ctrl at start, naming the key and the choices.
+        name = ctx.config.ctrl.placement_policy
+        try:
+            policy_cls = ctx.registries.placement.get(name)
+        except KibotosError as exc:
+            raise type(exc)(f"ctrl.placement_policy: {exc.message}") from None
+        self.index = CapacityIndex(policy_cls({}))
+        self.watch = StoreWatch(ctx.store)
+        self.watch.subscribe(self._on_changes)
+        self.tasks = Tasks(self)
+        self.running = False
+        #: Creates and starts whose node accepted but whose records are not committed.
+        self.inflight: dict[str, trio.Event] = {}
+        self._locks: dict[str, tuple[trio.Lock, int]] = {}
+        self._ws_changed = trio.Event()
+        self._node_changed = trio.Event()
+        self._loading: list[list[Change]] | None = None
+        self._drain_known: dict[str, bool] = {}
+        ctx.isolate_releasers.append(inst_mod.release_for_isolate)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Load the index, resume pending operations, serve until cancelled."""
+        self.watch.attach()
+        await self.resync()
+        async with trio.open_nursery() as nursery:
+            self.tasks.nursery = nursery
+            self.running = True
+            try:
+                task_status.started()
+                last_resync = trio.current_time()
+                while True:
+                    await self.tasks.sweep()
+                    await trio.sleep(SWEEP_INTERVAL)
+                    if trio.current_time() - last_resync >= RESYNC_INTERVAL:
+                        await self.resync()
+                        last_resync = trio.current_time()
+            finally:
+                self.running = False
+                self.tasks.nursery = None
+
+    async def resync(self) -> None:
+        """Read the index afresh (ctrl start; and periodically, for the placements of
+        other ctrl replicas).  Changes committed while reading are applied again after
+        it, so none is lost to the older snapshot."""
+        self._loading = []
+        try:
+            state = await self.store.run(CapacityIndex.read)
+            self.watch.drain()
+            self.index.install(state)
+            for batch in self._loading:
+                self.index.apply(batch)
+        finally:
+            self._loading = None
+
+    def require_running(self) -> None:
+        if not self.running:
+            raise Unavailable("ctrl's Workspace service is not running yet")
+
+    def _on_changes(self, batch: list[Change]) -> None:
+        if self._loading is not None:
+            self._loading.append(batch)
+        self.index.apply(batch)
+        for change in batch:
+            if isinstance(change, WorkspaceSnapshot):
+                self._ws_changed.set()
+                self._ws_changed = trio.Event()
+            elif isinstance(change, NodeSnapshot):
+                self._node_changed.set()
+                self._node_changed = trio.Event()
+                self._follow_drain(change)
+
+    def _follow_drain(self, node: NodeSnapshot) -> None:
+        """Tell a connected node when its drain flag changes (``node.drain``)."""
+        flag = bool(node.drain_requested)
+        known = self._drain_known.get(node.node_id)
+        self._drain_known[node.node_id] = flag
+        if known is not None and known != flag and node.session_alive:
+            self.tasks.spawn(self.tasks.tell_drain, node.node_id, flag)
+
+    async def wait_node_change(self, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            await self._node_changed.wait()
+
+    @contextlib.asynccontextmanager
+    async def lock(self, workspace_id: str) -> AsyncIterator[None]:
+        """One operation at a time per Workspace in this process."""
+        lock, users = self._locks.get(workspace_id, (trio.Lock(), 0))
+        self._locks[workspace_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[workspace_id]
+            if users <= 1:
+                del self._locks[workspace_id]
+            else:
+                self._locks[workspace_id] = (lock, users - 1)
+
+    # ------------------------------------------------------------------ create, start
+
+    async def create(self, body: WorkspaceCreateIn, identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        journal = partial(self._journaled, "workspace.create", {}, body, identity_id)
+        replay = await self.journal.lookup(operation="workspace.create", params={}, body=body)
+        if replay is not None:
+            return replay.result
+        workspace_id, layer_ref = ids.new_id("ws"), ids.new_id("lay")
+        demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels)
+
+        async def attempt() -> dict[str, Any]:
+            template = await self.store.run(partial(tx.template_of, name=body.template))
+
+            def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
+                assert entry.default_pool is not None
+                return {
+                    "instance_id": instance_id, "workspace_id": workspace_id,
+                    "template": template, "cpu_millis": body.cpu_millis,
+                    "memory_bytes": body.memory_bytes,
+                    "layer": {"pool_id": entry.default_pool.pool_id, "ref": layer_ref,
+                              "capacity_bytes": body.layer_size_bytes, "epoch": 1,
+                              "create": True},
+                    "volumes": [], "launch": {"hostname": workspace_id, "env": {}}}
+
+            def commit(node_id: str, instance_id: str) -> Callable[[Session], dict[str, Any]]:
+                pool = self.index.nodes[node_id].default_pool
+                assert pool is not None
+                return partial(tx.commit_create, workspace_id=workspace_id,
+                               template=template, labels=body.labels,
+                               cpu_millis=body.cpu_millis, memory_bytes=body.memory_bytes,
+                               layer_size_bytes=body.layer_size_bytes, layer_ref=layer_ref,
+                               pool_id=pool.pool_id, pool_shared=pool.shared,
+                               node_id=node_id, instance_id=instance_id, now=self.ctx.now(),
+                               verify=self.verify_in_store)
+
+            return await self.place(demand, body.node_id, args, commit, journal)
+
+        return await self._refusing("workspace.create", {}, body, identity_id, attempt)
+
+    async def start(self, workspace_id: str, body: WorkspaceStartIn,
+                    identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        params = {"workspace_id": workspace_id}
+        journal = partial(self._journaled, "workspace.start", params, body, identity_id)
+        replay = await self.journal.lookup(operation="workspace.start", params=params,
+                                           body=body)
+        if replay is not None:
+            return replay.result
+
+        async def attempt() -> dict[str, Any]:
+            async with self.lock(workspace_id):
+                plan = await self.store.run(partial(tx.start_plan, workspace_id=workspace_id,
+                                                    expected=body.expected_version))
+                demand = Demand(plan.cpu_millis, plan.memory_bytes,
+                                frozenset(r.pool_id for r in plan.rights), plan.labels)
+
+                def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
+                    layers = [r for r in plan.rights if r.kind == "retained_layer"]
+                    layer = layers[0]
+                    return {
+                        "instance_id": instance_id, "workspace_id": workspace_id,
+                        "template": plan.template, "cpu_millis": plan.cpu_millis,
+                        "memory_bytes": plan.memory_bytes,
+                        "layer": {"pool_id": layer.pool_id, "ref": layer.object_id,
+                                  "capacity_bytes": plan.layer_size_bytes,
+                                  "epoch": layer.epoch_for(entry.node_id), "create": False},
+                        "volumes": [{"volume_id": r.object_id, "pool_id": r.pool_id,
+                                     "epoch": r.epoch_for(entry.node_id)}
+                                    for r in plan.rights if r.kind == "volume"],
+                        "launch": {"hostname": workspace_id, "env": {}}}
+
+                def commit(node_id: str,
+                           instance_id: str) -> Callable[[Session], dict[str, Any]]:
+                    return partial(tx.commit_start, plan=plan, expected=body.expected_version,
+                                   node_id=node_id, instance_id=instance_id,
+                                   now=self.ctx.now(), verify=self.verify_in_store)
+
+                return await self.place(demand, body.node_id, args, commit, journal)
+
+        return await self._refusing("workspace.start", params, body, identity_id, attempt)
+
+    #: Check the chosen node in the store as well as in the index (see `tx.verify_node`).
+    verify_in_store = True
+
+    async def _journaled(self, operation: str, params: dict[str, Any], body: Any,
+                         identity_id: str | None,
+                         fn: Callable[[Session], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        outcome = await self.journal.execute(operation=operation, params=params, body=body,
+                                             identity_id=identity_id, fn=fn)
+        return outcome.result, outcome.replayed
+
+    async def _refusing(self, operation: str, params: dict[str, Any], body: Any,
+                        identity_id: str | None, attempt: Callable[[], Any]) -> dict[str, Any]:
+        """Run `attempt`; a verdict it reaches before its transaction is journaled too."""
+        try:
+            result: dict[str, Any] = await attempt()
+            return result
+        except STORED_ERRORS as exc:
+            # A verdict journal.execute stored already is found and replayed as is.
+            await self.journal.refuse(operation=operation, params=params, body=body,
+                                      identity_id=identity_id, exc=exc)
+            raise  # pragma: no cover - refuse always raises
+
+    async def place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
+                    journal: Callable[..., Any]) -> dict[str, Any]:
+        """Try candidates best first until a node accepts; record the accepted one."""
+        tried: set[str] = set()
+        last: KibotosError | None = None
+        while True:
+            if pinned is not None:
+                if pinned in tried:
+                    assert last is not None
+                    raise last
+                refusal = self.index.verdict(pinned, demand)
+                if refusal is not None:
+                    raise refusal.error(pinned)
+                node_id: str | None = pinned
+            else:
+                node_id = self.index.best(demand, tried)
+                if node_id is None:
+                    raise self._exhausted(demand, tried, last)
+            assert node_id is not None
+            tried.add(node_id)
+            instance_id = ids.new_id("inst")
+            try:
+                return await self._try_node(node_id, instance_id, demand, args, commit,
+                                            journal)
+            except _NextNode as nxt:
+                last = nxt.error
+
+    async def _try_node(self, node_id: str, instance_id: str, demand: Demand, args: Args,
+                        commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
+        entry = self.index.nodes[node_id]
+        self.index.reserve(node_id, instance_id, demand.cpu_millis, demand.memory_bytes)
+        done = self.inflight[instance_id] = trio.Event()
+        accepted = committed = False
+        try:
+            try:
+                await self.ctx.sessions.call(node_id, "instance.create",
+                                             args(entry, instance_id), CREATE_TIMEOUT)
+                accepted = True
+            except KibotosError as exc:
+                reason = exc.details.get("reason")
+                if isinstance(exc, ResourceExhausted) and reason == "memory_tight":
+                    self.index.mark_tight(node_id)
+                    raise _NextNode(exc) from None
+                if isinstance(exc, FailedPrecondition | ResourceExhausted):
+                    # Drained meanwhile, or unable for a reason of its own: the node's
+                    # verdict; unpinned placement goes on with the next candidate.
+                    raise _NextNode(exc) from None
+                if isinstance(exc, Unavailable | DeadlineExceeded):
+                    # The node may have accepted after all: make sure it holds nothing.
+                    accepted = isinstance(exc, DeadlineExceeded)
+                    raise _NextNode(exc) from None
+                raise
+            try:
+                result, replayed = await journal(commit(node_id, instance_id))
+            except tx.Stale as exc:
+                log.info("placement on %s went stale: %s", node_id, exc)
+                raise _NextNode(Unavailable(str(exc))) from None
+            committed = not replayed
+            return dict(result)
+        finally:
+            if not committed:
+                self.index.unreserve(instance_id)
+                if accepted:
+                    self.tasks.spawn(self.tasks.destroy_orphan, node_id, instance_id)
+            del self.inflight[instance_id]
+            done.set()
+
+    def _exhausted(self, demand: Demand, tried: set[str],
+                   last: KibotosError | None) -> ResourceExhausted:
+        """Say why no node could take it: the count of nodes per refusal reason."""
+        reasons: dict[str, int] = {}
+        for entry in self.index.nodes.values():
+            if entry.node_id in tried:
+                reason = "refused by the node" if last is None else last.message
+            else:
+                refusal = admit(entry, demand)
+                if refusal is None:
+                    continue
+                reason = refusal.reason.split(" (")[0]
+            reasons[reason] = reasons.get(reason, 0) + 1
+        summary = "; ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items())) \
+            or "no nodes are registered"
+        return ResourceExhausted(
+            f"no node can take a Workspace of {format_cores(demand.cpu_millis)} CPU and "
+            f"{format_bytes(demand.memory_bytes)} memory ({summary})",
+            details={"reasons": reasons})
+
+    # ------------------------------------------------------------------ stop, delete
+
+    async def stop(self, workspace_id: str, body: WorkspaceStopIn,
+                   identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        async with self.lock(workspace_id):
+            outcome = await self.journal.execute(
+                operation="workspace.stop", params={"workspace_id": workspace_id}, body=body,
+                identity_id=identity_id,
+                fn=partial(tx.begin_stop, workspace_id=workspace_id, force=body.force,
+                           expected=body.expected_version, now=self.ctx.now()))
+        if outcome.result.get("state") == w.STOPPING:
+            self.tasks.spawn(self.tasks.stop, workspace_id)
+        return outcome.result
+
+    async def delete(self, workspace_id: str, body: VersionedWrite,
+                     identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        async with self.lock(workspace_id):
+            outcome = await self.journal.execute(
+                operation="workspace.delete", params={"workspace_id": workspace_id},
+                body=body, identity_id=identity_id,
+                fn=partial(tx.begin_delete, workspace_id=workspace_id,
+                           expected=body.expected_version, now=self.ctx.now()))
+        if outcome.result.get("state") == w.DELETING:
+            self.tasks.spawn(self.tasks.delete, workspace_id)
+        return outcome.result
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, workspace_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """The Workspace; with `wait_s`, once it is settled or that time has passed."""
+        deadline = trio.current_time() + wait_s
+        while True:
+            changed = self._ws_changed
+            result = await self.store.run(partial(_get_json, workspace_id=workspace_id))
+            remaining = deadline - trio.current_time()
+            if result["state"] in w.SETTLED or remaining <= 0:
+                return result
+            with trio.move_on_after(min(remaining, 1.0)):
+                await changed.wait()
+
+    # ------------------------------------------------------------------ SessionObserver
+
+    async def session_started(self, node_id: str, hello: Hello) -> None:
+        self._drain_known[node_id] = await self.store.run(partial(_drain_flag, node_id=node_id))
+        if hello.report.instances is not None:
+            await self._reconcile(node_id, hello.report.instances)
+        self.tasks.wake()
+
+    async def node_report(self, node_id: str, report: Report) -> None:
+        if report.instances is not None:
+            await self._reconcile(node_id, report.instances)
+
+    async def instance_state(self, node_id: str, frame: InstanceState) -> None:
+        pending = self.inflight.get(frame.instance_id)
+        if pending is not None:  # the node was faster than our commit
+            with trio.move_on_after(CREATE_TIMEOUT):
+                await pending.wait()
+        followups = await self.store.write(partial(
+            inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
+            state=frame.state, reason=frame.reason, now=self.ctx.now(), guest=frame.guest))
+        self.tasks.follow(followups)
+
+    async def session_ended(self, node_id: str) -> None:
+        self.tasks.wake()
+
+    async def _reconcile(self, node_id: str, listed: list[dict[str, Any]]) -> None:
+        skip = set(self.inflight)
+        followups = await self.store.write(partial(
+            inst_mod.reconcile, node_id=node_id,
+            listed=[i for i in listed if i.get("instance_id") not in skip],
+            now=self.ctx.now()))
+        self.tasks.follow(followups)
+
+
+class _NextNode(Exception):
+    """This node did not take it; try the next candidate."""
+
+    def __init__(self, error: KibotosError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _get_json(session: Session, workspace_id: str) -> dict[str, Any]:
+    ws = w.get_workspace(session, workspace_id)
+    instance_id = ws.current_instance_id or ws.last_instance_id
+    inst = session.get(Instance, instance_id) if instance_id else None
+    return w.workspace_json(ws, inst)
+
+
+def _drain_flag(session: Session, node_id: str) -> bool:
+    node = session.get(Node, node_id)
+    return bool(node is not None and node.drain_requested)
+

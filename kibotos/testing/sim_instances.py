@@ -1,0 +1,212 @@
+"""The Instance side of a simulated node: answers the Instance commands of
+docs/architecture.md ("Session commands for Instances") the way the real node's
+`VmInstanceManager` does, without VMs, so ctrl's Workspace code can be tested (and
+benchmarked with a thousand nodes) against real sessions.
+
+* ``instance.create`` admits like the node (refused while drained, ``memory_tight``
+  while memory is tight), is idempotent by ID, answers ``{accepted: true}`` at once and
+  "boots" in the background: CREATING, then RUNNING after `boot_delay` (or FAILED with
+  `fail_boot`), each an ``instance_state`` frame, each followed by a report;
+* ``instance.stop`` → STOPPING, STOPPED, ``{confirmed_on_disk: not force}``;
+* ``instance.destroy`` → DESTROYED, the Instance forgotten;
+* ``layer.delete`` and ``node.drain`` are recorded.
+
+Knobs a test turns: `drain_requested`, `memory_tight`, `boot_delay`, `hold_boots`,
+`fail_boot`, `refuse_stop`; `exit(instance_id, reason)` plays a VMM that ended on its own
+(reason ``oom_killed`` for the OOM killer).  Every command received is kept in
+`commands`.  One object can outlive a session: pass it to the next `open_sim_node` and
+the node "restarts" with its Instances.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from kibotos.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    ResourceExhausted,
+)
+
+EXITED_REASON = "node reports the Instance as no longer running"
+OOM_REASON = "oom_killed"
+HOLDING = frozenset({"CREATING", "RUNNING", "STOPPING", "FAILED"})
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class SimInstance:
+    instance_id: str
+    workspace_id: str
+    cpu_millis: int
+    memory_bytes: int
+    layer: dict[str, Any]
+    args: dict[str, Any]
+    state: str = "CREATING"
+    reason: str | None = None
+
+
+@dataclass
+class SimInstances:
+    drain_requested: bool = False
+    memory_tight: bool = False
+    boot_delay: float = 0.0
+    fail_boot: str | None = None
+    refuse_stop: KibotosError | None = None
+    auto_report: bool = True
+    #: While set (and not yet set off), boots wait for it: a test sees CREATING.
+    hold_boots: trio.Event | None = None
+    instances: dict[str, SimInstance] = field(default_factory=dict)
+    destroyed: set[str] = field(default_factory=set)
+    deleted_layers: list[tuple[str, str, int]] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    _send: Send | None = None
+    _nursery: trio.Nursery | None = None
+
+    def bind(self, send: Send, nursery: trio.Nursery) -> None:
+        """Attach to the session that is up now (`open_sim_node` calls it)."""
+        self._send, self._nursery = send, nursery
+
+    # ------------------------------------------------------------------ what it reports
+
+    def report_fields(self) -> dict[str, Any]:
+        held = [i for i in self.instances.values() if i.state in HOLDING]
+        return {
+            "allocated": {"cpu_millis": sum(i.cpu_millis for i in held),
+                          "memory_bytes": sum(i.memory_bytes for i in held)},
+            "instance_count": len(held), "volume_count": 0,
+            "memory_tight": self.memory_tight,
+            "memory_tight_since": _now() if self.memory_tight else None,
+            "instances": [{"instance_id": i.instance_id, "workspace_id": i.workspace_id,
+                           "state": i.state, "reason": i.reason}
+                          for i in sorted(self.instances.values(),
+                                          key=lambda i: i.instance_id)],
+        }
+
+    async def report(self) -> None:
+        if self._send is not None:
+            await self._send({"type": "report", **self.report_fields()})
+
+    async def _set(self, inst: SimInstance, state: str, reason: str | None = None) -> None:
+        inst.state, inst.reason = state, reason
+        if self._send is None:
+            return
+        frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
+                                 "workspace_id": inst.workspace_id, "state": state,
+                                 "reason": reason, "at": _now()}
+        if state == "RUNNING":
+            frame["guest"] = {"boot_id": f"boot-{inst.instance_id}", "capabilities": []}
+        await self._send(frame)
+        if self.auto_report:
+            await self.report()
+
+    async def exit(self, instance_id: str, reason: str = EXITED_REASON) -> None:
+        """The VMM of a RUNNING Instance ended on its own (``oom_killed``: the kernel's
+        OOM killer); the Instance keeps its resources, as on the real node."""
+        await self._set(self.instances[instance_id], "FAILED", reason)
+
+    async def set_memory_tight(self, tight: bool) -> None:
+        self.memory_tight = tight
+        await self.report()
+
+    # ------------------------------------------------------------------ commands
+
+    async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        self.commands.append({"kind": kind, "args": args})
+        handler = {"instance.create": self._create, "instance.stop": self._stop,
+                   "instance.destroy": self._destroy, "layer.delete": self._layer_delete,
+                   "node.drain": self._drain}.get(kind)
+        if handler is None:
+            raise InvalidArgument(f"unknown command kind {kind!r} for this node")
+        return await handler(args)
+
+    async def _create(self, args: dict[str, Any]) -> dict[str, Any]:
+        instance_id = str(args["instance_id"])
+        existing = self.instances.get(instance_id)
+        if existing is not None:
+            if existing.args == args:
+                return {"accepted": True}
+            raise AlreadyExists(f"Instance {instance_id} already exists with other arguments")
+        if instance_id in self.destroyed:
+            raise FailedPrecondition(f"Instance {instance_id} was destroyed on this node")
+        if self.drain_requested:
+            raise FailedPrecondition("node is drained: it takes no new Instances",
+                                     details={"reason": "drained"})
+        if self.memory_tight:
+            raise ResourceExhausted("host memory is tight: it takes no new Instances",
+                                    details={"reason": "memory_tight"})
+        layer = dict(args["layer"])
+        for other in self.instances.values():
+            if other.state in HOLDING and other.layer["ref"] == layer["ref"]:
+                raise FailedPrecondition(f"retained layer {layer['ref']} is in use by "
+                                         f"Instance {other.instance_id}")
+        inst = SimInstance(instance_id, str(args["workspace_id"]), int(args["cpu_millis"]),
+                           int(args["memory_bytes"]), layer, dict(args))
+        self.instances[instance_id] = inst
+        if self._nursery is not None:
+            self._nursery.start_soon(self._boot, inst)
+        return {"accepted": True}
+
+    async def _boot(self, inst: SimInstance) -> None:
+        await self._set(inst, "CREATING")
+        if self.hold_boots is not None:
+            await self.hold_boots.wait()
+        if self.boot_delay:
+            await trio.sleep(self.boot_delay)
+        if inst.state != "CREATING":
+            return  # stopped or destroyed meanwhile
+        if self.fail_boot is not None:
+            await self._set(inst, "FAILED", self.fail_boot)
+        else:
+            await self._set(inst, "RUNNING")
+
+    async def _stop(self, args: dict[str, Any]) -> dict[str, Any]:
+        inst = self.instances.get(str(args["instance_id"]))
+        if inst is None:
+            raise NotFound(f"Instance {args['instance_id']} is not on this node")
+        if self.refuse_stop is not None:
+            await self._set(inst, "FAILED", self.refuse_stop.message)
+            raise self.refuse_stop
+        force = bool(args.get("force"))
+        if inst.state == "STOPPED":
+            return {"confirmed_on_disk": not force}
+        running = inst.state == "RUNNING"
+        await self._set(inst, "STOPPING")
+        await self._set(inst, "STOPPED")
+        return {"confirmed_on_disk": running and not force}
+
+    async def _destroy(self, args: dict[str, Any]) -> dict[str, Any]:
+        inst = self.instances.pop(str(args["instance_id"]), None)
+        if inst is not None:
+            self.destroyed.add(inst.instance_id)
+            await self._set(inst, "DESTROYED")
+        return {"destroyed": True}
+
+    async def _layer_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.deleted_layers.append((str(args["pool_id"]), str(args["ref"]),
+                                    int(args["epoch"])))
+        return {"deleted": True}
+
+    async def _drain(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.drain_requested = bool(args["requested"])
+        return {"drain_requested": self.drain_requested}
+
+    async def destroy_all(self) -> int:
+        """What a node told it was isolated does before it exits."""
+        ids = list(self.instances)
+        for instance_id in ids:
+            await self._destroy({"instance_id": instance_id})
+        return len(ids)

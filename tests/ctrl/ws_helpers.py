@@ -1,0 +1,175 @@
+"""Helpers of the Workspace tests: a real ctrl (hypercorn on 127.0.0.1:0, SQLite) with
+its Workspace service running, a Template in the store, and simulated nodes
+(`kibotos.testing.fake_node`) that answer the Instance commands."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from ctrl_helpers import enroll_node, enroll_operator, make_config, wait_until
+from hypercorn.trio import serve as hypercorn_serve
+from sqlalchemy.orm import Session
+
+from kibotos.ctrl.app import build_app
+from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.store.models import Template
+from kibotos.ctrl.workspace_ops import WorkspaceService
+from kibotos.testing.fake_node import SimNode, open_sim_node
+from kibotos.testing.sim_instances import SimInstances
+
+GI = 1 << 30
+DIGEST = "sha256:" + "ab" * 32
+TEMPLATE = "base"
+
+
+def add_template(session: Session, name: str = TEMPLATE) -> None:
+    now = datetime.now(UTC)
+    session.add(Template(name=name, image_digest=DIGEST, image_size=1 << 20,
+                         kernel_digest="sha256:" + "cd" * 32,
+                         initramfs_digest="sha256:" + "ef" * 32, source=None,
+                         created_at=now, updated_at=now, revision=1))
+
+
+@dataclass
+class WsCtrl:
+    ctx: CtrlContext
+    url: str
+    http: httpx.AsyncClient
+    operator: dict[str, str]
+    nursery: trio.Nursery
+    nodes: dict[str, SimNode] = field(default_factory=dict)
+    sims: dict[str, SimInstances] = field(default_factory=dict)
+    creds: dict[str, str] = field(default_factory=dict)
+    incarnations: dict[str, int] = field(default_factory=dict)
+    _stacks: dict[str, AsyncExitStack] = field(default_factory=dict)
+
+    @property
+    def service(self) -> WorkspaceService:
+        assert self.ctx.workspaces is not None
+        return self.ctx.workspaces
+
+    # ------------------------------------------------------------------ API
+
+    async def call(self, method: str, path: str, *, code: str | None = None,
+                   **kwargs: Any) -> Any:
+        resp = await self.http.request(method, path, headers=self.operator, **kwargs)
+        body = resp.json()
+        if code is None:
+            assert resp.status_code == 200, body
+            return body["result"]
+        assert "error" in body, body
+        assert body["error"]["code"] == code, body
+        return body["error"]
+
+    async def create(self, code: str | None = None, **body: Any) -> Any:
+        return await self.call("POST", "/v1/workspaces",
+                               json={"template": TEMPLATE, **body}, code=code)
+
+    async def ws(self, workspace_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        return dict(await self.call("GET", f"/v1/workspaces/{workspace_id}",
+                                    params={"wait_s": wait_s}))
+
+    async def settled(self, workspace_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        with trio.fail_after(timeout):
+            while True:
+                got = await self.ws(workspace_id, wait_s=5.0)
+                if got["state"] in ("AVAILABLE", "STOPPED", "FAILED", "DELETED"):
+                    return got
+
+    async def action(self, workspace_id: str, verb: str, code: str | None = None,
+                     **body: Any) -> Any:
+        return await self.call("POST", f"/v1/workspaces/{workspace_id}/{verb}", json=body,
+                               code=code)
+
+    async def node(self, node_id: str) -> dict[str, Any]:
+        return dict(await self.call("GET", f"/v1/nodes/{node_id}"))
+
+    # ------------------------------------------------------------------ nodes
+
+    async def connect(self, node_id: str, *, wait_eligible: bool = True,
+                      sim: SimInstances | None = None, **kwargs: Any) -> SimNode:
+        """Enroll (first time) and connect a simulated node; by default wait until
+        placement may use it (clock measured in this session)."""
+        if node_id not in self.creds:
+            self.creds[node_id] = await enroll_node(self.http, self.operator, node_id)
+        self.incarnations[node_id] = self.incarnations.get(node_id, 0) + 1
+        sim = sim or self.sims.get(node_id) or SimInstances()
+        self.sims[node_id] = sim
+        stack = AsyncExitStack()
+        node = await stack.enter_async_context(open_sim_node(
+            self.url, self.creds[node_id], node_id,
+            kwargs.pop("incarnation", self.incarnations[node_id]), sim=sim, **kwargs))
+        self._stacks[node_id] = stack
+        self.nodes[node_id] = node
+        if wait_eligible:
+            await self.wait_eligible(node_id)
+        return node
+
+    async def disconnect(self, node_id: str) -> None:
+        stack = self._stacks.pop(node_id)
+        self.nodes.pop(node_id, None)
+        await stack.aclose()
+
+        async def dead() -> bool:
+            return not (await self.node(node_id))["latest_session"]["alive"]
+
+        await wait_until(dead, f"{node_id} session ended")
+
+    async def wait_eligible(self, node_id: str, want: bool = True) -> None:
+        async def check() -> bool:
+            return bool((await self.node(node_id))["placement"]["eligible"]) is want
+
+        await wait_until(check, f"{node_id} placement eligible is {want}")
+
+    async def close(self) -> None:
+        for stack in list(self._stacks.values()):
+            await stack.aclose()
+        self._stacks.clear()
+
+
+@asynccontextmanager
+async def open_ws_ctrl(tmp_path: Path, *, policy: str = "binpack",
+                       **ctrl: object) -> AsyncIterator[WsCtrl]:
+    config = make_config(tmp_path, session_timeout="3s", reconcile_interval="1h",
+                         overcommit_ack_timeout="2s", placement_policy=policy, **ctrl)
+    store = await open_store(config)
+    await store.write(add_template)
+    ctx = build_context(config, store)
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(
+                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
+            assert ctx.workspaces is not None
+            await nursery.start(ctx.workspaces.run)
+            async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
+                operator = await enroll_operator(http, store)
+                ctrl = WsCtrl(ctx, binds[0], http, operator, nursery)
+                try:
+                    yield ctrl
+                finally:
+                    await ctrl.close()
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def events(ctrl: WsCtrl, subject: str) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from kibotos.ctrl.store.models import Event
+
+    def txn(session: Session) -> list[dict[str, Any]]:
+        rows = session.scalars(select(Event).where(Event.subject == subject)
+                               .order_by(Event.id))
+        return [{"kind": e.kind, **(e.detail or {})} for e in rows]
+
+    return await ctrl.ctx.store.run(txn)
