@@ -1,0 +1,221 @@
+"""The launch description the ``firecracker`` backend reads, checked before anything runs.
+
+The same mapping the ``qemu`` backend takes (docs/vm.md, "Launch description"), so the
+node drives both alike, with two differences that Firecracker imposes::
+
+    instance_id     str, required    also the jailer's --id: 1-64 letters, digits, '-'
+    unit_name       str              default kibotos-vmm-<instance_id>.service
+    runtime_dir     abs path, req.   vmm.log (Firecracker's output and the guest console)
+    platform_dir    abs path, req.   a Platform: vmlinux, initramfs
+    template_image  abs path, req.   the Template image, attached read-only
+    writable_layer  abs path, req.   the writable layer (ext4), read-write
+    volumes         list             [{"path": abs path, "read_only"?: bool}]
+    vcpus           int 1..32        default 1 (Firecracker's range)
+    memory          int bytes or "512M"   default 256 MiB; at least 64 MiB, whole MiB
+    kernel_args     list of str      appended to the kernel command line
+    netns_path      abs path         network namespace the VMM joins (jailer --netns)
+    taps            list             [{"host_dev_name": str, "guest_mac"?: str, "mtu"?: int}]
+
+A Volume ``serial`` is refused: Firecracker gives every disk a serial made of the
+backing file's device and inode numbers and has no way to set another one
+(`kibotos_firecracker.jail.guest_serial`).  ``netns_path`` and ``taps`` are accepted,
+unlike under ``qemu``, because the jailer joins a namespace and Firecracker attaches
+taps by name natively.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kibotos.errors import InvalidArgument
+from kibotos.units import parse_size
+
+MIN_MEMORY = 64 << 20
+#: Firecracker's vCPU range (swagger: MachineConfiguration.vcpu_count, 1..32).
+MAX_VCPUS = 32
+
+#: The jailer's rule for --id (docs/jailer.md): alphanumeric and hyphens, 1-64.
+_JAIL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+_UNIT = re.compile(r"[A-Za-z0-9_.@:-]{1,200}")
+#: A Linux interface name: at most 15 bytes, no '/', ':' or whitespace.
+_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+_MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
+_KNOWN = {"instance_id", "unit_name", "runtime_dir", "platform_dir", "template_image",
+          "writable_layer", "volumes", "vcpus", "memory", "kernel_args", "netns_path",
+          "taps"}
+
+
+@dataclass(frozen=True)
+class Volume:
+    path: Path
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Tap:
+    host_dev_name: str
+    guest_mac: str | None = None
+    mtu: int | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    instance_id: str
+    unit_name: str
+    runtime_dir: Path
+    vmlinux: Path
+    initramfs: Path
+    template_image: Path
+    writable_layer: Path
+    volumes: tuple[Volume, ...]
+    vcpus: int
+    memory_bytes: int
+    kernel_args: tuple[str, ...]
+    netns_path: Path | None
+    taps: tuple[Tap, ...]
+
+    @property
+    def vmm_log(self) -> Path:
+        """The unit's stdout and stderr: Firecracker's log and the serial console."""
+        return self.runtime_dir / "vmm.log"
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_bytes >> 20
+
+
+def _abs_path(launch: Mapping[str, Any], key: str, *, must_exist: str | None = None,
+              label: str | None = None) -> Path:
+    value = launch.get(key)
+    key = label or key
+    if not isinstance(value, str | Path) or not str(value):
+        raise InvalidArgument(f"launch: {key} is required and must be a path")
+    path = Path(value)
+    if not path.is_absolute():
+        raise InvalidArgument(f"launch: {key} must be an absolute path, not {str(value)!r}")
+    if must_exist == "file" and not path.is_file():
+        raise InvalidArgument(f"launch: {key} {path} does not exist or is not a file")
+    if must_exist == "dir" and not path.is_dir():
+        raise InvalidArgument(f"launch: {key} {path} does not exist or is not a directory")
+    if must_exist == "any" and not path.exists():
+        raise InvalidArgument(f"launch: {key} {path} does not exist")
+    return path
+
+
+def _int(launch: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = launch.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(f"launch: {key} must be an integer from {lo} to {hi}, "
+                              f"not {value!r}")
+    return value
+
+
+def _volumes(raw: Any) -> tuple[Volume, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise InvalidArgument("launch: volumes must be a list")
+    out: list[Volume] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise InvalidArgument(f"launch: volumes[{i}] must be an object")
+        if "serial" in item:
+            raise InvalidArgument(
+                f"launch: volumes[{i}].serial cannot be set under Firecracker (the guest "
+                "sees a serial made of the file's device and inode numbers; "
+                "FirecrackerVmm.volume_devices() lists the guest paths)")
+        unknown = set(item) - {"path", "read_only"}
+        if unknown:
+            raise InvalidArgument(f"launch: volumes[{i}] has unknown keys {sorted(unknown)}")
+        path = _abs_path(item, "path", must_exist="file", label=f"volumes[{i}].path")
+        read_only = item.get("read_only", False)
+        if not isinstance(read_only, bool):
+            raise InvalidArgument(f"launch: volumes[{i}].read_only must be true or false")
+        out.append(Volume(path, read_only))
+    return tuple(out)
+
+
+def _taps(raw: Any) -> tuple[Tap, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise InvalidArgument("launch: taps must be a list")
+    out: list[Tap] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise InvalidArgument(f"launch: taps[{i}] must be an object")
+        unknown = set(item) - {"host_dev_name", "guest_mac", "mtu"}
+        if unknown:
+            raise InvalidArgument(f"launch: taps[{i}] has unknown keys {sorted(unknown)}")
+        name = item.get("host_dev_name")
+        if not isinstance(name, str) or not _IFNAME.fullmatch(name):
+            raise InvalidArgument(f"launch: taps[{i}].host_dev_name {name!r} must be an "
+                                  "interface name of 1-15 letters, digits, '_', '.', '-'")
+        if name in {t.host_dev_name for t in out}:
+            raise InvalidArgument(f"launch: taps[{i}].host_dev_name {name!r} is used twice")
+        mac = item.get("guest_mac")
+        if mac is not None and (not isinstance(mac, str) or not _MAC.fullmatch(mac)):
+            raise InvalidArgument(f"launch: taps[{i}].guest_mac {mac!r} must look like "
+                                  "06:00:ac:10:00:02")
+        mtu = item.get("mtu")
+        if mtu is not None and (isinstance(mtu, bool) or not isinstance(mtu, int)
+                                or not 68 <= mtu <= 65535):
+            raise InvalidArgument(f"launch: taps[{i}].mtu must be an integer from 68 to "
+                                  f"65535, not {mtu!r}")
+        out.append(Tap(name, mac.lower() if mac else None, mtu))
+    return tuple(out)
+
+
+def parse_launch(launch: Mapping[str, Any]) -> Launch:
+    """Check every key of `launch`; the files it names must exist (a missing image is
+    clearer here than as an API error after the unit started)."""
+    if not isinstance(launch, Mapping):
+        raise InvalidArgument("launch description must be an object")
+    unknown = set(launch) - _KNOWN
+    if unknown:
+        raise InvalidArgument(f"launch: unknown keys {sorted(unknown)}")
+    instance_id = launch.get("instance_id")
+    if not isinstance(instance_id, str) or not _JAIL_ID.fullmatch(instance_id):
+        raise InvalidArgument(f"launch: instance_id {instance_id!r} must be 1-64 letters, "
+                              "digits or '-' (it is the jailer's --id)")
+    unit_name = launch.get("unit_name", f"kibotos-vmm-{instance_id}.service")
+    if not isinstance(unit_name, str) or not _UNIT.fullmatch(unit_name) or \
+            unit_name.startswith("."):
+        raise InvalidArgument(f"launch: unit_name {unit_name!r} is not a valid unit name")
+    platform = _abs_path(launch, "platform_dir", must_exist="dir")
+    for name in ("vmlinux", "initramfs"):
+        if not (platform / name).is_file():
+            raise InvalidArgument(f"launch: platform_dir {platform} has no {name}")
+    memory = launch.get("memory", MIN_MEMORY * 4)
+    if isinstance(memory, bool) or not isinstance(memory, int | str):
+        raise InvalidArgument(f"launch: memory must be a byte count or a size, not {memory!r}")
+    memory_bytes = parse_size(memory, "launch: memory")
+    if memory_bytes < MIN_MEMORY or memory_bytes % (1 << 20):
+        raise InvalidArgument(f"launch: memory {memory!r} must be at least 64 MiB and a "
+                              "whole number of MiB")
+    args = launch.get("kernel_args", [])
+    if not isinstance(args, list | tuple) or not all(
+            isinstance(a, str) and a and not any(c.isspace() for c in a) for a in args):
+        raise InvalidArgument("launch: kernel_args must be a list of words without spaces")
+    netns = None
+    if launch.get("netns_path") is not None:
+        netns = _abs_path(launch, "netns_path", must_exist="any")
+    return Launch(
+        instance_id=instance_id,
+        unit_name=unit_name,
+        runtime_dir=_abs_path(launch, "runtime_dir", must_exist="dir"),
+        vmlinux=platform / "vmlinux",
+        initramfs=platform / "initramfs",
+        template_image=_abs_path(launch, "template_image", must_exist="file"),
+        writable_layer=_abs_path(launch, "writable_layer", must_exist="file"),
+        volumes=_volumes(launch.get("volumes")),
+        vcpus=_int(launch, "vcpus", 1, 1, MAX_VCPUS),
+        memory_bytes=memory_bytes,
+        kernel_args=tuple(args),
+        netns_path=netns,
+        taps=_taps(launch.get("taps")),
+    )
