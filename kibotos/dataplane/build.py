@@ -18,13 +18,20 @@ import kibotos
 from kibotos._version import SOURCE_REVISION, __version__
 
 #: What a data-plane process runs, relative to the package: directories and files.
-SOURCES = ("dataplane", "guest", "credentials.py", "errors.py", "ids.py", "atomicfile.py",
-           "node/logs.py", "_version.py")
+SOURCES = ("dataplane", "guest", "credentials.py")
 
 
 @functools.cache
 def build_id() -> str:
-    """``<version>+<revision>``, or ``<version>+src.<digest>`` for a checkout."""
+    """The build this process loaded (computed once, at the first call: the process's
+    code does not change when files are edited afterwards)."""
+    return source_build_id()
+
+
+def source_build_id() -> str:
+    """The build a process started now would run: ``<version>+<revision>``, or
+    ``<version>+src.<digest>`` for a checkout.  The node compares a running data plane's
+    `build_id` with this."""
     if SOURCE_REVISION != "unknown":
         return f"{__version__}+{SOURCE_REVISION}"
     root = Path(kibotos.__file__).parent
