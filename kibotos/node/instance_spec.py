@@ -26,7 +26,6 @@ from pydantic import (
 from kibotos import ids
 from kibotos.errors import InvalidArgument
 
-_DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -54,29 +53,29 @@ VolumeId = Annotated[str, _object_id("volume ID")]
 PoolId = Annotated[str, AfterValidator(_pool_id)]
 
 
-def digest_hex(value: str) -> str:
-    """``sha256:<hex>`` or bare ``<hex>`` → the 64 lowercase hex digits."""
-    m = _DIGEST.fullmatch(value) if isinstance(value, str) else None
-    if not m:
-        raise InvalidArgument(f"invalid digest {value!r}: expected sha256:<64 lowercase hex>")
-    return m.group(1)
-
-
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TemplateRef(_Args):
-    name: str = Field(min_length=1, max_length=128)
+    name: str
     image_digest: str
     kernel_digest: str
     initramfs_digest: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        try:
+            return ids.check_template_name(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
 
     @field_validator("image_digest", "kernel_digest", "initramfs_digest")
     @classmethod
     def _digest(cls, v: str) -> str:
         try:
-            return "sha256:" + digest_hex(v)
+            return ids.check_digest(v)  # canonical sha256:<hex>; bare hex accepted
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
 

@@ -198,7 +198,7 @@ class Launcher:
 
     async def launch_description(self, inst: Instance, layer: Path, volumes: Sequence[Path]
                                  ) -> dict[str, Any]:
-        resolved = await self.templates.resolve(inst.spec.template)
+        resolved = await self.templates.resolve(inst.spec.template, holder=inst.instance_id)
         platform, image = await trio.to_thread.run_sync(link_into, inst.dir, resolved)
         return {
             "instance_id": inst.instance_id,

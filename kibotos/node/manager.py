@@ -144,12 +144,16 @@ class VmInstanceManager:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await self._load()
-            nursery.start_soon(self._probe)
-            nursery.start_soon(self._watch)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self._load()
+                nursery.start_soon(self._probe)
+                nursery.start_soon(self._watch)
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.launcher.templates.aclose()
 
     async def destroy_all(self) -> int:
         ids = list(self._instances)
@@ -349,6 +353,7 @@ class VmInstanceManager:
             self._after_release(inst)
             await trio.to_thread.run_sync(self._remove, inst)
             del self._instances[instance_id]
+            await self.launcher.templates.release(instance_id)
             inst.state, inst.reason = DESTROYED, None
             log.info("instance destroyed", instance=instance_id)
             self._publish(inst)

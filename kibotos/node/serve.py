@@ -100,7 +100,7 @@ async def serve_node(
             return sampler.tightness.tight
 
         manager: InstanceManager = instances or build_instance_manager(
-            config, memory_tight=memory_tight_now)
+            config, memory_tight=memory_tight_now, credential=lambda: identity.credential)
         sampler = UsageSampler(config.host.proc_root, manager)
         board = ReportBoard(manager, sampler.tightness)
         manager.set_change_callback(board.mark_changed)

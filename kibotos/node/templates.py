@@ -1,16 +1,18 @@
 """Where a Template's blobs are on this node: the image, the kernel, the initramfs.
 
-``instance.create`` names a Template by its blobs' digests.  The node's template cache
-(``<storage.root>/template-cache/sha256/<hex>``, filled from ctrl's artifact store by
-digest; docs/architecture.md "Templates and the artifact store") is searched first,
-then the local artifact directories of ``[vmm] artifact_dirs`` (same ``sha256/<hex>``
-layout: a directory prepared by hand or by a test).  Fetching a missing blob from ctrl
-is the cache's job (`TemplateSource` is the seam it plugs into); this resolver only
-finds blobs already on the host.
+``instance.create`` names a Template by its blobs' digests.  For each blob, in order:
 
-The blobs are linked into the Instance directory (hard links where the file system
-allows, else symbolic links), so the cache may evict a blob while a VM uses it, and the
-VMM backend gets its Platform as a directory with ``vmlinux`` and ``initramfs``.
+1. the node's Template cache (``<storage.root>/template-cache/sha256/<hex>``,
+   `kibotos.node.template_cache.TemplateCache`) when it already holds it;
+2. the local artifact directories of ``[vmm] artifact_dirs`` (same ``sha256/<hex>``
+   layout: blobs put on the host by hand, by a package or by a test), used in place;
+3. else the cache fetches it from ctrl's artifact store (with the node's credential).
+
+The Instance pins its blobs in the cache while it exists (`release` unpins them when it
+is destroyed), and the blobs are linked into the Instance directory (hard links where
+the file system allows, else symbolic links): the cache never evicts a hard-linked
+blob, and the VMM backend gets its Platform as a directory with ``vmlinux`` and
+``initramfs``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Protocol
 
 import trio
 
-from kibotos.errors import FailedPrecondition
-from kibotos.node.instance_spec import TemplateRef, digest_hex
+from kibotos import ids
+from kibotos.errors import FailedPrecondition, KibotosError
+from kibotos.node.instance_spec import TemplateRef
+from kibotos.node.template_cache import TemplateCache
 
 
 @dataclass(frozen=True)
@@ -35,36 +39,63 @@ class ResolvedTemplate:
 
 
 class TemplateSource(Protocol):
-    async def resolve(self, template: TemplateRef) -> ResolvedTemplate:
-        """The local files of `template`'s blobs; FailedPrecondition when one is missing."""
+    async def resolve(self, template: TemplateRef, *, holder: str) -> ResolvedTemplate:
+        """The local files of `template`'s blobs, kept for `holder` (an Instance ID)."""
+
+    async def release(self, holder: str) -> None:
+        """`holder` no longer needs its blobs."""
+
+    async def aclose(self) -> None:
+        """The node is stopping: close connections."""
 
 
-class LocalArtifacts:
-    """Blobs found by digest under ``<dir>/sha256/<hex>`` of each directory, in order."""
+class NodeTemplates:
+    """The cache, with local artifact directories before any fetch (see the module
+    docstring).  Without a cache (a node built for tests) only local blobs are found."""
 
-    def __init__(self, dirs: Sequence[Path]) -> None:
-        self.dirs = list(dirs)
+    def __init__(self, cache: TemplateCache | None, local_dirs: Sequence[Path]) -> None:
+        self.cache = cache
+        self.local_dirs = list(local_dirs)
 
-    def find(self, digest: str, what: str, template: str) -> Path:
-        hexdigest = digest_hex(digest)
-        for base in self.dirs:
+    def _local(self, hexdigest: str) -> Path | None:
+        for base in self.local_dirs:
             path = base / "sha256" / hexdigest
             if path.is_file():
                 return path
-        searched = ", ".join(str(d / "sha256") for d in self.dirs) or "no directories"
-        raise FailedPrecondition(
-            f"template {template}: {what} sha256:{hexdigest} is not on this node "
-            f"(searched {searched})", details={"reason": "artifact_missing",
-                                               "digest": f"sha256:{hexdigest}"})
+        return None
 
-    def _resolve(self, template: TemplateRef) -> ResolvedTemplate:
-        return ResolvedTemplate(
-            image=self.find(template.image_digest, "image", template.name),
-            kernel=self.find(template.kernel_digest, "kernel", template.name),
-            initramfs=self.find(template.initramfs_digest, "initramfs", template.name))
+    async def _blob(self, digest: str, what: str, holder: str) -> Path:
+        hexdigest = ids.digest_hex(digest)
+        if self.cache is not None and \
+                await trio.to_thread.run_sync(self.cache.path(digest).is_file):
+            return await self.cache.ensure(digest, holder=holder)
+        local = await trio.to_thread.run_sync(self._local, hexdigest)
+        if local is not None:
+            return local
+        if self.cache is None:
+            searched = ", ".join(str(d / "sha256") for d in self.local_dirs) or "nowhere"
+            raise FailedPrecondition(
+                f"{what} sha256:{hexdigest} is not on this node (searched {searched})",
+                details={"reason": "artifact_missing", "digest": f"sha256:{hexdigest}"})
+        return await self.cache.ensure(digest, holder=holder)
 
-    async def resolve(self, template: TemplateRef) -> ResolvedTemplate:
-        return await trio.to_thread.run_sync(self._resolve, template)
+    async def resolve(self, template: TemplateRef, *, holder: str) -> ResolvedTemplate:
+        try:
+            return ResolvedTemplate(
+                image=await self._blob(template.image_digest, "image", holder),
+                kernel=await self._blob(template.kernel_digest, "kernel", holder),
+                initramfs=await self._blob(template.initramfs_digest, "initramfs", holder))
+        except KibotosError as exc:
+            raise type(exc)(f"template {template.name}: {exc.message}",
+                            details=exc.details) from None
+
+    async def release(self, holder: str) -> None:
+        if self.cache is not None:
+            await self.cache.release(holder)
+
+    async def aclose(self) -> None:
+        if self.cache is not None:
+            await self.cache.aclose()
 
 
 def _link(source: Path, target: Path) -> None:

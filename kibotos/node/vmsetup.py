@@ -18,7 +18,8 @@ from kibotos.errors import InvalidArgument
 from kibotos.node.lifecycle import Launcher, Settings
 from kibotos.node.manager import VmInstanceManager
 from kibotos.node.objects import KINDS, PoolObjects
-from kibotos.node.templates import LocalArtifacts
+from kibotos.node.template_cache import TemplateCache
+from kibotos.node.templates import NodeTemplates
 from kibotos.plugins import Registries, load_plugins
 
 
@@ -45,10 +46,14 @@ def supervisor_options(config: NodeConfig) -> dict[str, Any]:
 
 
 def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], bool],
+                           credential: Callable[[], str | None] | None = None,
                            registries: Registries | None = None,
                            settings: Settings | None = None,
                            receipt_wait: float | None = None) -> VmInstanceManager:
-    """The manager the node runs; a bad backend name or option fails here, at start."""
+    """The manager the node runs; a bad backend name or option fails here, at start.
+
+    With `credential` (the node's, for ctrl's artifact store) missing blobs are fetched
+    into the Template cache; without it only blobs already on the host are used."""
     regs = registries or load_plugins(config.plugins.disable)
     _check_tables("vmm", config.vmm.backend_tables(), regs.vmm)
     _check_tables("supervisor", config.supervisor.backend_tables(), regs.supervisor)
@@ -61,7 +66,11 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
             extra = {} if receipt_wait is None else {"receipt_wait": receipt_wait}
             pools[(pool.id, kind)] = PoolObjects(pool.id, pool.path, kind, node_id, **extra)
     root = config.storage.root
-    templates = LocalArtifacts([root / "template-cache", *config.vmm.artifact_dirs])
+    cache = None
+    if credential is not None:
+        cache = TemplateCache(root / "template-cache", ctrl_url=config.node.ctrl_url,
+                              credential=credential, limit=config.storage.template_cache_limit)
+    templates = NodeTemplates(cache, [root / "template-cache", *config.vmm.artifact_dirs])
     launcher = Launcher(node_id=node_id, backend=backend, supervisor=supervisor, pools=pools,
                         templates=templates, settings=settings or settings_from(config))
     return VmInstanceManager(node_id=node_id, root=root, launcher=launcher,

@@ -145,20 +145,23 @@ async def stop_all_units(config: NodeConfig) -> None:
 async def running_node(*, backend_options: str = "", settings: Settings = FAST,
                        shared: bool = False, base: Path | None = None,
                        receipt_wait: float = 1.0, node_id: str = "node-a",
-                       pool: Path | None = None, cleanup: bool = True) -> AsyncIterator[Node]:
+                       pool: Path | None = None, cleanup: bool = True,
+                       ctrl_url: str = "http://127.0.0.1:9",
+                       credential: str | None = None) -> AsyncIterator[Node]:
     """A running manager on a fresh root under /tmp (or `base`, to restart one)."""
     own = base is None
     base = base or short_dir()
     try:
         config = node_config(base, backend_options=backend_options, shared=shared,
-                             node_id=node_id, pool=pool)
+                             node_id=node_id, pool=pool, ctrl_url=ctrl_url)
         for sub in ("runtime", "template-cache", "machine-logs"):
             (config.storage.root / sub).mkdir(parents=True, exist_ok=True)
         template = write_template(base)
         tight = [False]
-        manager = build_instance_manager(config, memory_tight=lambda: tight[0],
-                                         registries=registries(), settings=settings,
-                                         receipt_wait=receipt_wait)
+        manager = build_instance_manager(
+            config, memory_tight=lambda: tight[0], registries=registries(),
+            settings=settings, receipt_wait=receipt_wait,
+            credential=(lambda: credential) if credential else None)
         node = Node(base, config, manager, template, tight)
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)

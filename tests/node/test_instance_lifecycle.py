@@ -66,6 +66,10 @@ def ext4_magic(path: Path) -> bytes:
         return f.read(2)
 
 
+def same_file(a: Path, b: Path) -> bool:
+    return os.path.samefile(a, b)
+
+
 def gone(pid: int) -> bool:
     """The process ended (a zombie waiting for init counts as ended)."""
     try:
@@ -456,3 +460,58 @@ async def test_instance_record_is_json_with_the_spec() -> None:
                                         "create": True}
         assert rec["held"] == [{"kind": "retained-layers", "pool_id": "pool-a",
                                 "object_id": "ws-1", "epoch": 1}]
+
+
+async def serve_blobs(blobs: dict[str, bytes], seen: list[str], *,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A stand-in for ctrl's ``GET /v1/artifacts/sha256/<hex>`` (plain HTTP/1.1)."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return
+            data += chunk
+        head = data.split(b"\r\n\r\n")[0].decode()
+        path = head.split()[1]
+        seen.append(head)
+        body = blobs.get(path.rsplit("/", 1)[-1])
+        status = "200 OK" if body is not None else "404 Not Found"
+        body = body if body is not None else b'{"error":{"code":"not_found","message":"no"}}'
+        await stream.send_all(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n"
+                              f"Content-Type: application/octet-stream\r\n"
+                              f"Connection: close\r\n\r\n".encode() + body)
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)
+
+
+async def test_a_blob_not_on_the_node_is_fetched_into_the_cache() -> None:
+    import hashlib
+
+    kernel = b"a kernel only ctrl has\n"
+    hexdigest = hashlib.sha256(kernel).hexdigest()
+    seen: list[str] = []
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_blobs, {hexdigest: kernel}, seen)
+        async with running_node(ctrl_url=f"http://127.0.0.1:{port}",
+                                credential="kid-n:secret") as node:
+            args = node.create_args()
+            args["template"]["kernel_digest"] = f"sha256:{hexdigest}"
+            await node.command("instance.create", args)
+            assert (await node.wait_state("inst-1", RUNNING, FAILED))["state"] == RUNNING
+            cached = node.root / "template-cache" / "sha256" / hexdigest
+            assert cached.read_bytes() == kernel
+            inst = node.manager.get("inst-1")
+            assert same_file(inst.dir / "platform" / "vmlinux", cached)  # hard-linked
+            cache = node.manager.launcher.templates.cache
+            assert hexdigest in cache.pinned()
+            await node.command("instance.destroy", {"instance_id": "inst-1"})
+            assert hexdigest not in cache.pinned()
+        nursery.cancel_scope.cancel()
+    assert len(seen) == 1
+    assert f"GET /v1/artifacts/sha256/{hexdigest}" in seen[0]
+    assert "authorization: bearer kid-n:secret" in seen[0].lower()
