@@ -168,9 +168,11 @@ class SystemdSupervisor:
             if result == "done" and info is not None:
                 return info
             why = await self._failure(bus, unit, argv, result)
+            if why is None and info is not None:
+                return info
             await self._release(bus, unit)
             await self._stop_on(bus, unit, _LEFTOVER_TIMEOUT)
-            raise FailedPrecondition(f"unit {name}: {why}")
+            raise FailedPrecondition(f"unit {name}: {why or f'start job {result}'}")
 
     async def describe(self, name: str) -> UnitInfo | None:
         check_unit_name(name)
@@ -290,15 +292,20 @@ class SystemdSupervisor:
                                f"{self.start_timeout:g}s; the unit was stopped")
 
     async def _failure(self, bus: SystemdBus, unit: str, argv: builtins.list[str],
-                       job_result: str) -> str:
-        """Why a start failed, in words an operator can act on."""
+                       job_result: str) -> str | None:
+        """Why a start failed, in words an operator can act on; None when it did not
+        fail: the command was executed and ended before the start job did (a quick exit
+        fails the job even with ``Type=exec``), which is a unit that ran and ended."""
         path = await self._unit_path(bus, unit)
         props = await self._properties(bus, path, unit) if path else None
         if props is None:
             return f"start job {job_result}; the unit is gone"
         _u, s = props
         result, status = str(s.get("Result") or ""), int(s.get("ExecMainStatus") or 0)
-        step = _EXEC_STEPS.get(status)
+        code = int(s.get("ExecMainCode") or 0)  # CLD_EXITED 1, CLD_KILLED 2, CLD_DUMPED 3
+        step = _EXEC_STEPS.get(status) if code == 1 else None
+        if result != "timeout" and (code in (2, 3) or (code == 1 and step is None)):
+            return None
         if step == "EXEC":
             return (f"cannot execute {argv[0]!r} (systemd exit status 203/EXEC: not found "
                     "or not executable)")
