@@ -61,7 +61,8 @@ class SimNode:
     ack_overcommit: bool = True
     answer_probes: bool = True
     sample: Callable[[], dict[str, Any]] = default_sample
-    #: The simulated Instances (None: commands are received and never answered).
+    #: The simulated Instances; commands of other kinds (and all of them without one)
+    #: are received and never answered, for the test to answer by hand.
     sim: SimInstances | None = None
     #: Every frame ctrl sent after the first, in order.
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -118,7 +119,8 @@ class SimNode:
                                      "sample": self.sample()})
                 elif kind == "overcommit" and self.ack_overcommit:
                     await self.send({"type": "overcommit_ack", "serial": message["serial"]})
-                elif kind == "command" and self.sim is not None:
+                elif kind == "command" and self.sim is not None and \
+                        self.sim.handles(str(message.get("kind"))):
                     assert self._nursery is not None
                     self._nursery.start_soon(self._command, message)
                 elif kind == "close":

@@ -11,6 +11,8 @@ benchmarked with a thousand nodes) against real sessions.
 * ``instance.destroy`` → DESTROYED, the Instance forgotten;
 * ``layer.delete`` and ``node.drain`` are recorded.
 
+Other command kinds are left unanswered, for a test to answer by hand.
+
 Knobs a test turns: `drain_requested`, `memory_tight`, `boot_delay`, `hold_boots`,
 `fail_boot`, `refuse_stop`; `exit(instance_id, reason)` plays a VMM that ended on its own
 (reason ``oom_killed`` for the OOM killer).  Every command received is kept in
@@ -123,6 +125,12 @@ class SimInstances:
         await self.report()
 
     # ------------------------------------------------------------------ commands
+
+    KINDS = ("instance.create", "instance.stop", "instance.destroy", "layer.delete",
+             "node.drain")
+
+    def handles(self, kind: str) -> bool:
+        return kind in self.KINDS
 
     async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
         self.commands.append({"kind": kind, "args": args})
