@@ -104,7 +104,8 @@ def _ask_systemd(bus: str, invocation: str) -> tuple[str, int, str]:
             main_pid = _get(conn, path, "org.freedesktop.systemd1.Service", "MainPID")
             cgroup = _get(conn, path, "org.freedesktop.systemd1.Service", "ControlGroup")
     except _DBusError as exc:
-        if exc.name == "org.freedesktop.systemd1.NoSuchUnit":
+        if exc.name in ("org.freedesktop.systemd1.NoUnitForInvocationID",
+                        "org.freedesktop.systemd1.NoSuchUnit"):
             raise FailedPrecondition(
                 f"node startup check: systemd knows no unit with INVOCATION_ID={invocation}"
                 " (was this process started by this host's systemd?)") from None
