@@ -168,6 +168,9 @@ def load_recipe(path: Path, name: str, cache_root: Path) -> bt.Recipe:
 
 
 def build_image(recipe: bt.Recipe, cache_root: Path) -> tuple[Blob, dict[str, Any]]:
+    if os.geteuid() != 0:
+        raise FailedPrecondition("kibo template build runs as root: debootstrap makes a "
+                                 "root-owned tree, and the recipe's files are root-owned")
     entry = bt.build_template(recipe, cache_root=cache_root)
     manifest = json.loads((entry / bt.MANIFEST).read_text())
     image = _blob(entry / "image", manifest["image"]["sha256"])
