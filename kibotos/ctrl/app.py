@@ -21,7 +21,13 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.routing import Route as StarletteRoute
 from starlette.websockets import WebSocket
 
-from kibotos.ctrl import api_enrollment, api_nodes, api_templates, api_workspaces
+from kibotos.ctrl import (
+    api_enrollment,
+    api_nodes,
+    api_sessions,
+    api_templates,
+    api_workspaces,
+)
 from kibotos.ctrl.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.auth import Authenticator, Caller
 from kibotos.ctrl.context import CtrlContext
@@ -88,6 +94,7 @@ def api_routes(api: Api) -> list[Route]:
     artifacts.prepare()
     table.extend(api_templates.routes(api, artifacts))
     table.extend(api_workspaces.routes(api))
+    table.extend(api_sessions.routes(api))
     table.append(Route("GET", "/v1/node/session", None, "node",
                        "The node control session (WebSocket)", websocket=True))
     table.append(Route("GET", "/v1/openapi.json", openapi, "anyone",

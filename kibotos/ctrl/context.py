@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from kibotos.config import CtrlConfig
+from kibotos.credentials import SigningKey
 from kibotos.ctrl.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
 from kibotos.plugins import Registries
@@ -52,6 +53,9 @@ class CtrlContext:
     #: Workspaces, pending commands) register here; isolate calls each in its
     #: transaction and reports the summed counts.
     isolate_releasers: list[IsolateReleaser] = field(default_factory=list)
+    #: Signs session credentials (``<state_dir>/session-signing.key``); its public key
+    #: goes to every node in ``welcome.session_signing_public_key``.
+    session_signing_key: SigningKey | None = None
     #: The Workspace service (placement, Instances); built by `serve.build_context`
     #: (or by the API's route table); its `run` must be started for it to serve.
     workspaces: WorkspaceService | None = None

@@ -21,6 +21,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from kibotos import atomicfile
 from kibotos.config import CtrlConfig
+from kibotos.credentials import SigningKey, key_path
 from kibotos.ctrl import session_store
 from kibotos.ctrl.app import build_app
 from kibotos.ctrl.context import CtrlContext, utcnow
@@ -45,8 +46,13 @@ def _prepare_state_dir(state_dir: Path, address_file: Path) -> None:
 def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
     """The context a running ctrl shares; tests build theirs the same way."""
     hub = SessionHub(store, config.ctrl, utcnow)
+    # Created in the state directory at the first start; nodes get its public key in
+    # every welcome (docs/dataplane.md).
+    key = SigningKey.load_or_create(key_path(config.ctrl.state_dir))
+    hub.session_signing_public_key = key.public_key
     ctx = CtrlContext(config=config, store=store,
-                      registries=load_plugins(config.plugins.disable), sessions=hub)
+                      registries=load_plugins(config.plugins.disable), sessions=hub,
+                      session_signing_key=key)
     # Validates ctrl.placement_policy against the plugin registry: a bad name stops
     # ctrl here, naming the key and the policies there are.
     ctx.workspaces = WorkspaceService(ctx)

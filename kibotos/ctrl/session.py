@@ -302,6 +302,9 @@ class SessionHub:
         self.now = now
         self._sessions: dict[str, NodeSession] = {}
         self.observers: list[SessionObserver] = []
+        #: Sent in every welcome so the node's data plane can verify session
+        #: credentials (set by `serve.build_context` from ctrl's signing key).
+        self.session_signing_public_key: str | None = None
 
     async def notify(self, event: str, node_id: str, *args: Any) -> None:
         """Call `event` on every observer; failures are logged, not raised."""
@@ -386,7 +389,9 @@ class SessionHub:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(session.run, {"type": "welcome", "session_id": session_id,
                                                  "overcommit": verdict.overcommit,
-                                                 "drain_requested": verdict.drain_requested})
+                                                 "drain_requested": verdict.drain_requested,
+                                                 "session_signing_public_key":
+                                                     self.session_signing_public_key})
                 nursery.start_soon(self.notify, "session_started", hello.node_id, hello)
                 # A revoke or retire that committed after the hello was decided but
                 # before this session was registered would have found nothing to close.

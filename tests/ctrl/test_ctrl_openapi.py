@@ -30,6 +30,7 @@ DOCUMENTED = {
     ("get", "/v1/workspaces/{workspace_id}/location"), ("get", "/v1/workspace-locations"),
     ("get", "/v1/workspaces/{workspace_id}/move-check"),
     ("get", "/v1/workspaces/{workspace_id}/cleanup-status"),
+    ("post", "/v1/workspaces/{workspace_id}/sessions"),
 }
 
 
