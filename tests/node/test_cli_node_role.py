@@ -80,14 +80,20 @@ async def test_sigterm_stops_cleanly_and_isolate_exits_75(tmp_path: Path) -> Non
             argv = [*KIBOTOS, "node", "serve", "--config", str(tmp_path / "node.toml")]
 
             process = await trio.lowlevel.open_process(argv, env=env, stderr=subprocess.PIPE)
-            await fake.wait_conns(1)
-            process.send_signal(signal.SIGTERM)
-            assert await process.wait() == 0
             assert process.stderr is not None
             stderr = b""
+            established = b"control session established"
             async with process.stderr:
+                # SIGTERM only once the node says the session is up: the fake accepting
+                # the connection is not yet the node having read its welcome.
+                while established not in stderr:
+                    chunk = await process.stderr.receive_some()
+                    assert chunk, stderr.decode()
+                    stderr += chunk
+                process.send_signal(signal.SIGTERM)
                 while chunk := await process.stderr.receive_some():
                     stderr += chunk
+            assert await process.wait() == 0
             text = stderr.decode()
             assert "control session established session_id=ses-1 incarnation=1" in text
             assert "node stopping signal=SIGTERM" in text
