@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from kibotos_systemd.properties import INFINITY, convert, unit_properties
+from kibotos_systemd.supervisor import _plausible_start
 
 from kibotos.backends import Supervisor, UnitSpec
 from kibotos.errors import InvalidArgument, Unavailable
@@ -158,3 +161,16 @@ async def test_a_bus_that_is_not_there_is_unavailable(tmp_path):
         await sup.describe("anything")
     with pytest.raises(Unavailable, match="cannot connect to the D-Bus bus"):
         await sup.start(UnitSpec(name="x", argv=["true"]))
+
+
+def test_a_main_pid_is_plausible_only_near_systemds_fork_time():
+    """``ExecMainStartTimestampMonotonic`` against the process's start time (boot-time
+    ticks): the real main process started at the timestamp; a process that got the PID
+    later did not."""
+    tck = os.sysconf("SC_CLK_TCK")
+    exec_start_usec = 5_000_000_000  # 5000 s after boot
+    assert _plausible_start(5000 * tck, exec_start_usec)
+    assert _plausible_start(5000 * tck - 1, exec_start_usec)  # a tick of rounding
+    assert not _plausible_start(4990 * tck, exec_start_usec)  # started before systemd forked
+    assert not _plausible_start(7000 * tck, exec_start_usec)  # a later process (no suspend)
+    assert _plausible_start(123, 0)  # systemd did not say: its MainPID is all there is

@@ -49,6 +49,11 @@ async def wait_inactive(sup: Supervisor, name: str) -> UnitInfo | None:
     return info
 
 
+def spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    """A process of the test's own (a "node"), not a unit."""
+    return subprocess.Popen(argv, **kwargs)
+
+
 def proc_bytes(pid: int, name: str) -> bytes:
     return Path(f"/proc/{pid}/{name}").read_bytes()
 
@@ -249,6 +254,64 @@ async def test_a_unit_that_exits_at_once(sup):
     ended = await wait_inactive(sup, "sad")
     assert ended is not None
     assert ended.result == "exit-code"  # a failure stays until stop
+
+
+async def test_when_the_main_process_dies_systemd_ends_the_rest(sup, tmp_path):
+    """KillMode=control-group: the main process's children do not outlive it (with
+    ``direct`` they would, until the name is started again)."""
+    ready = tmp_path / "ready"
+    info = await sup.start(UnitSpec(
+        name="parent", argv=["sh", "-c", f"setsid sleep 1000 & touch {ready}; wait"],
+        properties={"KillMode": "control-group"}))
+    assert info.main_pid is not None
+    assert info.cgroup is not None
+    cgroup = info.cgroup
+    await wait_for(ready.exists, "child started")
+    await wait_for(lambda: len(cgroup_procs(cgroup)) == 2, "two processes")
+    os.kill(info.main_pid, signal.SIGKILL)
+    await wait_for(lambda: not cgroup_procs(cgroup), "the child ended with the unit")
+    ended = await wait_inactive(sup, "parent")
+    assert ended is not None
+    assert ended.result == "signal"
+
+
+async def test_units_survive_the_node_process(user_systemd, tmp_path):
+    """A separate "node" process starts a unit and is killed with SIGKILL: the unit
+    lives on (systemd is its parent), and this process (a new node) finds it."""
+    script = textwrap.dedent(f"""
+        import json, trio
+        from kibotos.backends import UnitSpec
+        from kibotos.plugins import load_plugins
+
+        async def main():
+            cls = load_plugins().supervisor.get("systemd")
+            sup = cls({{"bus": {user_systemd.bus!r}}})
+            info = await sup.start(UnitSpec(name="orphan", argv=["sleep", "1000"]))
+            print(json.dumps(info.main_pid), flush=True)
+            await trio.sleep_forever()
+
+        trio.run(main)
+    """)
+    node = spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                 start_new_session=True)
+    try:
+        assert node.stdout is not None
+        line = await trio.to_thread.run_sync(node.stdout.readline)
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        if node.stdout is not None:
+            node.stdout.close()
+    pid = int(line)
+    sup = new_supervisor(user_systemd)
+    try:
+        info = await sup.describe("orphan")
+        assert info is not None
+        assert info.active
+        assert info.main_pid == pid
+        assert int(stat_fields(pid)[1]) == user_systemd.pid
+    finally:
+        await sup.stop("orphan", timeout=5)
 
 
 # ---------------------------------------------------------------------------- stop
