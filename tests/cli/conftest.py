@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 from cli_fakectrl import FakeCtrl, FakeCtrlServer
-from click.testing import CliRunner, Result
-
-from kibotos.cli.main import kibo_cli
+from cli_invoke import invoke
+from click.testing import Result
 
 CREDENTIAL = "kid-01k6testtesttesttesttesttes:s3cret"
 
@@ -29,18 +28,6 @@ def kibo_toml(tmp_path: Path, fake_ctrl: FakeCtrl) -> Path:
     path.write_text(f'ctrl_url = "{fake_ctrl.url}"\ncredential = "{CREDENTIAL}"\n'
                     'timeout = 10.0\n')
     return path
-
-
-def invoke(config: Path | None, *args: str, input: str | None = None,
-           env: dict[str, str] | None = None) -> Result:
-    runner = CliRunner()
-    full_env = {"COLUMNS": "200", "KIBO_ASCII": "1", "KIBO_CONFIG": None,
-                "XDG_CONFIG_HOME": str(config.parent / "xdg") if config else None}
-    if config is not None:
-        full_env["KIBO_CONFIG"] = str(config)
-    full_env.update(env or {})
-    return runner.invoke(kibo_cli, list(args), input=input, env=full_env,
-                         catch_exceptions=False)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_ctrlproc import BIN, CtrlProcess
-from conftest import invoke
+from cli_invoke import invoke
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_invoke import invoke
 from cli_nodes import node
-from conftest import invoke
 
 
 @pytest.mark.parametrize(("args", "code", "needle"), [

@@ -7,8 +7,8 @@ import socket
 import time
 
 import pytest
+from cli_invoke import invoke
 from cli_nodes import node
-from conftest import invoke
 
 from kibotos.cli.client import Client
 from kibotos.errors import ERROR_CLASSES, Unavailable

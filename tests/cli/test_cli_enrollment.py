@@ -7,7 +7,7 @@ import json
 import stat
 import tomllib
 
-from conftest import invoke
+from cli_invoke import invoke
 
 EXCHANGE = "/v1/enrollment/exchange"
 OPERATOR = {"identity_id": "kid-01k6operatoroperatoroper", "credential": "kid-01k6op:sekret",

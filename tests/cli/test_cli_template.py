@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from cli_ctrlproc import CtrlProcess
-from conftest import invoke
+from cli_invoke import invoke
 
 from kibotos.platform import build_template as bt
 
@@ -237,7 +237,8 @@ def test_the_kibotos_base_recipe_loads(tmp_path):
     recipe = load_recipe(path, "kibotos-base", tmp_path)
     assert (recipe.suite, recipe.variant, recipe.packages) == ("bookworm", "minbase",
                                                               ("python3",))
-    assert recipe.files == {bt.AGENT_GUEST_PATH: (bt.repo_agent(), 0o755)}
+    assert recipe.files == bt.agent_files()  # the launcher and the kibotos_guest package
+    assert recipe.files[bt.AGENT_GUEST_PATH] == (bt.repo_agent(), 0o755)
 
 
 @pytest.mark.parametrize(("text", "message"), [
