@@ -168,22 +168,24 @@ class FirecrackerApi:
     async def wait_answering(self) -> Mapping[str, Any]:
         """``GET /`` (the instance info) once Firecracker answers; retries while the
         socket is missing or refused (the jailer is still building the jail)."""
-        last: Exception | None = None
+        last: object = "no answer to GET /"
         while True:
             try:
                 info = await self.call(ApiCall("GET", "/"))
             except Unavailable as exc:
                 last = exc
+            except DeadlineExceeded:
+                break
             else:
                 if not isinstance(info, Mapping) or "state" not in info:
                     raise Internal(f"firecracker API GET /: unexpected answer {info!r}")
                 return info
             now = trio.current_time()
             if now >= self.deadline:
-                raise DeadlineExceeded(
-                    f"firecracker API on {self.socket_path} did not answer before the "
-                    f"deadline: {last}")
+                break
             await trio.sleep(min(_RETRY, self.deadline - now))
+        raise DeadlineExceeded(f"firecracker API on {self.socket_path} did not answer "
+                               f"before the deadline: {last}")
 
     async def run(self, calls: Sequence[ApiCall]) -> None:
         for call in calls:
