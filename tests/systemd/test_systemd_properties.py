@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from kibotos_systemd.procfs import plausible_start
 from kibotos_systemd.properties import INFINITY, convert, unit_properties
-from kibotos_systemd.supervisor import _plausible_start
 
 from kibotos.backends import Supervisor, UnitSpec
 from kibotos.errors import InvalidArgument, Unavailable
@@ -169,8 +169,8 @@ def test_a_main_pid_is_plausible_only_near_systemds_fork_time():
     later did not."""
     tck = os.sysconf("SC_CLK_TCK")
     exec_start_usec = 5_000_000_000  # 5000 s after boot
-    assert _plausible_start(5000 * tck, exec_start_usec)
-    assert _plausible_start(5000 * tck - 1, exec_start_usec)  # a tick of rounding
-    assert not _plausible_start(4990 * tck, exec_start_usec)  # started before systemd forked
-    assert not _plausible_start(7000 * tck, exec_start_usec)  # a later process (no suspend)
-    assert _plausible_start(123, 0)  # systemd did not say: its MainPID is all there is
+    assert plausible_start(5000 * tck, exec_start_usec)
+    assert plausible_start(5000 * tck - 1, exec_start_usec)  # a tick of rounding
+    assert not plausible_start(4990 * tck, exec_start_usec)  # started before systemd forked
+    assert not plausible_start(7000 * tck, exec_start_usec)  # a later process (no suspend)
+    assert plausible_start(123, 0)  # systemd did not say: its MainPID is all there is

@@ -4,15 +4,21 @@ systemd tells the MainPID and the cgroup (``ControlGroup``); the process's start
 executable file and network namespace come from ``/proc/<pid>``, as with the ``direct``
 supervisor (this plugin keeps its own reader: a built-in plugin uses only the core's
 public API, and either plugin may be blocked).  Every reader returns None for a process
-that is gone: a process can exit between any two reads.
+that is gone: a process can exit between any two reads.  The cgroup readers list a
+unit's processes straight from the cgroup file system, which is how `stop` knows the
+unit's cgroup is empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: States of a process that has exited and only waits to be reaped.
 DEAD_STATES = frozenset("ZXx")
 
@@ -100,3 +106,34 @@ def cgroup_pids(cgroup: str, proc: Path = Path("/proc")) -> set[int]:
                 continue  # removed meanwhile
             pids.update(int(p) for p in text.split())
     return pids
+
+
+def plausible_start(start_ticks: int, exec_start_usec: int) -> bool:
+    """Whether a process that started `start_ticks` after boot can be the main process
+    systemd forked at ``ExecMainStartTimestampMonotonic`` = `exec_start_usec`.
+
+    /proc counts boot time (which includes suspended time), the timestamp counts
+    monotonic time (which does not): the process starts at most the time suspended so
+    far after the timestamp, and never before it (a second of slack each way covers
+    tick rounding).  A PID that now belongs to a later process fails the upper bound
+    unless it was reused within that second, which systemd (the parent, told at once
+    by SIGCHLD, resetting MainPID) prevents in practice."""
+    if exec_start_usec <= 0:
+        return True  # not known (an old systemd): systemd's MainPID is all there is
+    started = start_ticks / _CLK_TCK
+    exec_start = exec_start_usec / 1e6
+    suspended = time.clock_gettime(time.CLOCK_BOOTTIME) - time.clock_gettime(
+        time.CLOCK_MONOTONIC)
+    return exec_start - 1.0 <= started <= exec_start + suspended + 1.0
+
+
+def live_cgroup_pids(cgroup: str) -> set[int]:
+    """Live (not zombie) processes of `cgroup` and below; empty for the root."""
+    if not cgroup.strip("/"):
+        return set()
+    return {pid for pid in cgroup_pids(cgroup) if start_time(pid) is not None}
+
+
+def kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+        os.kill(pid, signal.SIGKILL)

@@ -22,11 +22,8 @@ bus), ``start_timeout`` (seconds for the start job; default 120).
 from __future__ import annotations
 
 import builtins
-import contextlib
-import os
 import re
 import signal
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,6 +46,7 @@ from kibotos_systemd.bus import (
     SERVICE,
     UNIT,
     UNIT_EXISTS,
+    UNKNOWN_OBJECT,
     DBusError,
     SystemdBus,
     system_bus_address,
@@ -76,7 +74,6 @@ _EXEC_STEPS = {200: "CHDIR", 201: "NICE", 202: "FDS", 203: "EXEC", 204: "MEMORY"
                213: "SECUREBITS", 214: "SETSCHEDULER", 215: "CPUAFFINITY", 216: "GROUP",
                217: "USER", 218: "CAPABILITIES", 219: "CGROUP", 220: "SETSID",
                222: "STDERR", 225: "NAMESPACE", 226: "NAMESPACE", 228: "SECCOMP"}
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def check_unit_name(name: object) -> str:
@@ -224,7 +221,7 @@ class SystemdSupervisor:
             u = await bus.get_all(path, UNIT)
             s = await bus.get_all(path, SERVICE)
         except DBusError as exc:
-            if exc.name in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
+            if exc.name in (NO_SUCH_UNIT, UNKNOWN_OBJECT):
                 return None
             raise _map_error(exc, f"read unit {unit}") from None
         if u.get("Id") != unit:
@@ -258,7 +255,7 @@ class SystemdSupervisor:
             if facts is not None and again is not None and \
                     int(again[1].get("MainPID") or 0) == pid and \
                     again[0].get("ActiveState") in _LIVE_STATES and \
-                    _plausible_start(facts.start_time_ticks,
+                    procfs.plausible_start(facts.start_time_ticks,
                                      int(s.get("ExecMainStartTimestampMonotonic") or 0)) and \
                     await trio.to_thread.run_sync(procfs.start_time, pid) == \
                     facts.start_time_ticks:
@@ -349,7 +346,7 @@ class SystemdSupervisor:
                 await trio.sleep(_POLL)
             await self._forget(bus, unit)
             return
-        left = await trio.to_thread.run_sync(_live_pids, cgroup)
+        left = await trio.to_thread.run_sync(procfs.live_cgroup_pids, cgroup)
         raise DeadlineExceeded(
             f"unit {unit}: processes {', '.join(map(str, sorted(left))) or '(none)'} of "
             f"cgroup {cgroup} survived SIGKILL for {_KILL_GRACE:.0f}s (stuck in the kernel?)"
@@ -361,12 +358,12 @@ class SystemdSupervisor:
         props = await self._properties(bus, path, unit) if path else None
         if props is not None and props[0].get("ActiveState") not in ("inactive", "failed"):
             return False
-        left = await trio.to_thread.run_sync(_live_pids, cgroup)
+        left = await trio.to_thread.run_sync(procfs.live_cgroup_pids, cgroup)
         if left and kill:
             # The unit ended but processes remain in its cgroup (systemd gave up on
             # them, or they arrived late): kill them ourselves.
             for pid in left:
-                _kill(pid)
+                procfs.kill(pid)
         return not left
 
     async def _release(self, bus: SystemdBus, unit: str) -> None:
@@ -378,7 +375,7 @@ class SystemdSupervisor:
         try:
             await bus.call(path, UNIT, "Unref")
         except DBusError as exc:
-            if exc.name not in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
+            if exc.name not in (NO_SUCH_UNIT, UNKNOWN_OBJECT):
                 raise _map_error(exc, f"release unit {unit}") from None
 
     async def _forget(self, bus: SystemdBus, unit: str) -> None:
@@ -391,35 +388,6 @@ class SystemdSupervisor:
         with trio.move_on_after(_UNLOAD_GRACE):
             while await self._unit_path(bus, unit) is not None:
                 await trio.sleep(_POLL)
-
-
-def _plausible_start(start_ticks: int, exec_start_usec: int) -> bool:
-    """Whether a process that started `start_ticks` after boot can be the main process
-    systemd forked at ``ExecMainStartTimestampMonotonic`` = `exec_start_usec`.
-
-    /proc counts boot time (which includes suspended time), the timestamp counts
-    monotonic time (which does not): the process starts at most the time suspended so
-    far after the timestamp, and not more than a tick before it.  A PID that now
-    belongs to a later process fails the upper bound unless the reuse happened within
-    the same second, which systemd (the parent, told at once by SIGCHLD) prevents."""
-    if exec_start_usec <= 0:
-        return True  # not known (an old systemd): systemd's MainPID is all there is
-    started = start_ticks / _CLK_TCK
-    exec_start = exec_start_usec / 1e6
-    suspended = time.clock_gettime(time.CLOCK_BOOTTIME) - time.clock_gettime(
-        time.CLOCK_MONOTONIC)
-    return exec_start - 1.0 <= started <= exec_start + suspended + 1.0
-
-
-def _live_pids(cgroup: str) -> set[int]:
-    if not cgroup.strip("/"):
-        return set()
-    return {pid for pid in procfs.cgroup_pids(cgroup) if procfs.start_time(pid) is not None}
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-        os.kill(pid, signal.SIGKILL)
 
 
 def _make_log_dir(name: str, log_path: Path) -> None:
