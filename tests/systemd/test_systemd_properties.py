@@ -174,3 +174,14 @@ def test_a_main_pid_is_plausible_only_near_systemds_fork_time():
     assert not plausible_start(4990 * tck, exec_start_usec)  # started before systemd forked
     assert not plausible_start(7000 * tck, exec_start_usec)  # a later process (no suspend)
     assert plausible_start(123, 0)  # systemd did not say: its MainPID is all there is
+
+
+def test_the_qemu_backends_unit_properties_are_all_accepted():
+    """What the built-in VMM backend asks for converts without a refusal."""
+    backend = pytest.importorskip("kibotos_qemu.backend")
+    props = {**backend.UNIT_PROPERTIES, "Description": "kibotos VMM (qemu) for i-1",
+             "User": "kibotos-vmm", "SupplementaryGroups": ["kvm"]}
+    converted = props_of(UnitSpec(name="kibotos-vmm-i-1.service", argv=["qemu"],
+                                  properties=props))
+    assert converted["LimitMEMLOCK"] == converted["LimitMEMLOCKSoft"] == ("t", INFINITY)
+    assert converted["OOMPolicy"] == ("s", "kill")
