@@ -4,7 +4,10 @@ It answers the session commands of docs/architecture.md ("Session commands for
 Instances"), every one idempotent by its IDs: ``instance.create`` is admitted by the
 node itself (refused while drained or while host memory is tight) and answered at once,
 the boot going on in the background (`kibotos.node.lifecycle`); ``instance.stop`` and
-``instance.destroy`` return when the VMM is gone and what it held is released;
+``instance.destroy`` return when the VMM is gone and what it held is released, and the
+Instance has then ended: its directory is removed (the console and VMM log tails stay
+in ``machine-logs/<id>/``, a registry entry in ``runtime/registry/<id>.json`` answers
+repeated commands), and the node no longer lists it;
 ``layer.delete`` removes a retained layer; ``node.drain`` sets the drain flag.  Every
 state change is persisted (``instance.json``), published as an ``instance_state`` frame
 and signalled to the report.  A watcher looks at each running VMM every
@@ -306,10 +309,8 @@ class VmInstanceManager:
         if force and inst.boot_scope is not None:
             inst.boot_scope.cancel()
         async with inst.lock:
-            if inst.state == STOPPED:
+            if inst.state in (STOPPED, DESTROYED):  # a concurrent stop or destroy ended it
                 return {"confirmed_on_disk": bool(inst.confirmed_on_disk)}
-            if inst.state == DESTROYED:
-                return {"confirmed_on_disk": False}
             await self._set_state(inst, STOPPING)
             try:
                 active = await self.launcher.unit_active(inst)
@@ -336,7 +337,7 @@ class VmInstanceManager:
             inst.confirmed_on_disk = confirmed
             log.info("instance stopped", instance=instance_id, force=force,
                      confirmed_on_disk=confirmed)
-            await self._set_state(inst, STOPPED)
+            await self._end(inst, STOPPED)
             return {"confirmed_on_disk": confirmed}
 
     async def destroy(self, instance_id: str) -> dict[str, Any]:
@@ -351,17 +352,26 @@ class VmInstanceManager:
             await self.launcher.stop_unit(inst)
             await self.launcher.release_objects(inst, confirmed_on_disk=False)
             self._after_release(inst)
-            await trio.to_thread.run_sync(self._remove, inst)
-            del self._instances[instance_id]
-            await self.launcher.templates.release(instance_id)
-            inst.state, inst.reason = DESTROYED, None
             log.info("instance destroyed", instance=instance_id)
-            self._publish(inst)
+            await self._end(inst, DESTROYED)
             return {"destroyed": True}
 
+    async def _end(self, inst: Instance, state: str) -> None:
+        """The Instance ended (stopped or destroyed; a new start is a new Instance):
+        its unit is gone and its objects released, so its directory goes, leaving the
+        log tails and a registry entry, and the node no longer lists it."""
+        inst.state, inst.reason = state, None
+        await self._persist(inst)
+        await trio.to_thread.run_sync(self._remove, inst)
+        if self._instances.get(inst.instance_id) is inst:
+            del self._instances[inst.instance_id]
+        await self.launcher.templates.release(inst.instance_id)
+        self._publish(inst)
+
     def _remove(self, inst: Instance) -> None:
-        """Keep the log tails (spec: "Console and VMM logs"), leave a registry entry,
-        then delete the Instance directory.  The block files are in the pool: kept."""
+        """Keep the log tails (spec: "Console and VMM logs"), leave a registry entry
+        (spec: "Records of ended Instances"), then delete the Instance directory.  The
+        block files are in the pool: kept."""
         kept = self.machine_logs / inst.instance_id
         for name in ("console.log", "vmm.log"):
             src = inst.dir / name
@@ -374,8 +384,8 @@ class VmInstanceManager:
             log.info("instance machine exited", instance=inst.instance_id,
                      tail=log_tail(kept / "console.log", 200))
         records.write_registry_entry(self.registry_dir, inst.instance_id, {
-            "workspace_id": inst.spec.workspace_id, "state": DESTROYED,
-            "last_state": inst.state, "reason": inst.reason,
+            "workspace_id": inst.spec.workspace_id, "state": inst.state,
+            "reason": inst.reason,
             "confirmed_on_disk": bool(inst.confirmed_on_disk),
             "released": [h.to_json() for h in inst.held], "ended_at": records.now_iso()})
         shutil.rmtree(inst.dir, ignore_errors=False)
@@ -488,6 +498,9 @@ class VmInstanceManager:
                 inst = Instance.from_record(d, rec)
             except (KibotosError, KeyError, ValueError) as exc:
                 log.error("unreadable Instance record: left alone", path=d, error=str(exc))
+                continue
+            if inst.state in (STOPPED, DESTROYED):  # ended, but its removal was cut short
+                await trio.to_thread.run_sync(self._remove, inst)
                 continue
             if inst.state in (RUNNING, CREATING, STOPPING):
                 await self._reload_live(inst)

@@ -182,7 +182,13 @@ async def test_normal_stop_keeps_the_layer_with_a_clean_release() -> None:
         held = node.manager.holdings()
         assert (held.instance_count, held.allocated_cpu_millis) == (0, 0)
         assert held.volume_count == 1  # a private pool: the layer is still this node's
-        assert read(inst.dir / "instance.json")["state"] == STOPPED
+        # The Instance ended: its directory is gone, a registry entry answers for it.
+        assert not inst.dir.exists()
+        assert node.manager.get("inst-1") is None
+        assert held.instances == ()
+        entry = read(node.root / "runtime" / "registry" / "inst-1.json")
+        assert (entry["state"], entry["confirmed_on_disk"]) == (STOPPED, True)
+        assert (node.root / "machine-logs" / "inst-1" / "vmm.log").is_file()
 
         # Idempotent: the same answer again, nothing else happens.
         assert await node.command("instance.stop", {"instance_id": "inst-1"}) == \
@@ -240,7 +246,7 @@ async def test_destroy_leaves_no_process_and_no_instance_directory() -> None:
         assert (node.root / "machine-logs" / "inst-1" / "console.log").read_text() == \
             "guest said goodbye\n"
         entry = read(node.root / "runtime" / "registry" / "inst-1.json")
-        assert (entry["state"], entry["last_state"]) == ("DESTROYED", "RUNNING")
+        assert entry["state"] == "DESTROYED"
         held = node.manager.holdings()
         assert (held.instance_count, held.instances) == (0, ())
 
