@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import new_supervisor
+from systemd_helpers import new_supervisor
 
 from kibotos.backends import UnitSpec
 from kibotos.config import NodeConfig, parse

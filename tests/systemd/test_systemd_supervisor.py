@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import Raw, new_supervisor
+from systemd_helpers import Raw, new_supervisor
 from usersystemd import UserSystemd
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
