@@ -188,7 +188,7 @@ def on_instance_state(session: Session, node_id: str, instance_id: str, state: s
             if ws.state in (w.CREATING, w.STARTING, w.AVAILABLE):
                 ws.stop_force = False
                 w.transition(session, ws, w.STOPPING, f"{cause} (OOM-killed): ctrl stops it",
-                             now)
+                             now, reason=w.OOM_REASON)
                 return [Followup("stop", node_id, instance_id, ws.workspace_id)]
         elif ws.state in (w.CREATING, w.STARTING, w.AVAILABLE):
             w.transition(session, ws, w.FAILED, cause, now, reason=reason or w.EXITED_REASON)

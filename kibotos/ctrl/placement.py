@@ -47,6 +47,8 @@ from kibotos.errors import FailedPrecondition, KibotosError, NotFound, ResourceE
 log = logging.getLogger("kibotos.ctrl.placement")
 
 SHAPE_CACHE_SIZE = 16
+#: `nodes.placeable`'s reason for a node whose host memory is tight.
+MEMORY_TIGHT = "host memory tight"
 
 
 @dataclass(frozen=True)
@@ -146,10 +148,14 @@ class NodeEntry:
 def admit(entry: NodeEntry, demand: Demand) -> Refusal | None:
     """The one admission function; None when the node may take `demand`."""
     if not entry.admitted:
-        return Refusal("failed_precondition", entry.reason or "not placeable")
+        # Memory tight is a shortage, like capacity: "if no node can take them, the
+        # request returns resource_exhausted" (spec/nodes.txt, overcommit).
+        code = ("resource_exhausted" if entry.reason == MEMORY_TIGHT
+                else "failed_precondition")
+        return Refusal(code, entry.reason or "not placeable")
     if entry.tight_hint:
-        return Refusal("failed_precondition",
-                       "host memory tight (the node refused a create for it)")
+        return Refusal("resource_exhausted",
+                       f"{MEMORY_TIGHT} (the node refused a create for it)")
     free_cpu = entry.sched_cpu - entry.alloc_cpu
     if demand.cpu_millis > free_cpu:
         return Refusal("resource_exhausted",

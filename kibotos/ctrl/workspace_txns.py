@@ -205,7 +205,8 @@ def stop_done(session: Session, workspace_id: str, instance_id: str, confirmed: 
     inst = session.get(Instance, instance_id, with_for_update=True)
     if ws is None or inst is None or ws.state != w.STOPPING:
         return
-    oom = inst.reason == inst_mod.NODE_OOM_REASON
+    # The STOPPING that ctrl began for an OOM kill carries the reason to STOPPED.
+    oom = ws.reason == w.OOM_REASON
     cause = f"node {node_id} confirmed the stop" + (" (force)" if ws.stop_force else "")
     inst_mod.finish_stop(session, ws, inst, confirmed=confirmed, cause=cause, now=now,
                          reason=w.OOM_REASON if oom else None)

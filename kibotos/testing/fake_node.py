@@ -237,6 +237,8 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
                     yield node
                 finally:
                     nursery.cancel_scope.cancel()
+                    if sim is not None:
+                        sim.bind(None, None)
             with trio.move_on_after(5):
                 await ws.aclose()
             ws_nursery.cancel_scope.cancel()

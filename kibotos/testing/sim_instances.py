@@ -78,8 +78,9 @@ class SimInstances:
     _send: Send | None = None
     _nursery: trio.Nursery | None = None
 
-    def bind(self, send: Send, nursery: trio.Nursery) -> None:
-        """Attach to the session that is up now (`open_sim_node` calls it)."""
+    def bind(self, send: Send | None, nursery: trio.Nursery | None) -> None:
+        """Attach to the session that is up now, or detach (None) when it ended
+        (`open_sim_node` does both); detached, nothing is sent and nothing boots."""
         self._send, self._nursery = send, nursery
 
     # ------------------------------------------------------------------ what it reports

@@ -38,7 +38,8 @@ async def test_create_places_boots_and_records(tmp_path: Path) -> None:
         assert args["template"]["image_digest"].startswith("sha256:")
         assert args["layer"] == {"pool_id": "node-a-local", "ref": ws["layer"]["ref"],
                                  "capacity_bytes": 2 * GI, "epoch": 1, "create": True}
-        assert args["cpu_millis"] == 500 and args["memory_bytes"] == GI
+        assert args["cpu_millis"] == 500
+        assert args["memory_bytes"] == GI
         # Every transition is an event.
         kinds = [(e["from"], e["to"]) for e in await events(ctrl, ws["workspace_id"])
                  if e["kind"] == "transition"]
@@ -56,7 +57,8 @@ async def test_stop_start_delete(tmp_path: Path) -> None:
         assert stopping["state"] == "STOPPING"
         ws = await ctrl.settled(wid)
         assert ws["state"] == "STOPPED"
-        assert ws["node_id"] is None and ws["instance_id"] is None
+        assert ws["node_id"] is None
+        assert ws["instance_id"] is None
         assert ws["instance"]["confirmed_on_disk"] is True
         assert ws["last_node_id"] == "node-a"
         started = await ctrl.action(wid, "start")

@@ -5,7 +5,7 @@ its Workspace service running, a Template in the store, and simulated nodes
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -50,7 +50,8 @@ class WsCtrl:
     sims: dict[str, SimInstances] = field(default_factory=dict)
     creds: dict[str, str] = field(default_factory=dict)
     incarnations: dict[str, int] = field(default_factory=dict)
-    _stacks: dict[str, AsyncExitStack] = field(default_factory=dict)
+    _stops: dict[str, tuple[trio.Event, trio.Event]] = field(default_factory=dict)
+    _scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
 
     @property
     def service(self) -> WorkspaceService:
@@ -97,27 +98,42 @@ class WsCtrl:
 
     async def connect(self, node_id: str, *, wait_eligible: bool = True,
                       sim: SimInstances | None = None, **kwargs: Any) -> SimNode:
-        """Enroll (first time) and connect a simulated node; by default wait until
-        placement may use it (clock measured in this session)."""
+        """Enroll (first time) and connect a simulated node in a task of its own (so
+        nodes can come and go in any order); by default wait until placement may use
+        it (clock measured in this session)."""
         if node_id not in self.creds:
             self.creds[node_id] = await enroll_node(self.http, self.operator, node_id)
         self.incarnations[node_id] = self.incarnations.get(node_id, 0) + 1
         sim = sim or self.sims.get(node_id) or SimInstances()
         self.sims[node_id] = sim
-        stack = AsyncExitStack()
-        node = await stack.enter_async_context(open_sim_node(
-            self.url, self.creds[node_id], node_id,
-            kwargs.pop("incarnation", self.incarnations[node_id]), sim=sim, **kwargs))
-        self._stacks[node_id] = stack
+        incarnation = kwargs.pop("incarnation", self.incarnations[node_id])
+        stop, done = trio.Event(), trio.Event()
+
+        async def play(*, task_status: trio.TaskStatus[SimNode]) -> None:
+            try:
+                async with open_sim_node(self.url, self.creds[node_id], node_id,
+                                         incarnation, sim=sim, **kwargs) as node:
+                    task_status.started(node)
+                    with trio.CancelScope() as scope:
+                        self._scopes[node_id] = scope
+                        await stop.wait()
+            finally:
+                done.set()
+
+        node: SimNode = await self.nursery.start(play)
+        self._stops[node_id] = (stop, done)
         self.nodes[node_id] = node
         if wait_eligible:
             await self.wait_eligible(node_id)
         return node
 
-    async def disconnect(self, node_id: str) -> None:
-        stack = self._stacks.pop(node_id)
+    async def disconnect(self, node_id: str, *, wait_dead: bool = True) -> None:
+        stop, done = self._stops.pop(node_id)
         self.nodes.pop(node_id, None)
-        await stack.aclose()
+        stop.set()
+        await done.wait()
+        if not wait_dead:
+            return
 
         async def dead() -> bool:
             return not (await self.node(node_id))["latest_session"]["alive"]
@@ -131,9 +147,8 @@ class WsCtrl:
         await wait_until(check, f"{node_id} placement eligible is {want}")
 
     async def close(self) -> None:
-        for stack in list(self._stacks.values()):
-            await stack.aclose()
-        self._stacks.clear()
+        for node_id in list(self._stops):
+            await self.disconnect(node_id, wait_dead=False)
 
 
 @asynccontextmanager
