@@ -29,6 +29,13 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The processes tests start are started by hand, not as units of whatever service manager
+# runs the test session (a CI runner may be a systemd service): drop what systemd sets for
+# its own units, or a node would check itself against the runner's unit.
+for _variable in ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM", "WATCHDOG_USEC",
+                  "WATCHDOG_PID", "MAINPID"):
+    os.environ.pop(_variable, None)
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("root") is not None and os.geteuid() != 0:

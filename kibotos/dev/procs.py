@@ -30,7 +30,13 @@ DEFAULT_GRACE = 10.0
 START_MARK = "--- kibotos dev: starting "
 
 
+#: Set by systemd for the processes of a unit; never passed on to processes we start.
+SERVICE_MANAGER_VARIABLES = ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM",
+                             "WATCHDOG_USEC", "WATCHDOG_PID", "MAINPID")
+
+
 @dataclass(frozen=True)
+
 class Service:
     """One long-running process of the cluster and the files that describe it."""
 
@@ -109,6 +115,10 @@ class Supervisor:
         """Start `service` in its own session, output appended to its log; return its PID."""
         service.log.parent.mkdir(parents=True, exist_ok=True)
         child_env = dict(os.environ)
+        # Dev-cluster processes are started by hand, not as systemd units: a shell or CI
+        # runner that is itself a service must not lend them its unit's identity.
+        for inherited in SERVICE_MANAGER_VARIABLES:
+            child_env.pop(inherited, None)
         child_env["PYTHONUNBUFFERED"] = "1"
         if env:
             child_env.update(env)
