@@ -28,15 +28,12 @@ from kibotos import atomicfile
 DEFAULT_GRACE = 10.0
 #: Begins the line `Supervisor.start` appends to a service's log before each start.
 START_MARK = "--- kibotos dev: starting "
-
-
 #: Set by systemd for the processes of a unit; never passed on to processes we start.
 SERVICE_MANAGER_VARIABLES = ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM",
                              "WATCHDOG_USEC", "WATCHDOG_PID", "MAINPID")
 
 
 @dataclass(frozen=True)
-
 class Service:
     """One long-running process of the cluster and the files that describe it."""
 
