@@ -159,6 +159,16 @@ def test_a_netns_is_also_the_units(fc_env: FcEnv):
     assert unit.properties["NetworkNamespacePath"] == str(netns)
 
 
+def test_the_systemd_supervisor_takes_every_unit_property(fc_env: FcEnv):
+    properties = pytest.importorskip("kibotos_systemd.properties")
+    netns = fc_env.root / "netns-a"
+    netns.write_text("")
+    unit = fc_env.backend().unit_for({**fc_env.launch, "netns_path": str(netns)})
+    converted = {k: properties.convert(unit.name, k, v) for k, v in unit.properties.items()}
+    assert converted["PrivateMounts"] == ("b", False)
+    assert converted["NetworkNamespacePath"] == ("s", str(netns))
+
+
 # ----------------------------------------------------------------------------- jail
 
 
