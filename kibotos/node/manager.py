@@ -273,20 +273,21 @@ class VmInstanceManager:
         self._changed()
         launch = await self.launcher.launch_description(inst, layer, volumes)
         try:
-            await self.launcher.start_unit(inst, launch)
-        finally:
-            await self._persist(inst)
-        self._started_vm = True
-        try:
+            try:
+                await self.launcher.start_unit(inst, launch)
+            finally:
+                await self._persist(inst)
+            self._started_vm = True
             guest = await self.launcher.wait_ready(inst, launch)
             await self.launcher.configure_guest(inst)
         except (KibotosError, OSError):
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.launcher.stop_unit(inst)
-                except KibotosError as exc:
-                    log.error("instance boot failed and its unit did not stop",
-                              instance=inst.instance_id, error=exc.message)
+            if inst.unit_name is not None:  # the unit may run: a failed boot leaves none
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.launcher.stop_unit(inst)
+                    except (KibotosError, OSError) as exc:
+                        log.error("instance boot failed and its unit did not stop",
+                                  instance=inst.instance_id, error=str(exc))
             raise
         record = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
         await trio.to_thread.run_sync(records.add_guest, inst.dir, record or {}, guest)
@@ -329,9 +330,10 @@ class VmInstanceManager:
                 log.warning("instance cleanup pending", instance=instance_id,
                             error=exc.message)
                 raise
-            except KibotosError as exc:
-                log.error("instance stop failed", instance=instance_id, error=exc.message)
-                await self._set_state(inst, FAILED, exc.message)
+            except (KibotosError, OSError) as exc:
+                reason = exc.message if isinstance(exc, KibotosError) else str(exc)
+                log.error("instance stop failed", instance=instance_id, error=reason)
+                await self._set_state(inst, FAILED, reason)
                 raise
             self._after_release(inst)
             inst.confirmed_on_disk = confirmed
@@ -510,6 +512,13 @@ class VmInstanceManager:
 
     async def _reload_live(self, inst: Instance) -> None:
         launch = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
+        if launch is not None:  # the node may have died before it updated instance.json
+            inst.unit_name = inst.unit_name or launch.get("unit_name")
+            inst.launch = inst.launch or launch.get("launch")
+            unit = launch.get("unit") or {}
+            if inst.main_process is None and isinstance(unit.get("main_pid"), int) and \
+                    isinstance(unit.get("start_time_ticks"), int):
+                inst.main_process = (unit["main_pid"], unit["start_time_ticks"])
         info = None
         if inst.unit_name is not None:
             info = await self.launcher.supervisor.describe(inst.unit_name)

@@ -25,6 +25,8 @@ from kibotos.errors import (
 from kibotos.node.instances import CREATING, FAILED, RUNNING, STOPPED
 from kibotos.node.manager import EXITED_REASON
 
+HERE = Path(__file__).resolve().parent
+
 
 def proc_stat(pid: int) -> list[str]:
     text = Path(f"/proc/{pid}/stat").read_text()
@@ -380,22 +382,81 @@ async def test_missing_template_blob_fails_the_boot() -> None:
         assert failed["reason"].startswith("template tiny: kernel sha256:000")
 
 
-async def test_failpoint_after_launch_record(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def failpoint(monkeypatch: pytest.MonkeyPatch):
+    """Arm failpoints in this process (``error`` actions) for one test."""
     from kibotos import failpoints
 
-    monkeypatch.setenv(failpoints.ENV, "node.instance.after-launch-record=error")
-    failpoints.reload()
-    try:
-        async with running_node() as node:
-            await node.command("instance.create", node.create_args())
-            failed = await node.wait_state("inst-1", FAILED, RUNNING)
-            assert "failpoint node.instance.after-launch-record" in failed["reason"]
-            inst = node.manager.get("inst-1")
-            assert (inst.dir / "systemd.json").is_file()  # written before the unit
-            assert await node.manager.launcher.supervisor.list("kibotos-vmm-") == []
-    finally:
-        monkeypatch.delenv(failpoints.ENV)
+    def arm(spec: str) -> None:
+        monkeypatch.setenv(failpoints.ENV, spec)
         failpoints.reload()
+
+    yield arm
+    monkeypatch.delenv(failpoints.ENV, raising=False)
+    failpoints.reload()
+
+
+@pytest.mark.parametrize("name", ["node.instance.after-launch-record",
+                                  "node.instance.after-unit-start",
+                                  "node.instance.after-ready"])
+async def test_a_failure_at_each_launch_step_leaves_no_vmm(failpoint, name: str) -> None:
+    failpoint(f"{name}=error")
+    async with running_node() as node:
+        await node.command("instance.create", node.create_args())
+        failed = await node.wait_state("inst-1", FAILED, RUNNING)
+        assert f"failpoint {name} triggered" in failed["reason"]
+        inst = node.manager.get("inst-1")
+        assert (inst.dir / "systemd.json").is_file()  # written before the unit started
+        assert await node.manager.launcher.supervisor.list("kibotos-vmm-") == []
+        if inst.main_process is not None:
+            assert not alive(*inst.main_process)
+        failpoint("")
+        # FAILED keeps the resources until ctrl stops it with force.
+        assert await node.command("instance.stop", {"instance_id": "inst-1",
+                                                    "force": True}) == \
+            {"confirmed_on_disk": False}
+        assert node.manager.holdings().instance_count == 0
+
+
+@pytest.mark.parametrize("name", ["node.instance.before-stop", "node.instance.after-stop",
+                                  "node.instance.before-object-release"])
+async def test_a_failure_at_each_stop_step_is_retried(failpoint, name: str) -> None:
+    async with running_node() as node:
+        await start(node)
+        failpoint(f"{name}=error")
+        with pytest.raises(OSError, match=f"failpoint {name} triggered"):
+            await node.command("instance.stop", {"instance_id": "inst-1", "force": True})
+        assert (await node.wait_state("inst-1", FAILED))["reason"].endswith("triggered")
+        meta = read(node.pool / "retained-layers" / "metadata" / "ws-1.json")
+        assert meta["state"] == "attached"  # not released while the stop failed
+        failpoint("")
+        assert await node.command("instance.stop", {"instance_id": "inst-1",
+                                                    "force": True}) == \
+            {"confirmed_on_disk": False}
+        meta = read(node.pool / "retained-layers" / "metadata" / "ws-1.json")
+        assert (meta["state"], meta["released_cleanly"]) == ("released", True)
+        assert await node.manager.launcher.supervisor.list("kibotos-vmm-") == []
+
+
+@pytest.mark.parametrize("kind", ["instance.destroy", "instance.stop"])
+async def test_destroy_or_force_stop_while_booting(kind: str) -> None:
+    async with running_node(backend_options="hang = true") as node:
+        await node.command("instance.create", node.create_args())
+        with trio.fail_after(DEADLINE):  # the unit runs; its guest never answers
+            while node.manager.get("inst-1").main_process is None:
+                await trio.sleep(0.05)
+        inst = node.manager.get("inst-1")
+        pid, ticks = inst.main_process
+        args = {"instance_id": "inst-1"} if kind == "instance.destroy" else \
+            {"instance_id": "inst-1", "force": True}
+        await node.command(kind, args)
+        assert not alive(pid, ticks)
+        assert node.manager.get("inst-1") is None
+        assert not inst.dir.exists()
+        states = [f["state"] for f in (await node.manager.state_feed().after(0))[1]]
+        assert states[0] == CREATING
+        assert states[-1] in ("DESTROYED", STOPPED)
+        assert FAILED not in states  # cancelled, not failed
 
 
 async def test_restart_keeps_a_matching_vm_and_fails_a_gone_one() -> None:
@@ -521,3 +582,51 @@ async def test_a_blob_not_on_the_node_is_fetched_into_the_cache() -> None:
     assert len(seen) == 1
     assert f"GET /v1/artifacts/sha256/{hexdigest}" in seen[0]
     assert "authorization: bearer kid-n:secret" in seen[0].lower()
+
+
+@pytest.mark.parametrize(("name", "unit_left"), [
+    ("node.instance.after-launch-record", False),
+    ("node.instance.after-unit-start", True),
+])
+async def test_node_killed_during_a_launch(name: str, unit_left: bool) -> None:
+    """A node process SIGKILLed at a launch step: the next one finds the records, marks
+    the Instance FAILED, and a force stop leaves nothing running."""
+    import sys
+
+    from instance_harness import TESTPLUGINS, short_dir
+
+    base = short_dir()
+    here = HERE
+    script = (
+        "import sys, trio\n"
+        f"sys.path[:0] = [{str(here)!r}, {str(TESTPLUGINS)!r}]\n"
+        "from pathlib import Path\n"
+        "from instance_harness import running_node\n"
+        "async def main():\n"
+        f"    async with running_node(base=Path({str(base)!r}), cleanup=False) as node:\n"
+        "        await node.command('instance.create', node.create_args())\n"
+        "        await trio.sleep(120)\n"
+        "trio.run(main)\n")
+    env = {**os.environ, "KIBOTOS_FAILPOINTS": f"{name}=kill"}
+    try:
+        done = await trio.run_process([sys.executable, "-c", script], env=env, check=False,
+                                      capture_stderr=True)
+        assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+        async with running_node(base=base) as node:
+            inst = node.manager.get("inst-1")
+            assert inst.state == FAILED
+            units = await node.manager.launcher.supervisor.list("kibotos-vmm-")
+            assert [u.active for u in units] == ([True] if unit_left else [])
+            if unit_left:
+                assert inst.reason.startswith("node restarted while the Instance was "
+                                              "CREATING; its VMM still runs")
+            else:
+                assert inst.reason == EXITED_REASON
+            assert await node.command("instance.stop", {"instance_id": "inst-1",
+                                                        "force": True}) == \
+                {"confirmed_on_disk": False}
+            assert await node.manager.launcher.supervisor.list("kibotos-vmm-") == []
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
