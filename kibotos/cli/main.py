@@ -27,6 +27,7 @@ _KIBO_GROUPS = {
     "enrollment": "kibotos.cli.enrollment_cmds:enrollment_group",
     "node": "kibotos.cli.node_cmds:node_group",
     "template": "kibotos.cli.template_cmds:template_group",
+    "workspace": "kibotos.cli.workspace_cmds:workspace_group",
 }
 
 

@@ -1,0 +1,406 @@
+"""``kibo workspace``: create, start, stop, delete, get, list, move and cleanup-status
+(docs/workspaces.md; spec/nodes.txt, "Which node runs a Workspace" and "Placing a
+Workspace on a specific node").
+
+`create`, `start` and `stop` wait by default until the Workspace is settled (AVAILABLE,
+STOPPED, FAILED or DELETED): the global ``--timeout`` bounds the wait (exit 16, the
+request stays accepted), a Workspace that ends FAILED is exit 13.  ``--no-wait``
+returns as soon as ctrl accepted the request.  Every argument is checked before the
+config is read or anything is sent.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from urllib.parse import quote
+
+import click
+
+from kibotos import ids
+from kibotos.cli import workspace_render as render
+from kibotos.cli.options import (
+    Invocation,
+    check_command_id,
+    command_id_option,
+    expected_version_option,
+    kibo_options,
+    node_id_argument,
+)
+from kibotos.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    Unavailable,
+)
+from kibotos.units import parse_size
+
+SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
+#: The longest one wait request asks ctrl to hold (ctrl's limit is 60 s).
+WAIT_SLICE = 20.0
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+
+
+@click.group("workspace")
+def workspace_group() -> None:
+    """Create, start, stop, delete, find and move Workspaces."""
+
+
+def ws_path(workspace_id: str, action: str = "") -> str:
+    path = f"/v1/workspaces/{quote(workspace_id, safe='')}"
+    return f"{path}/{action}" if action else path
+
+
+def workspace_argument(value: str) -> str:
+    return ids.check_object_id(value, "workspace ID")
+
+
+def parse_labels(items: tuple[str, ...]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidArgument(f"invalid label {item!r}: expected key=value")
+        ids.check_label_key(key)
+        if not _LABEL_VALUE.fullmatch(value):
+            raise InvalidArgument(f"invalid value {value!r} of label {key!r}: up to 63 "
+                                  "letters, digits and . _ -, starting and ending with a "
+                                  "letter or digit")
+        if key in labels:
+            raise click.UsageError(f"--label {key} is given twice")
+        labels[key] = value
+    return labels
+
+
+def parse_cpu(value: str | None) -> int | None:
+    """Cores as a decimal (``0.5``) → millicores."""
+    if value is None:
+        return None
+    try:
+        cores = Decimal(value)
+    except InvalidOperation:
+        raise InvalidArgument(f"invalid --cpu {value!r}: expected a number of cores") from None
+    millis = cores * 1000
+    if not cores.is_finite() or millis != millis.to_integral_value() or not 0 < millis \
+            <= 1_000_000:
+        raise InvalidArgument(f"invalid --cpu {value!r}: a number of cores above 0, at most "
+                              "1000, with at most three decimal places")
+    return int(millis)
+
+
+def _size(value: str | None, what: str) -> int | None:
+    return None if value is None else parse_size(value, what)
+
+
+# ------------------------------------------------------------------------ waiting
+
+
+def wait_settled(inv: Invocation, ws: dict[str, Any], verb: str) -> dict[str, Any]:
+    """Follow the Workspace until it is settled.  A restarting or slow ctrl is waited
+    out; only the global --timeout ends the wait (16, the request stays accepted)."""
+    client = inv.client()
+    workspace_id = str(ws.get("workspace_id"))
+    announced = False
+    while ws.get("state") not in SETTLED:
+        if not announced:
+            inv.out.message(f"waiting for workspace {workspace_id} ({ws.get('state')})")
+            announced = True
+        remaining = inv.deadline.remaining()
+        if remaining is not None and remaining <= 0:
+            raise _still(inv, ws, verb)
+        hold = min(WAIT_SLICE, max(0.0, client.request_timeout - 5.0))
+        if remaining is not None:
+            hold = min(hold, max(0.0, remaining - 1.0))
+        try:
+            ws = client.get(ws_path(workspace_id), {"wait_s": round(hold, 3)})
+        except (Unavailable, DeadlineExceeded) as exc:
+            if inv.deadline.expired():
+                raise _still(inv, ws, verb) from None
+            inv.out.message(f"{exc.message}; still waiting")
+            time.sleep(min(2.0, inv.deadline.remaining() or 2.0))
+    return ws
+
+
+def _still(inv: Invocation, ws: dict[str, Any], verb: str) -> DeadlineExceeded:
+    workspace_id = ws.get("workspace_id")
+    return DeadlineExceeded(
+        f"workspace {workspace_id} is still {ws.get('state')} after the global --timeout "
+        f"of {inv.deadline.seconds:g}s; the {verb} was accepted and goes on (follow it "
+        f"with `kibo workspace get {workspace_id}`)",
+        details={"workspace_id": workspace_id, "state": ws.get("state")})
+
+
+def expect(ws: dict[str, Any], wanted: str, verb: str) -> dict[str, Any]:
+    if ws.get("state") == wanted:
+        return ws
+    raise FailedPrecondition(
+        f"workspace {ws.get('workspace_id')} is {ws.get('state')} after the {verb}"
+        + (f": {ws['reason']}" if ws.get("reason") else ""),
+        details={"workspace_id": ws.get("workspace_id"), "state": ws.get("state"),
+                 "reason": ws.get("reason")})
+
+
+def finish(inv: Invocation, ws: dict[str, Any], *, wait: bool, wanted: str,
+           verb: str) -> None:
+    if wait:
+        ws = expect(wait_settled(inv, ws, verb), wanted, verb)
+    if inv.as_json:
+        inv.out.json_result(ws)
+    else:
+        line = render.summary(ws)
+        inst = ws.get("instance") or {}
+        if wanted == "STOPPED" and wait and inst.get("confirmed_on_disk") is not None:
+            line += f"; confirmed on disk: {'yes' if inst['confirmed_on_disk'] else 'no'}"
+        inv.out.line(line)
+
+
+def no_wait_option(fn: Any) -> Any:
+    return click.option("--no-wait", is_flag=True,
+                        help="Return once ctrl accepted it, without waiting for a settled "
+                             "state.")(fn)
+
+
+# ------------------------------------------------------------------------ writes
+
+
+@workspace_group.command("create")
+@click.option("--template", required=True, metavar="NAME", help="The Template to start from.")
+@click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
+              help="A label (repeatable).")
+@click.option("--node", "node_id", metavar="NODE",
+              help="Place it on this node only; fails rather than going elsewhere.")
+@click.option("--cpu", metavar="CORES", help="CPU cores (decimal), default 1.")
+@click.option("--memory", metavar="SIZE", help="Memory, e.g. 2G (default 1G).")
+@click.option("--layer-size", metavar="SIZE", help="Writable layer capacity (default 10G).")
+@no_wait_option
+@command_id_option
+@kibo_options
+def create(inv: Invocation, template: str, label_items: tuple[str, ...], node_id: str | None,
+           cpu: str | None, memory: str | None, layer_size: str | None, no_wait: bool,
+           command_id: str | None) -> None:
+    """Create a Workspace and, by default, wait until it is AVAILABLE."""
+    body = {"template": template, "labels": parse_labels(label_items),
+            "node_id": None if node_id is None else node_id_argument(node_id),
+            "cpu_millis": parse_cpu(cpu), "memory_bytes": _size(memory, "--memory"),
+            "layer_size_bytes": _size(layer_size, "--layer-size"),
+            "command_id": check_command_id(command_id)}
+    ws = inv.client().post("/v1/workspaces", body)
+    finish(inv, ws, wait=not no_wait, wanted="AVAILABLE", verb="create")
+
+
+@workspace_group.command("start")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--node", "node_id", metavar="NODE", help="Start it on this node only.")
+@no_wait_option
+@command_id_option
+@expected_version_option
+@kibo_options
+def start(inv: Invocation, workspace_id: str, node_id: str | None, no_wait: bool,
+          command_id: str | None, expected_version: int | None) -> None:
+    """Start a STOPPED or FAILED Workspace as a new Instance."""
+    workspace_argument(workspace_id)
+    ws = inv.client().post(ws_path(workspace_id, "start"), {
+        "node_id": None if node_id is None else node_id_argument(node_id),
+        "command_id": check_command_id(command_id), "expected_version": expected_version})
+    finish(inv, ws, wait=not no_wait, wanted="AVAILABLE", verb="start")
+
+
+@workspace_group.command("stop")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--force", is_flag=True,
+              help="Destroy the Instance after a short guest sync (not confirmed on disk).")
+@no_wait_option
+@command_id_option
+@expected_version_option
+@kibo_options
+def stop(inv: Invocation, workspace_id: str, force: bool, no_wait: bool,
+         command_id: str | None, expected_version: int | None) -> None:
+    """Stop a Workspace; by default wait until it is STOPPED."""
+    workspace_argument(workspace_id)
+    ws = inv.client().post(ws_path(workspace_id, "stop"), {
+        "force": force or None, "command_id": check_command_id(command_id),
+        "expected_version": expected_version})
+    finish(inv, ws, wait=not no_wait, wanted="STOPPED", verb="stop")
+
+
+@workspace_group.command("delete")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--wait", is_flag=True, help="Wait until it is DELETED.")
+@command_id_option
+@expected_version_option
+@kibo_options
+def delete(inv: Invocation, workspace_id: str, wait: bool, command_id: str | None,
+           expected_version: int | None) -> None:
+    """Delete a STOPPED or FAILED Workspace with its writable layer."""
+    workspace_argument(workspace_id)
+    ws = inv.client().post(ws_path(workspace_id, "delete"), {
+        "command_id": check_command_id(command_id), "expected_version": expected_version})
+    finish(inv, ws, wait=wait, wanted="DELETED", verb="delete")
+
+
+# ------------------------------------------------------------------------ reads
+
+
+def location_of(inv: Invocation, workspace_id: str) -> dict[str, Any] | None:
+    """The location query; None when ctrl has none (an older ctrl)."""
+    try:
+        found: dict[str, Any] = inv.client().get(ws_path(workspace_id, "location"))
+        return found
+    except NotFound as exc:
+        if "no such API route" in exc.message:
+            return None
+        raise
+
+
+@workspace_group.command("get")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--wide", is_flag=True, help="Add the Instance line and the last Instance.")
+@kibo_options
+def get(inv: Invocation, workspace_id: str, wide: bool) -> None:
+    """Show one Workspace and the node it runs on."""
+    workspace_argument(workspace_id)
+    ws = inv.client().get(ws_path(workspace_id))
+    if inv.as_json:
+        inv.out.json_result(ws)
+        return
+    inv.out.sections(render.get_sections(ws, location_of(inv, workspace_id), wide=wide))
+
+
+@workspace_group.command("list")
+@click.option("--node", "node_id", metavar="NODE", help="Workspaces executing on this node.")
+@click.option("--instance", "instance_id", metavar="INSTANCE",
+              help="The Workspace executing as this Instance.")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help="Only these states (repeatable); DELETED ones only when asked.")
+@click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
+              help="Only Workspaces with this label (repeatable).")
+@click.option("--all", "all_pages", is_flag=True, help="Follow every page.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only Workspace IDs, one per line.")
+@click.option("--wide", is_flag=True, help="Add the INSTANCE and NODE columns.")
+@click.option("--page-size", type=click.IntRange(1, 500), default=100, show_default=True)
+@click.option("--page-token", metavar="TOKEN", help="Continue from a previous page.")
+@kibo_options
+def list_workspaces(inv: Invocation, node_id: str | None, instance_id: str | None,
+                    states: tuple[str, ...], label_items: tuple[str, ...], all_pages: bool,
+                    quiet: bool, wide: bool, page_size: int, page_token: str | None) -> None:
+    """List Workspaces, or those executing on a node or as an Instance."""
+    if node_id is not None and instance_id is not None:
+        raise click.UsageError("--node and --instance are mutually exclusive")
+    located = node_id is not None or instance_id is not None
+    if located and (states or label_items):
+        raise click.UsageError("--node and --instance cannot be combined with --state or "
+                               "--label")
+    if node_id is not None:
+        node_id_argument(node_id)
+    if instance_id is not None:
+        ids.check_object_id(instance_id, "instance ID")
+    labels = parse_labels(label_items)
+    client = inv.client()
+    workspaces: list[dict[str, Any]] = []
+    token = page_token
+    while True:
+        if located:
+            page = client.get("/v1/workspace-locations", {
+                "node_id": node_id, "instance_id": instance_id, "page_size": page_size,
+                "page_token": token})
+            for loc in page.get("locations") or []:
+                try:
+                    workspaces.append(client.get(ws_path(str(loc["workspace_id"]))))
+                except NotFound:
+                    continue  # deleted between the two reads
+        else:
+            page = client.get("/v1/workspaces", {
+                "state": ",".join(s.upper() for s in states) or None,
+                "label": ",".join(f"{k}={v}" for k, v in labels.items()) or None,
+                "page_size": page_size, "page_token": token})
+            workspaces.extend(page.get("workspaces") or [])
+        token = page.get("next_page_token") or None
+        if not all_pages or not token:
+            break
+    if inv.as_json:
+        inv.out.json_result({"workspaces": workspaces, "next_page_token": token})
+    elif quiet:
+        for ws in workspaces:
+            inv.out.line(str(ws.get("workspace_id")))
+    else:
+        inv.out.table(render.WIDE_COLUMNS if wide else render.LIST_COLUMNS,
+                      [render.list_row(ws, wide=wide) for ws in workspaces])
+    if token and not inv.as_json:
+        inv.out.message(f"more workspaces: add --page-token {token} (or --all)")
+
+
+@workspace_group.command("cleanup-status")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@kibo_options
+def cleanup_status(inv: Invocation, workspace_id: str) -> None:
+    """What the Workspace's last Instance still holds on its node, and who says so."""
+    workspace_argument(workspace_id)
+    status = inv.client().get(ws_path(workspace_id, "cleanup-status"))
+    if inv.as_json:
+        inv.out.json_result(status)
+        return
+    inv.out.line(f"workspace {workspace_id}: Instance {status.get('instance_id') or '-'} "
+                 f"on node {status.get('node_id') or '-'}")
+    inv.out.table(render.CLEANUP_COLUMNS, render.cleanup_rows(status))
+
+
+# ------------------------------------------------------------------------ move
+
+
+@workspace_group.command("move")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--node", "node_id", required=True, metavar="NODE", help="The target node.")
+@no_wait_option
+@command_id_option
+@kibo_options
+def move(inv: Invocation, workspace_id: str, node_id: str, no_wait: bool,
+         command_id: str | None) -> None:
+    """Stop a Workspace and start it on another node (no live migration)."""
+    workspace_argument(workspace_id)
+    node_id_argument(node_id)
+    base = check_command_id(command_id) or ids.new_id("kibo")
+    if len(base) > 122:
+        raise InvalidArgument("--command-id of a move may have at most 122 characters "
+                              "(the stop and start add /stop and /start)")
+    client = inv.client()
+    # 1. Check: the objects' pools against what the target node reports available.
+    check = client.get(ws_path(workspace_id, "move-check"), {"node_id": node_id})
+    ws = check["workspace"]
+    if ws.get("state") not in SETTLED:
+        ws = wait_settled(inv, ws, "move")  # a stop or start already under way
+        check = client.get(ws_path(workspace_id, "move-check"), {"node_id": node_id})
+        ws = check["workspace"]
+    if check.get("already_there"):
+        _moved(inv, ws, f"workspace {workspace_id} already runs on node {node_id}")
+        return
+    # 2. Stop, if it runs.
+    if ws.get("state") == "AVAILABLE":
+        stopping = client.post(ws_path(workspace_id, "stop"), {"command_id": f"{base}/stop"})
+        ws = expect(wait_settled(inv, stopping, "stop"), "STOPPED", "stop")
+    elif ws.get("state") == "DELETED":
+        raise FailedPrecondition(f"workspace {workspace_id} is DELETED")
+    # 3. Start on the target node.
+    try:
+        ws = client.post(ws_path(workspace_id, "start"),
+                         {"node_id": node_id, "command_id": f"{base}/start"})
+        if not no_wait:
+            ws = expect(wait_settled(inv, ws, "start"), "AVAILABLE", "start")
+    except KibotosError as exc:
+        raise type(exc)(
+            f"{exc.message}; workspace {workspace_id} is no longer running: start it again "
+            f"with `kibo workspace start {workspace_id} --node {node_id}`",
+            details={**exc.details, "workspace_id": workspace_id,
+                     "retry": f"kibo workspace start {workspace_id} --node {node_id}"}
+        ) from None
+    _moved(inv, ws, f"moved workspace {workspace_id} to node {node_id}: {render.summary(ws)}")
+
+
+def _moved(inv: Invocation, ws: dict[str, Any], line: str) -> None:
+    if inv.as_json:
+        inv.out.json_result(ws)
+    else:
+        inv.out.line(line)

@@ -1,0 +1,114 @@
+"""How a ``Workspace`` record (the API's JSON, as is) reads for people.
+
+The spec's rules (spec/nodes.txt, "Which node runs a Workspace"): the Node line of
+``workspace get`` is the node it executes on, ``-`` when it is not executing, and
+``unknown`` when ctrl has no location query; ``--wide`` adds the current Instance; the
+list table is the same with or without ``--node``/``--instance``, and ``--wide`` adds
+the INSTANCE and NODE columns.  Pure functions of the JSON, tested on fixed fixtures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kibotos.cli.output import Row, Section, dash
+from kibotos.units import format_bytes, format_cores
+
+LIST_COLUMNS = ("WORKSPACE", "STATE", "TEMPLATE", "CPU", "MEMORY", "LABELS")
+WIDE_COLUMNS = (*LIST_COLUMNS, "INSTANCE", "NODE")
+CLEANUP_COLUMNS = ("ITEM", "STATUS", "SOURCE", "OBSERVED")
+
+#: The Node line when ctrl cannot say (an older ctrl without location queries).
+UNKNOWN = "unknown"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def labels(ws: dict[str, Any]) -> str:
+    items = sorted(_dict(ws.get("labels")).items())
+    return ",".join(f"{k}={v}" for k, v in items) or "-"
+
+
+def cores(ws: dict[str, Any]) -> str:
+    millis = _dict(ws.get("resources")).get("cpu_millis")
+    return "-" if not isinstance(millis, int) else format_cores(millis)
+
+
+def memory(ws: dict[str, Any]) -> str:
+    size = _dict(ws.get("resources")).get("memory_bytes")
+    return "-" if not isinstance(size, int) else format_bytes(size)
+
+
+def state(ws: dict[str, Any]) -> str:
+    reason = ws.get("reason")
+    return f"{ws.get('state')} ({reason})" if reason else str(ws.get("state"))
+
+
+def list_row(ws: dict[str, Any], *, wide: bool = False) -> Row:
+    row = [str(ws.get("workspace_id")), state(ws),
+           dash(_dict(ws.get("template")).get("name")), cores(ws), memory(ws), labels(ws)]
+    if wide:
+        row += [dash(ws.get("instance_id")), dash(ws.get("node_id"))]
+    return row
+
+
+def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
+                 wide: bool = False) -> list[Section]:
+    """`location` is ``{node_id, instance_id}`` from the location query, or None when
+    ctrl has none (the Node line then says ``unknown``)."""
+    main = Section(f"Workspace {ws.get('workspace_id')}")
+    main.add("State", str(ws.get("state")))
+    main.add("Reason", dash(ws.get("reason")))
+    if location is None:
+        main.add("Node", UNKNOWN)
+        if wide:
+            main.add("Instance", UNKNOWN)
+    else:
+        main.add("Node", dash(location.get("node_id")))
+        if wide:
+            main.add("Instance", dash(location.get("instance_id")))
+    template = _dict(ws.get("template"))
+    main.add("Template", dash(template.get("name")))
+    main.add("Labels", labels(ws))
+    main.add("CPU", f"{cores(ws)} cores")
+    main.add("Memory", memory(ws))
+    layer = _dict(ws.get("layer"))
+    size = layer.get("size_bytes")
+    main.add("Writable layer", f"{format_bytes(size) if isinstance(size, int) else '-'} in "
+                               f"pool {dash(layer.get('pool_id'))}")
+    main.add("Revision", dash(ws.get("revision")))
+    main.add("Created", dash(ws.get("created_at")))
+    main.add("Updated", dash(ws.get("updated_at")))
+    if ws.get("deleted_at"):
+        main.add("Deleted", str(ws.get("deleted_at")))
+    sections = [main]
+    inst = _dict(ws.get("instance"))
+    if wide and inst:
+        last = Section("Last Instance")
+        last.add("Instance", dash(inst.get("instance_id")))
+        last.add("Node", dash(inst.get("node_id")))
+        last.add("State", dash(inst.get("state")))
+        last.add("Reason", dash(inst.get("reason")))
+        confirmed = inst.get("confirmed_on_disk")
+        last.add("Stop confirmed on disk",
+                 "-" if confirmed is None else ("yes" if confirmed else "no"))
+        guest = _dict(inst.get("guest"))
+        last.add("Guest boot ID", dash(guest.get("boot_id")))
+        last.add("Template image", dash(template.get("image_digest")))
+        sections.append(last)
+    return sections
+
+
+def cleanup_rows(status: dict[str, Any]) -> list[Row]:
+    return [[str(i.get("item")), str(i.get("status")), str(i.get("source")),
+             dash(i.get("observed_at"))]
+            for i in status.get("items") or [] if isinstance(i, dict)]
+
+
+def summary(ws: dict[str, Any]) -> str:
+    """One line for a write: ``workspace ws-… AVAILABLE on node node-a (revision 3)``."""
+    where = f" on node {ws['node_id']}" if ws.get("node_id") else ""
+    return (f"workspace {ws.get('workspace_id')} {state(ws)}{where} "
+            f"(revision {ws.get('revision')})")
