@@ -32,7 +32,7 @@ from kibotos.ctrl import use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.nodes import IsolateCounts
 from kibotos.ctrl.store.models import Allocation, Instance, Workspace
-from kibotos.ctrl.wire import iso
+from kibotos.ctrl.wire import as_utc, iso
 
 # The node's Instance states.
 I_CREATING = "CREATING"
@@ -201,10 +201,16 @@ def on_instance_state(session: Session, node_id: str, instance_id: str, state: s
 
 
 def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
-              now: datetime) -> list[Followup]:
+              now: datetime, listed_after: datetime) -> list[Followup]:
     """A node's full list of Instances (``hello``/``report``): apply each state, destroy
     those ctrl does not know, and treat ctrl's live Instances the node no longer lists
-    as gone."""
+    as gone.
+
+    Only Instances recorded before `listed_after` can be missing: the node sends frames,
+    reports and command results from separate tasks, so a report made just before it
+    accepted a create may arrive after ctrl recorded that create.  A ``hello`` is
+    complete as of the session's start; a ``report`` is trusted for Instances older than
+    a grace period.  An Instance being stopped or destroyed is left to that command."""
     followups: list[Followup] = []
     seen: set[str] = set()
     for item in listed:
@@ -219,11 +225,15 @@ def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
         Instance.node_id == node_id,
         Instance.state.in_((I_CREATING, I_RUNNING, I_STOPPING, I_FAILED))))
     for inst in live:
-        if inst.instance_id not in seen:
-            note_state(inst, I_DESTROYED, "no longer listed by its node", now)
-            ws = session.get(Workspace, inst.workspace_id, with_for_update=True)
-            gone(session, ws, inst, now, f"node {node_id} no longer lists Instance "
-                                          f"{inst.instance_id}")
+        if inst.instance_id in seen or inst.state == I_STOPPING or \
+                as_utc(inst.created_at) >= listed_after:
+            continue
+        ws = session.get(Workspace, inst.workspace_id, with_for_update=True)
+        if ws is not None and ws.state in (w.STOPPING, w.DELETING):
+            continue
+        note_state(inst, I_DESTROYED, "no longer listed by its node", now)
+        gone(session, ws, inst, now, f"node {node_id} no longer lists Instance "
+                                      f"{inst.instance_id}")
     return followups
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -55,6 +56,8 @@ log = logging.getLogger("kibotos.ctrl.workspaces")
 CREATE_TIMEOUT = 30.0
 #: How often pending operations are looked at again, and the index resynchronised.
 SWEEP_INTERVAL = 5.0
+#: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
+REPORT_GRACE_S = 30.0
 RESYNC_INTERVAL = 60.0
 
 Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
@@ -403,14 +406,16 @@ class WorkspaceService:
     # ------------------------------------------------------------------ SessionObserver
 
     async def session_started(self, node_id: str, hello: Hello) -> None:
+        started = self.ctx.now()
         self._drain_known[node_id] = await self.store.run(partial(_drain_flag, node_id=node_id))
         if hello.report.instances is not None:
-            await self._reconcile(node_id, hello.report.instances)
+            await self._reconcile(node_id, hello.report.instances, started)
         self.tasks.wake()
 
     async def node_report(self, node_id: str, report: Report) -> None:
         if report.instances is not None:
-            await self._reconcile(node_id, report.instances)
+            await self._reconcile(node_id, report.instances,
+                                  self.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
 
     async def instance_state(self, node_id: str, frame: InstanceState) -> None:
         pending = self.inflight.get(frame.instance_id)
@@ -425,12 +430,13 @@ class WorkspaceService:
     async def session_ended(self, node_id: str) -> None:
         self.tasks.wake()
 
-    async def _reconcile(self, node_id: str, listed: list[dict[str, Any]]) -> None:
+    async def _reconcile(self, node_id: str, listed: list[dict[str, Any]],
+                         listed_after: datetime) -> None:
         skip = set(self.inflight)
         followups = await self.store.write(partial(
             inst_mod.reconcile, node_id=node_id,
             listed=[i for i in listed if i.get("instance_id") not in skip],
-            now=self.ctx.now()))
+            now=self.ctx.now(), listed_after=listed_after))
         self.tasks.follow(followups)
 
 
