@@ -147,8 +147,13 @@ class PoolSpec:
 
 @dataclass(frozen=True)
 class Availability:
+    """A driver's verdict.  ``reason`` says why a pool is unavailable; ``warnings`` are
+    advice for a usable pool (a recommended mount option missing): logged and reported,
+    never a reason to refuse the pool."""
+
     available: bool
     reason: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 @runtime_checkable

@@ -1,0 +1,112 @@
+"""The fixed subdirectories of a pool, their owner and mode, and block-file ownership.
+
+spec/storage-pools-on-nfs.txt, "Directory layout" and "Prerequisites": the node creates
+``volumes/`` and ``retained-layers/`` (and their fixed subdirectories) inside an existing
+pool directory and changes the two top directories to ``root:kibotos-vmm`` 0710, so the
+VMM account can reach its block files but not list them; block files are
+``root:kibotos-vmm`` 0660 so the VMM can open them for writing.  The pool directory
+itself is the operator's: the node never creates it (an absent one usually means the
+export is not mounted yet) and never changes its owner or mode.
+
+On an export with ``root_squash`` the ``chown`` fails; that error names the step ("hand
+… to the VMM identity") because it is what the spec tells operators to look for.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import subprocess
+from pathlib import Path
+
+from kibotos.errors import FailedPrecondition
+
+VMM_GROUP = "kibotos-vmm"
+VOLUMES = "volumes"
+RETAINED_LAYERS = "retained-layers"
+#: Every directory the node keeps in a pool, by kind (spec: "Directory layout").
+SUBDIRS: dict[str, tuple[str, ...]] = {
+    VOLUMES: ("data", "metadata", "holders", "releases", "locks", "transfer-staging"),
+    RETAINED_LAYERS: ("data", "metadata", "holders", "releases", "locks"),
+}
+TOP_MODE = 0o710
+#: ``data/`` holds the block files the VMM opens: it must be traversable by the VMM
+#: group; the record directories are the node's alone.
+DATA_MODE = 0o710
+RECORD_MODE = 0o700
+BLOCK_FILE_MODE = 0o660
+_LABEL = {VOLUMES: "raw Volume", RETAINED_LAYERS: "retained layer"}
+
+
+def vmm_gid(group: str = VMM_GROUP) -> int:
+    """The VMM group's ID, creating the group (``groupadd --system``) if missing."""
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        pass
+    try:
+        proc = subprocess.run(["groupadd", "--system", group], capture_output=True,
+                              text=True, check=False, timeout=60)
+    except OSError as exc:
+        raise FailedPrecondition(f"create group {group}: groupadd: {exc.strerror or exc}"
+                                 ) from None
+    # 9: the group exists (another process created it meanwhile)
+    if proc.returncode not in (0, 9):
+        raise FailedPrecondition(f"create group {group}: groupadd --system failed: "
+                                 f"{proc.stderr.strip() or proc.returncode}")
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise FailedPrecondition(f"group {group} still missing after groupadd") from None
+
+
+def _set_owner(path: Path, gid: int, mode: int, step: str) -> None:
+    """chown root:<gid> then chmod, unless already so (a shared pool is prepared by
+    every node; rewriting the same values costs a round trip on NFS each)."""
+    st = os.lstat(path)
+    try:
+        if os.geteuid() == 0 and (st.st_uid != 0 or st.st_gid != gid):
+            os.chown(path, 0, gid, follow_symlinks=False)
+        if st.st_mode & 0o7777 != mode:
+            os.chmod(path, mode)
+    except OSError as exc:
+        raise FailedPrecondition(
+            f"{step}: chown root:{gid} / chmod {mode:o} {path}: {exc.strerror or exc} "
+            "(an export with root_squash refuses this: use no_root_squash)") from None
+
+
+def prepare_pool_dirs(pool_id: str, pool_path: Path, *, group: str = VMM_GROUP) -> None:
+    """Create the node's directories in the existing pool directory `pool_path`.
+
+    The message for a missing pool directory is the one the spec's troubleshooting table
+    tells operators to look for (``prepare host layout: create …/volumes``)."""
+    gid = vmm_gid(group) if os.geteuid() == 0 else os.getegid()
+    for kind, subs in SUBDIRS.items():
+        top = pool_path / kind
+        if not pool_path.is_dir():
+            raise FailedPrecondition(
+                f"prepare host layout: create {top}: pool directory {pool_path} of pool "
+                f"{pool_id!r} does not exist (not mounted yet, or not created with mkdir "
+                "or `kibotos-node storage-pool init`)")
+        try:
+            top.mkdir(mode=TOP_MODE, exist_ok=True)
+            for sub in subs:
+                (top / sub).mkdir(mode=RECORD_MODE, exist_ok=True)
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"prepare host layout: create {exc.filename or top}: {exc.strerror}"
+            ) from None
+        _set_owner(top, gid, TOP_MODE, f"prepare host layout: hand {top} to the VMM identity")
+        _set_owner(top / "data", gid, DATA_MODE,
+                   f"prepare host layout: hand {top / 'data'} to the VMM identity")
+
+
+def hand_block_file(path: Path, kind: str, *, group: str = VMM_GROUP) -> None:
+    """Make a new block file ``root:kibotos-vmm`` 0660 so the VMM can write it.
+
+    Called by the objects code right after it creates a block file.  Fails with the
+    spec's wording (``hand raw Volume to the VMM identity`` / ``hand retained layer to
+    the VMM identity``) when the export squashes root."""
+    label = _LABEL.get(kind, kind)
+    gid = vmm_gid(group) if os.geteuid() == 0 else os.getegid()
+    _set_owner(path, gid, BLOCK_FILE_MODE, f"hand {label} to the VMM identity")
