@@ -88,3 +88,32 @@ def _report_and_exit(exc: KibotosError, isolated: type[KibotosError]) -> NoRetur
     else:
         log.error("node failed", error=exc.message, code=exc.code, exit_status=exc.exit_code)
     sys.exit(exc.exit_code)
+
+
+@node_role_group.group("storage-pool")
+def storage_pool_group() -> None:
+    """Storage pools on this host (spec: storage-pools-on-nfs)."""
+
+
+@storage_pool_group.command("init")
+@click.option("--id", "pool_id", required=True,
+              help="The pool ID, as in [[storage.pool]] id.")
+@click.option("--path", "path", required=True, type=click.Path(path_type=Path),
+              help="The pool directory, as in [[storage.pool]] path (absolute).")
+@click.option("--adopt", is_flag=True,
+              help="Add the marker to a non-empty directory, keeping its data.")
+def storage_pool_init_command(pool_id: str, path: Path, adopt: bool) -> None:
+    """Write the pool marker that proves this directory is pool ID.
+
+    Does not read the node configuration.  Creates a missing directory; refuses a
+    non-empty one without --adopt; a second run with the same ID changes nothing; a
+    directory initialized with another ID is refused and its marker kept."""
+    from kibotos.node.pools.marker import init_pool
+
+    try:
+        result = init_pool(pool_id, path, adopt=adopt)
+    except KibotosError as exc:
+        _fail(exc)
+    state = "initialized" if result.created else "already initialized"
+    click.echo(f"storage pool {result.marker.pool_id} {state} at {result.path} "
+               f"(instance {result.marker.instance})")
