@@ -1,4 +1,5 @@
-"""The arguments of the Instance commands, checked before the node writes anything.
+"""The Instance commands' arguments, checked before the node writes anything, and the
+handlers that parse them and call the Instance manager.
 
 ctrl checks every ID when it makes one; the node checks again (spec: "The node checks
 again before use and rejects any command whose ID does not fit the shape, without
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +26,7 @@ from pydantic import (
 
 from kibotos import ids
 from kibotos.errors import InvalidArgument
+from kibotos.node.instances import CommandHandler
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -185,3 +187,47 @@ def parse_args(model: type[M], kind: str, args: Any) -> M:
                 msg = "unknown field"
             parts.append(f"{loc}: {msg}")
         raise InvalidArgument(f"{kind}: {'; '.join(parts)}") from None
+
+
+class CommandTarget(Protocol):
+    """What the handlers call (`kibotos.node.manager.VmInstanceManager`)."""
+
+    drain_requested: bool
+
+    async def create(self, spec: CreateSpec) -> dict[str, Any]: ...
+
+    async def stop(self, instance_id: str, *, force: bool, deadline_s: float
+                   ) -> dict[str, Any]: ...
+
+    async def destroy(self, instance_id: str) -> dict[str, Any]: ...
+
+    async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]: ...
+
+    def set_drain_requested(self, requested: bool) -> None: ...
+
+
+def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
+    """The session command handlers of docs/architecture.md, by kind."""
+
+    async def create(args: dict[str, Any]) -> dict[str, Any]:
+        return await target.create(parse_args(CreateSpec, "instance.create", args))
+
+    async def stop(args: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_args(StopArgs, "instance.stop", args)
+        return await target.stop(parsed.instance_id, force=parsed.force,
+                                 deadline_s=parsed.deadline_s)
+
+    async def destroy(args: dict[str, Any]) -> dict[str, Any]:
+        return await target.destroy(parse_args(DestroyArgs, "instance.destroy",
+                                               args).instance_id)
+
+    async def layer_delete(args: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_args(LayerDeleteArgs, "layer.delete", args)
+        return await target.delete_layer(parsed.pool_id, parsed.ref, parsed.epoch)
+
+    async def drain(args: dict[str, Any]) -> dict[str, Any]:
+        target.set_drain_requested(parse_args(DrainArgs, "node.drain", args).requested)
+        return {"drain_requested": target.drain_requested}
+
+    return {"instance.create": create, "instance.stop": stop, "instance.destroy": destroy,
+            "layer.delete": layer_delete, "node.drain": drain}

@@ -1,29 +1,21 @@
 """`VmInstanceManager`: the node's Instances, their commands, states and holdings.
 
 It answers the session commands of docs/architecture.md ("Session commands for
-Instances"), every one idempotent by its IDs: ``instance.create`` is admitted by the
-node itself (refused while drained or while host memory is tight) and answered at once,
-the boot going on in the background (`kibotos.node.lifecycle`); ``instance.stop`` and
+Instances"), each idempotent by its IDs: ``instance.create`` is admitted by the node
+itself (refused while drained or while host memory is tight) and answered at once, the
+boot going on in the background (`kibotos.node.lifecycle`); ``instance.stop`` and
 ``instance.destroy`` return when the VMM is gone and what it held is released, and the
-Instance has then ended: its directory is removed (the console and VMM log tails stay
-in ``machine-logs/<id>/``, a registry entry in ``runtime/registry/<id>.json`` answers
-repeated commands), and the node no longer lists it;
-``layer.delete`` removes a retained layer; ``node.drain`` sets the drain flag.  Every
-state change is persisted (``instance.json``), published as an ``instance_state`` frame
-and signalled to the report.  A watcher looks at each running VMM every
-``monitor_interval``: one that ended on its own makes its Instance FAILED with the
-spec's reason (or ``oom_killed`` when the supervisor saw an OOM kill); the Instance
-keeps its resources and objects until it is stopped with force or destroyed.
-
-A restarted node reloads the records it finds: a RUNNING Instance whose unit still
-matches its launch record is kept, any other unfinished one becomes FAILED (its VMM, if
-any, is left alone).  Full adoption (guest reconfiguration, installations, the startup
-refusal on a mismatch) is the next issue's.
+Instance has then ended (`kibotos.node.instance_dirs`: directory removed, log tails and
+a registry entry kept, no longer listed); ``layer.delete`` removes a retained layer;
+``node.drain`` sets the drain flag.  Every state change is persisted, published as an
+``instance_state`` frame and signalled to the report.  A watcher looks at each running
+VMM every ``monitor_interval``: one that ended on its own makes its Instance FAILED
+with the spec's reason (``oom_killed`` when the supervisor saw an OOM kill); the
+Instance keeps its resources and objects until stopped with force or destroyed.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,16 +31,9 @@ from kibotos.errors import (
     Unavailable,
 )
 from kibotos.node import records
-from kibotos.node.instance_spec import (
-    CreateSpec,
-    DestroyArgs,
-    DrainArgs,
-    LayerDeleteArgs,
-    StopArgs,
-    parse_args,
-)
+from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs, settle
+from kibotos.node.instance_spec import CreateSpec, command_handlers
 from kibotos.node.instances import (
-    CREATING,
     DESTROYED,
     FAILED,
     RUNNING,
@@ -59,15 +44,14 @@ from kibotos.node.instances import (
     InstanceSummary,
     StateFeed,
 )
-from kibotos.node.lifecycle import Instance, Launcher, Settings, log_tail
+from kibotos.node.lifecycle import Instance, Launcher, Settings
 from kibotos.node.logs import EventLogger
-from kibotos.node.objects import RETAINED_LAYERS
+from kibotos.node.objects import RETAINED_LAYERS, VOLUMES
 from kibotos.node.vmstats import VmUsageMeter
 
 log = EventLogger()
 
-#: The reasons the spec and docs/architecture.md give for a VMM that ended on its own.
-EXITED_REASON = "node reports the Instance as no longer running"
+#: The node's reason for a VMM the kernel's OOM killer ended.
 OOM_REASON = "oom_killed"
 #: `UnitInfo.result` values that mean the kernel's OOM killer ended the unit.  systemd
 #: reports ``oom-kill``; ``direct`` cannot tell (it reports ``gone``).
@@ -81,9 +65,7 @@ class VmInstanceManager:
                  shared_pools: Mapping[str, bool], memory_tight: Callable[[], bool],
                  settings: Settings) -> None:
         self.node_id = node_id
-        self.instances_dir = root / "runtime" / "instances"
-        self.registry_dir = root / "runtime" / "registry"
-        self.machine_logs = root / "machine-logs"
+        self.dirs = InstanceDirs(root)
         self.launcher = launcher
         self.shared_pools = dict(shared_pools)
         self.memory_tight = memory_tight
@@ -137,20 +119,14 @@ class VmInstanceManager:
         return self._meter.measure(processes)
 
     def command_handlers(self) -> Mapping[str, CommandHandler]:
-        return {
-            "instance.create": self._cmd_create,
-            "instance.stop": self._cmd_stop,
-            "instance.destroy": self._cmd_destroy,
-            "layer.delete": self._cmd_layer_delete,
-            "node.drain": self._cmd_drain,
-        }
+        return command_handlers(self)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await self._load()
+                await self._restore()
                 nursery.start_soon(self._probe)
                 nursery.start_soon(self._watch)
                 task_status.started()
@@ -169,26 +145,6 @@ class VmInstanceManager:
 
     # ------------------------------------------------------------------ commands
 
-    async def _cmd_create(self, args: dict[str, Any]) -> dict[str, Any]:
-        return await self.create(parse_args(CreateSpec, "instance.create", args))
-
-    async def _cmd_stop(self, args: dict[str, Any]) -> dict[str, Any]:
-        parsed = parse_args(StopArgs, "instance.stop", args)
-        return await self.stop(parsed.instance_id, force=parsed.force,
-                               deadline_s=parsed.deadline_s)
-
-    async def _cmd_destroy(self, args: dict[str, Any]) -> dict[str, Any]:
-        return await self.destroy(parse_args(DestroyArgs, "instance.destroy",
-                                             args).instance_id)
-
-    async def _cmd_layer_delete(self, args: dict[str, Any]) -> dict[str, Any]:
-        parsed = parse_args(LayerDeleteArgs, "layer.delete", args)
-        return await self.delete_layer(parsed.pool_id, parsed.ref, parsed.epoch)
-
-    async def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:
-        self.set_drain_requested(parse_args(DrainArgs, "node.drain", args).requested)
-        return {"drain_requested": self.drain_requested}
-
     # ------------------------------------------------------------------ create
 
     async def create(self, spec: CreateSpec) -> dict[str, Any]:
@@ -199,15 +155,14 @@ class VmInstanceManager:
                 return {"accepted": True}
             raise AlreadyExists(f"Instance {spec.instance_id} already exists on node "
                                 f"{self.node_id} with other arguments")
-        ended = records.read_registry_entry(self.registry_dir, spec.instance_id)
-        if ended is not None:
+        if self.dirs.ended(spec.instance_id) is not None:
             raise FailedPrecondition(f"Instance {spec.instance_id} was destroyed on node "
                                      f"{self.node_id}; a new start needs a new Instance ID")
         self._admit(spec)
-        inst = Instance(spec=spec, dir=self.instances_dir / spec.instance_id)
+        inst = Instance(spec=spec, dir=self.dirs.dir_for(spec.instance_id))
         self._instances[spec.instance_id] = inst  # before any await: a replay finds it
         try:
-            await trio.to_thread.run_sync(self._make_dir, inst)
+            await trio.to_thread.run_sync(self.dirs.make, inst)
         except BaseException:
             del self._instances[spec.instance_id]
             raise
@@ -232,20 +187,13 @@ class VmInstanceManager:
                                      f"{self.backend_error}", details={"reason": "vmm_unusable"})
         self.launcher.pool(spec.layer.pool_id, RETAINED_LAYERS)
         for vol in spec.volumes:
-            self.launcher.pool(vol.pool_id, "volumes")
+            self.launcher.pool(vol.pool_id, VOLUMES)
         for other in self._instances.values():
             if other.holding and other.spec.layer.pool_id == spec.layer.pool_id and \
                     other.spec.layer.ref == spec.layer.ref:
                 raise FailedPrecondition(
                     f"retained layer {spec.layer.ref} of pool {spec.layer.pool_id} is in use "
                     f"by Instance {other.instance_id} ({other.state})")
-
-    def _make_dir(self, inst: Instance) -> None:
-        if inst.dir.exists():
-            raise FailedPrecondition(f"Instance directory {inst.dir} exists without a record "
-                                     "this node knows; left alone")
-        inst.dir.mkdir(mode=0o700, parents=True)
-        records.write_instance_record(inst.dir, inst.to_record())
 
     async def _boot(self, inst: Instance) -> None:
         async with inst.lock:
@@ -303,7 +251,7 @@ class VmInstanceManager:
                    ) -> dict[str, Any]:
         inst = self._instances.get(instance_id)
         if inst is None:
-            ended = records.read_registry_entry(self.registry_dir, instance_id)
+            ended = self.dirs.ended(instance_id)
             if ended is not None:
                 return {"confirmed_on_disk": bool(ended.get("confirmed_on_disk"))}
             raise NotFound(f"Instance {instance_id} is not on node {self.node_id}")
@@ -364,33 +312,11 @@ class VmInstanceManager:
         log tails and a registry entry, and the node no longer lists it."""
         inst.state, inst.reason = state, None
         await self._persist(inst)
-        await trio.to_thread.run_sync(self._remove, inst)
+        await trio.to_thread.run_sync(self.dirs.remove, inst)
         if self._instances.get(inst.instance_id) is inst:
             del self._instances[inst.instance_id]
         await self.launcher.templates.release(inst.instance_id)
         self._publish(inst)
-
-    def _remove(self, inst: Instance) -> None:
-        """Keep the log tails (spec: "Console and VMM logs"), leave a registry entry
-        (spec: "Records of ended Instances"), then delete the Instance directory.  The
-        block files are in the pool: kept."""
-        kept = self.machine_logs / inst.instance_id
-        for name in ("console.log", "vmm.log"):
-            src = inst.dir / name
-            if src.is_file():
-                kept.mkdir(parents=True, exist_ok=True)
-                with open(src, "rb") as f:
-                    f.seek(max(0, src.stat().st_size - 256 * 1024))
-                    (kept / name).write_bytes(f.read())
-        if kept.exists():
-            log.info("instance machine exited", instance=inst.instance_id,
-                     tail=log_tail(kept / "console.log", 200))
-        records.write_registry_entry(self.registry_dir, inst.instance_id, {
-            "workspace_id": inst.spec.workspace_id, "state": inst.state,
-            "reason": inst.reason,
-            "confirmed_on_disk": bool(inst.confirmed_on_disk),
-            "released": [h.to_json() for h in inst.held], "ended_at": records.now_iso()})
-        shutil.rmtree(inst.dir, ignore_errors=False)
 
     def _after_release(self, inst: Instance) -> None:
         """Objects of a private pool stay this node's after a release (ctrl keeps the
@@ -415,9 +341,7 @@ class VmInstanceManager:
     # ------------------------------------------------------------------ state
 
     async def _persist(self, inst: Instance) -> None:
-        if inst.dir.is_dir():
-            await trio.to_thread.run_sync(records.write_instance_record, inst.dir,
-                                          inst.to_record())
+        await self.dirs.persist(inst)
 
     async def _set_state(self, inst: Instance, state: str, reason: str | None = None) -> None:
         inst.state, inst.reason = state, reason
@@ -475,65 +399,22 @@ class VmInstanceManager:
                     if inst.state == RUNNING:
                         await self._set_state(inst, FAILED, reason)
 
-    async def _load(self) -> None:
-        """Reload the Instances a previous node process left (see the module docstring)."""
+    async def _restore(self) -> None:
+        """What a previous node process left: the objects this node holds in its
+        private pools, and its Instances (`kibotos.node.instance_dirs`)."""
         for pool_id, shared in self.shared_pools.items():
-            if shared:
-                continue
-            for kind in (RETAINED_LAYERS, "volumes"):
-                try:
-                    objects = self.launcher.pool(pool_id, kind)
-                except FailedPrecondition:
-                    continue
+            for kind in () if shared else (RETAINED_LAYERS, VOLUMES):
+                objects = self.launcher.pool(pool_id, kind)
                 held = await trio.to_thread.run_sync(objects.held_by_me)
                 self._retained.update((pool_id, kind, ref) for ref in held)
-        try:
-            dirs = sorted(p for p in self.instances_dir.iterdir() if p.is_dir())
-        except FileNotFoundError:
-            return
-        for d in dirs:
-            try:
-                rec = await trio.to_thread.run_sync(records.read_instance_record, d)
-                if rec is None:
-                    log.warning("Instance directory without a record: left alone", path=d)
-                    continue
-                inst = Instance.from_record(d, rec)
-            except (KibotosError, KeyError, ValueError) as exc:
-                log.error("unreadable Instance record: left alone", path=d, error=str(exc))
-                continue
-            if inst.state in (STOPPED, DESTROYED):  # ended, but its removal was cut short
-                await trio.to_thread.run_sync(self._remove, inst)
-                continue
-            if inst.state in (RUNNING, CREATING, STOPPING):
-                await self._reload_live(inst)
+        for inst in await trio.to_thread.run_sync(self.dirs.read_all):
+            if await settle(inst, self.launcher.supervisor):
+                self._started_vm = True
+            else:
+                await self._persist(inst)
             self._instances[inst.instance_id] = inst
         if self._instances:
             log.info("instances reloaded", count=len(self._instances))
-
-    async def _reload_live(self, inst: Instance) -> None:
-        launch = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
-        if launch is not None:  # the node may have died before it updated instance.json
-            inst.unit_name = inst.unit_name or launch.get("unit_name")
-            inst.launch = inst.launch or launch.get("launch")
-            unit = launch.get("unit") or {}
-            if inst.main_process is None and isinstance(unit.get("main_pid"), int) and \
-                    isinstance(unit.get("start_time_ticks"), int):
-                inst.main_process = (unit["main_pid"], unit["start_time_ticks"])
-        info = None
-        if inst.unit_name is not None:
-            info = await self.launcher.supervisor.describe(inst.unit_name)
-        if inst.state == RUNNING and launch is not None and records.unit_matches(launch, info):
-            self._started_vm = True
-            return
-        if info is not None and info.active:
-            reason = (f"node restarted while the Instance was {inst.state}; its VMM still "
-                      "runs and was not taken over: stop it with force")
-        else:
-            reason = EXITED_REASON
-        log.error("instance not taken over", instance=inst.instance_id, state=inst.state,
-                  reason=reason)
-        inst.state, inst.reason = FAILED, reason
-        await self._persist(inst)
 
     def get(self, instance_id: str) -> Instance | None:
         """The Instance as the node sees it (tests and tools)."""
