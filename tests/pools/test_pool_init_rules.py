@@ -52,7 +52,8 @@ def test_rfc3339_ns_keeps_nanoseconds():
 def test_missing_directory_is_created(tmp_path: Path):
     pool = tmp_path / "a" / "b" / "pool"
     res = init_pool("pool-b", pool)
-    assert res.created and pool.is_dir()
+    assert res.created
+    assert pool.is_dir()
     assert check_marker("pool-b", pool).instance == res.marker.instance
 
 
@@ -62,7 +63,8 @@ def test_non_empty_directory_needs_adopt(tmp_path: Path):
     (pool / "retained-layers").mkdir()
     result = run_init("--id", "pool-c", "--path", str(pool))
     assert result.exit_code == 13
-    assert "not empty" in result.output and "--adopt" in result.output
+    assert "not empty" in result.output
+    assert "--adopt" in result.output
     assert not (pool / MARKER_NAME).exists()
     result = run_init("--id", "pool-c", "--path", str(pool), "--adopt")
     assert result.exit_code == 0, result.output
@@ -89,7 +91,8 @@ def test_other_id_on_initialized_path_is_refused_and_marker_kept(tmp_path: Path)
     for adopt in ((), ("--adopt",)):
         result = run_init("--id", "pool-f", "--path", str(pool), *adopt)
         assert result.exit_code == 13
-        assert "'pool-e'" in result.output and "'pool-f'" in result.output
+        assert "'pool-e'" in result.output
+        assert "'pool-f'" in result.output
         assert (pool / MARKER_NAME).read_bytes() == before
 
 
@@ -142,7 +145,8 @@ def test_check_marker_reasons(tmp_path: Path):
     with pytest.raises(MarkerProblem) as other:
         check_marker("pool-j", pool)
     assert other.value.reason.startswith("storage pool marker is invalid")
-    assert "'other'" in other.value.reason and "'pool-j'" in other.value.reason
+    assert "'other'" in other.value.reason
+    assert "'pool-j'" in other.value.reason
     for content in ('{"version": 2}', "[]", '{"version": 1, "pool_id": "pool-j", '
                     '"instance": "XYZ", "created_at": "2026-01-01T00:00:00.0Z"}'):
         (pool / MARKER_NAME).write_text(content)
