@@ -1,17 +1,20 @@
-"""The guest agent (`agent.py`, copied into Template images) and its host-side client.
+"""The guest agent (the `kibotos_guest` package and its launcher `agent.py`, both
+copied into Template images) and its host-side client.
 
-The wire protocol is documented in docs/guest-protocol.md.  `AGENT_PATH` is the file a
-Template build copies into the image (standard library only, Python >= 3.11).
+The wire protocol is documented in docs/guest-protocol.md.  `AGENT_PATH` is the launcher
+(``python3 AGENT_PATH --socket …`` runs the agent anywhere); `AGENT_PACKAGE_DIR` is the
+package beside it (standard library only, Python >= 3.11).  A Template build installs
+both under /usr/lib/kibotos-guest/ (`kibotos.platform.build_template.agent_files`).
 """
 
 from pathlib import Path
 
-from kibotos.guest.agent import AGENT_VERSION, DEFAULT_PORT_NAME, PROTOCOL_VERSION
 from kibotos.guest.client import (
     GuestChannel,
     connect_unix_with_retry,
     open_guest_channel,
 )
+from kibotos.guest.kibotos_guest import AGENT_VERSION, DEFAULT_PORT_NAME, PROTOCOL_VERSION
 from kibotos.guest.model import (
     ACCEPTED_PROTOCOL_VERSIONS,
     STOP_REASONS,
@@ -28,11 +31,14 @@ from kibotos.guest.model import (
 )
 from kibotos.guest.streams import GuestInputStream, GuestOutputStream, GuestProcess
 
-#: The agent script to install in guest images.
+#: The agent's launcher script.
 AGENT_PATH = Path(__file__).with_name("agent.py")
+#: The agent's package, which the launcher imports from its own directory.
+AGENT_PACKAGE_DIR = Path(__file__).with_name("kibotos_guest")
 
 __all__ = [
     "ACCEPTED_PROTOCOL_VERSIONS",
+    "AGENT_PACKAGE_DIR",
     "AGENT_PATH",
     "AGENT_VERSION",
     "DEFAULT_PORT_NAME",

@@ -40,7 +40,7 @@ from kibotos.errors import (
     PermissionDenied,
     Unavailable,
 )
-from kibotos.guest.agent import (
+from kibotos.guest.kibotos_guest.framing import (
     DEFAULT_WINDOW,
     KIND_CONTROL,
     RESYNC_PREAMBLE_SIZE,
