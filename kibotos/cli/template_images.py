@@ -20,7 +20,9 @@ A recipe::
     content = "hello\\n"             # or source = "motd" (relative to the recipe)
     mode = "0644"
 
-The guest agent is always installed at ``/usr/lib/kibotos-guest/agent.py`` (0755).
+The guest agent is always installed: its launcher at ``/usr/lib/kibotos-guest/agent.py``
+(0755) and its package, byte-compiled, in ``/usr/lib/kibotos-guest/kibotos_guest/``
+(`build_template.agent_files`).
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def load_recipe(path: Path, name: str, cache_root: Path) -> bt.Recipe:
                               "list of strings")
     if mirror is not None and not isinstance(mirror, str):
         raise InvalidArgument(f"recipe {path}: mirror must be a URL string")
-    files: dict[str, tuple[Path, int]] = {bt.AGENT_GUEST_PATH: (bt.repo_agent(), 0o755)}
+    files: dict[str, tuple[Path, int]] = bt.agent_files()
     table = data.get("files", {})
     if not isinstance(table, dict):
         raise InvalidArgument(f"recipe {path}: files must be a table of tables")
@@ -252,18 +254,17 @@ def import_image(tarball: Path, name: str, cache_root: Path) -> tuple[Blob, dict
     if os.geteuid() != 0:
         raise FailedPrecondition("kibo template import runs as root: the image keeps the "
                                  "tarball's file owners (root:root for most of a rootfs)")
-    agent = bt.repo_agent()
+    agent = bt.agent_files()
     tar_digest = sha256_file(tarball)
     inputs = {"builder": IMPORT_REVISION, "tarball": tar_digest, "name": name,
-              "agent": sha256_file(agent)}
+              "agent": bt.agent_digest()}
     key = input_key(inputs)
 
     def make(tmp: Path) -> None:
         stage = tmp / "stage"
         try:
             compression = unpack(tarball, stage)
-            bt.image_from_tree(stage, tmp / "image", name=name,
-                               files={bt.AGENT_GUEST_PATH: (agent, 0o755)})
+            bt.image_from_tree(stage, tmp / "image", name=name, files=agent)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         atomicfile.write_json(tmp / IMPORT_MANIFEST, {

@@ -6,16 +6,23 @@ and ssl, so the default Template takes ``python3``), with apt's downloaded packa
 lists removed.  Cached by (suite, variant, packages, mirror).
 
 Stage 2, the image: the rootfs hard-linked into a staging tree, the recipe's files
-written over it (each replaced, never written through a shared link), then
-``mkfs.ext4 -d`` into a sparse image without journal (the guest mounts it read-only).
-Cached by (stage 1 key, file digests, modes), so a new agent costs seconds, not a
-debootstrap.
+written over it (each replaced, never written through a shared link), the guest agent's
+package byte-compiled by the Template's own ``python3`` (in a chroot, so the bytecode
+matches the guest's Python version), then ``mkfs.ext4 -d`` into a sparse image without
+journal (the guest mounts it read-only).  Cached by (stage 1 key, file digests, modes,
+bytecode revision), so a new agent costs seconds, not a debootstrap.
+
+The agent is the launcher ``/usr/lib/kibotos-guest/agent.py`` and the package
+``/usr/lib/kibotos-guest/kibotos_guest/`` beside it (`agent_files`).  Its bytecode is
+``checked-hash``: Python checks each module's source hash, not its mtime, so the
+image is reproducible and a stale or foreign ``.pyc`` is never used.
 
 Each entry has ``template.json``::
 
     {"format": 1, "kind": "kibotos-template", "name": "kibotos-base",
      "inputs_digest": "<hex>", "recipe": {"suite", "variant", "packages", "mirror",
-     "files": {"/usr/lib/kibotos-guest/agent.py": {"sha256", "mode"}}},
+     "files": {"/usr/lib/kibotos-guest/agent.py": {"sha256", "mode"},
+               "/usr/lib/kibotos-guest/kibotos_guest/<module>.py": {…}, …}},
      "image": {"file": "image", "format": "raw-ext4", "sha256", "size"}}
 """
 
@@ -41,7 +48,13 @@ FORMAT = 1
 MANIFEST = "template.json"
 ROOTFS_MANIFEST = "rootfs.json"
 BUILDER_REVISION = 1
-AGENT_GUEST_PATH = "/usr/lib/kibotos-guest/agent.py"
+AGENT_GUEST_DIR = "/usr/lib/kibotos-guest"
+AGENT_GUEST_PATH = f"{AGENT_GUEST_DIR}/agent.py"
+#: The agent's package, beside its launcher on the host and in the guest.
+AGENT_PACKAGE = "kibotos_guest"
+#: How the agent's bytecode is made (``compileall --invalidation-mode checked-hash`` by
+#: the guest's python3); part of every image's cache key, so a change rebuilds images.
+BYTECODE_REVISION = 1
 #: The debootstrap program (tests put a fake one here).
 DEBOOTSTRAP = "debootstrap"
 #: apt's leftovers that only make an image bigger (an install in the guest runs
@@ -50,8 +63,30 @@ _PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists")
 
 
 def repo_agent() -> Path:
-    """The guest agent shipped with kibotos (`kibotos/guest/agent.py`)."""
+    """The guest agent's launcher shipped with kibotos (`kibotos/guest/agent.py`)."""
     return Path(kibotos.__file__).parent / "guest" / "agent.py"
+
+
+def agent_files(agent: Path | None = None) -> dict[str, tuple[Path, int]]:
+    """The guest agent as Template files (guest path -> (host file, mode)): the launcher
+    `agent` (default `repo_agent`) at `AGENT_GUEST_PATH`, 0755, and the modules of the
+    `kibotos_guest` package beside it, 0644.  A launcher without that package beside it
+    is installed alone (a single-file agent)."""
+    agent = agent or repo_agent()
+    files = {AGENT_GUEST_PATH: (agent, 0o755)}
+    package = agent.parent / AGENT_PACKAGE
+    if package.is_dir():
+        for src in sorted(package.glob("*.py")):
+            files[f"{AGENT_GUEST_DIR}/{AGENT_PACKAGE}/{src.name}"] = (src, 0o644)
+    return files
+
+
+def agent_digest(agent: Path | None = None) -> str:
+    """The hex sha256 that identifies the installed agent: every file of `agent_files`
+    (path, content, mode) and `BYTECODE_REVISION`, for cache keys of images it goes in."""
+    files = {dest: {"sha256": debs.sha256_file(src), "mode": mode}
+             for dest, (src, mode) in sorted(agent_files(agent).items())}
+    return input_key({"files": files, "bytecode": BYTECODE_REVISION})
 
 
 @dataclass(frozen=True)
@@ -66,9 +101,8 @@ class Recipe:
 
 
 def default_recipe(agent: Path | None = None) -> Recipe:
-    """``kibotos-base``: Debian minbase + python3 + the guest agent."""
-    agent = agent or repo_agent()
-    return Recipe(files={AGENT_GUEST_PATH: (agent, 0o755)})
+    """``kibotos-base``: Debian minbase + python3 + the guest agent (`agent_files`)."""
+    return Recipe(files=agent_files(agent))
 
 
 def _check(recipe: Recipe) -> None:
@@ -130,12 +164,49 @@ def _place_files(stage: Path, files: dict[str, tuple[Path, int]]) -> None:
         os.chown(target, 0, 0)
 
 
+def _precompile_agent(stage: Path, files: dict[str, tuple[Path, int]]) -> None:
+    """Byte-compile the agent's package with the tree's own python3, in a chroot, so the
+    ``.pyc`` files match the guest's Python (its magic number and cache tag) and the
+    guest imports them instead of compiling the agent at every boot.
+
+    A tree without python3 is left alone (nothing in it could run the agent, and the
+    guest init refuses to start it); a compile that fails fails the build."""
+    package = f"{AGENT_GUEST_DIR}/{AGENT_PACKAGE}"
+    modules = sorted(Path(d).stem for d in files
+                     if d.startswith(package + "/") and d.endswith(".py"))
+    if not modules or not os.path.lexists(stage / "usr/bin/python3"):
+        return
+    pycache = stage / package.lstrip("/") / "__pycache__"
+    if pycache.is_symlink() or pycache.is_file():
+        pycache.unlink()
+    elif pycache.is_dir():
+        shutil.rmtree(pycache)  # bytecode of an older agent (an imported tree): unlinked,
+        #                         never rewritten through a link into a cache
+    argv = ["chroot", str(stage), "/usr/bin/python3", "-I", "-B", "-m", "compileall", "-q",
+            "--invalidation-mode", "checked-hash", package]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    except FileNotFoundError:
+        raise FailedPrecondition("build template: chroot is not installed") from None
+    missing = [m for m in modules if not list(pycache.glob(f"{m}.*.pyc"))]
+    if proc.returncode != 0 or missing:
+        detail = (proc.stderr or proc.stdout).strip()[-1000:] or f"no bytecode for {missing}"
+        raise FailedPrecondition("build template: byte-compiling the guest agent with the "
+                                 f"Template's python3 failed: {detail}")
+    for pyc in pycache.iterdir():
+        os.chmod(pyc, 0o644)
+        os.chown(pyc, 0, 0)
+
+
 def image_from_tree(stage: Path, image: Path, *, name: str,
                     files: dict[str, tuple[Path, int]]) -> None:
-    """Write `files` into `stage` (a tree the caller owns; each file replaces its path)
-    and make the read-only Template image from it.  Shared by recipe builds and
-    ``kibo template import``, so both lay out and size images the same way."""
+    """Write `files` into `stage` (a tree the caller owns; each file replaces its path),
+    byte-compile the agent's package among them with the tree's python3, and make the
+    read-only Template image.  Shared by recipe builds and ``kibo template import``, so
+    both lay out and size images the same way."""
     _place_files(stage, files)
+    _precompile_agent(stage, files)
     size, inodes = images.template_size(stage)
     images.create_ext4(image, size, label=name[:16], journal=False, source_dir=stage,
                        inodes=inodes)
@@ -184,7 +255,7 @@ def build_template(recipe: Recipe, *, cache_root: Path | None = None) -> Path:
     files = {dest: {"sha256": debs.sha256_file(src), "mode": mode}
              for dest, (src, mode) in sorted(recipe.files.items())}
     inputs = {"builder": BUILDER_REVISION, "rootfs": rootfs_key, "name": recipe.name,
-              "files": files}
+              "files": files, "bytecode": BYTECODE_REVISION}
     return cached_build(
         root / "templates", input_key(inputs), MANIFEST,
         lambda tmp: _make_image(tmp, rootfs_entry / "rootfs", recipe, inputs, rootfs_key,
@@ -203,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirror", default=None,
                         help="Debian mirror (default: the one in this machine's apt sources)")
     parser.add_argument("--agent", type=Path, default=None,
-                        help=f"guest agent to install at {AGENT_GUEST_PATH} "
+                        help=f"guest agent launcher to install at {AGENT_GUEST_PATH}, "
+                             f"with the {AGENT_PACKAGE} package beside it "
                              "(default: kibotos/guest/agent.py)")
     parser.add_argument("--file", action="append", default=[], metavar="SRC:DEST[:MODE]",
                         help="extra file to copy into the image (repeatable)")
