@@ -75,6 +75,21 @@ class NodeSection(_Strict):
     ctrl_url: str
     enrollment_grant_file: Path | None = None
     dataplane_listen: str = "127.0.0.1:7500"
+    #: The node's socket directory: the data plane's control socket is
+    #: ``<socket_dir>/dataplane/control.sock``, and the directory names the node's
+    #: data-plane units (their scope), so several nodes on one host need their own.
+    socket_dir: Path = Path("/run/kibotos/node")
+
+    @field_validator("socket_dir")
+    @classmethod
+    def _socket_dir(cls, v: Path) -> Path:
+        if not v.is_absolute():
+            raise ValueError(f"must be an absolute path, got {str(v)!r}")
+        # sun_path holds 107 bytes; the longest socket below it is dataplane/control.sock
+        if len(os.fsencode(v)) + len("/dataplane/control.sock") > 107:
+            raise ValueError(f"{str(v)!r} is too long for the unix sockets under it "
+                             "(at most 84 bytes)")
+        return v
 
     @field_validator("id")
     @classmethod

@@ -1,11 +1,18 @@
-"""``kibotos dataplane serve``: the data-plane process, as the node starts it.
+"""``kibotos dataplane serve|list|stop``: the data-plane process, and its units on a node.
 
-The node runs it as the unit ``kibotos-dataplane-<scope>-<generation>`` (see
-`kibotos.node.dataplane_supervisor`); running it by hand is for debugging.  It reads no
-configuration file and never touches the node's state directory: everything it needs
-comes on the command line and, afterwards, over its control socket.  Exit status 0
-after a signal and the drain, the error's exit code when it cannot start (17 when the
-listen address or the control socket cannot be bound).
+``serve`` is the process, as the node starts it in the unit
+``kibotos-dataplane-<scope>-<generation>`` (see `kibotos.node.dataplane_supervisor`);
+running it by hand is for debugging.  It reads no configuration file and never touches
+the node's state directory: everything it needs comes on the command line and,
+afterwards, over its control socket.  Exit status 0 after a signal and the drain, the
+error's exit code when it cannot start (17 when the listen address or the control socket
+cannot be bound).
+
+``list`` and ``stop`` take the node's ``node.toml`` and work through the node's
+supervisor plugin, so they see the units the node started (also with the ``direct``
+supervisor, where ``systemctl`` sees nothing).  ``stop`` is how to cut off data-plane
+access at once; the node starts a new process when it next runs (or within seconds,
+if it is running).
 """
 
 from __future__ import annotations
@@ -13,11 +20,15 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import trio
 
 from kibotos.errors import KibotosError
+
+if TYPE_CHECKING:
+    from kibotos.node.dataplane_supervisor import DataplaneSupervisor
 
 
 @click.group("dataplane")
@@ -66,3 +77,58 @@ def serve_command(listen: str, socket_dir: Path, generation: int,
             raise
         click.echo(f"data plane failed: {leaf.message}", err=True)
         sys.exit(leaf.exit_code)
+
+
+def _node_dataplane(config_path: Path) -> DataplaneSupervisor:
+    from kibotos import config as config_mod
+    from kibotos.node.dataplane_supervisor import DataplaneSupervisor
+    from kibotos.node.vmsetup import supervisor_options
+    from kibotos.plugins import load_plugins
+
+    cfg = config_mod.load(config_mod.NodeConfig, config_path)
+    regs = load_plugins(cfg.plugins.disable)
+    supervisor = regs.supervisor.get(cfg.supervisor.backend)(supervisor_options(cfg))
+    return DataplaneSupervisor(node_id=cfg.node.id, listen=cfg.node.dataplane_listen,
+                               socket_dir=cfg.node.socket_dir,
+                               state_dir=cfg.storage.root / "state", supervisor=supervisor)
+
+
+def _run_for_node(config_path: Path, action: str, timeout: float) -> None:
+    async def main() -> None:
+        dp = _node_dataplane(config_path)
+        if action == "stop":
+            for name in await dp.stop_all(timeout=timeout):
+                click.echo(f"stopped {name}")
+            return
+        for info in await dp.units():
+            state = f"running pid {info.main_pid}" if info.active else \
+                f"ended ({info.result or 'unknown'})"
+            click.echo(f"{info.name}  {state}")
+
+    try:
+        trio.run(main)
+    except KibotosError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+
+
+_config_option = click.option(
+    "--config", "config_path", required=True,
+    type=click.Path(dir_okay=False, path_type=Path), help="The node's node.toml.")
+
+
+@dataplane_group.command("list")
+@_config_option
+def list_command(config_path: Path) -> None:
+    """The node's data-plane units, oldest generation first."""
+    _run_for_node(config_path, "list", 0.0)
+
+
+@dataplane_group.command("stop")
+@_config_option
+@click.option("--timeout", default=15.0, type=click.FloatRange(min=0), show_default=True,
+              metavar="SECONDS", help="Per process: how long before SIGKILL (it drains "
+                                      "its connections for 10 s first).")
+def stop_command(config_path: Path, timeout: float) -> None:
+    """End every data-plane process of the node (cuts off exec at once)."""
+    _run_for_node(config_path, "stop", timeout)

@@ -48,7 +48,7 @@ async def _run_until_signal(cfg: NodeConfig) -> None:
                     return
 
         nursery.start_soon(watch_signals)
-        await serve_node(cfg)
+        await serve_node(cfg, dataplane=True)
         nursery.cancel_scope.cancel()
 
 

@@ -139,11 +139,30 @@ class DevCluster:
             raise
 
     def down(self, grace: float = DEFAULT_GRACE) -> list[str]:
-        """Stop every process of this cluster (nodes first); return the names stopped."""
+        """Stop every process of this cluster (nodes first, each with the data-plane
+        processes it started, which outlive a node by design); return the names of the
+        node and ctrl processes stopped."""
         nodes = [self.node_service(n) for n in self.node_ids()]
         stopped = self._sup.stop(nodes, grace)
+        for svc in nodes:
+            self._stop_dataplane(svc)
         stopped += self._sup.stop([self.ctrl_service()], grace)
         return stopped
+
+    def _stop_dataplane(self, svc: Service) -> list[str]:
+        """``kibotos dataplane stop`` for one node: its data-plane units end; returns
+        their names."""
+        if not svc.config.exists():
+            return []
+        done = subprocess.run([script("kibotos"), "dataplane", "stop", "--config",
+                               str(svc.config), "--timeout", "5"],
+                              capture_output=True, text=True, timeout=self.timeout,
+                              check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"stopping the data plane of {svc.name} failed: "
+                               f"{done.stderr.strip()[-300:]}")
+        return [line.removeprefix("stopped ") for line in done.stdout.splitlines()
+                if line.startswith("stopped ")]
 
     def status(self) -> list[ProcessStatus]:
         """Each process: its PID if it runs, and the node status from ctrl if reachable."""

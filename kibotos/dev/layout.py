@@ -174,6 +174,7 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
             "ctrl_url": ctrl_url,
             "enrollment_grant_file": d / "grant",
             "dataplane_listen": f"127.0.0.1:{free_port()}",
+            "socket_dir": socket_dir(d),
         },
         "storage": {"root": d / "root", "pool": pools},
         "resources": {"cpu": _number(cpu), "memory": memory},
@@ -191,6 +192,20 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
         prepare_proc_root(layout.proc_root(node_id))
     write_config(path, config.NodeConfig, doc,
                  f"node {node_id} of a dev cluster, written by `kibotos dev cluster up`.")
+
+
+def socket_dir(node_dir: Path) -> Path:
+    """``<node dir>/run``, or a short directory under /tmp named by it when that path is
+    too long for the unix sockets under it (sun_path holds 107 bytes)."""
+    import hashlib
+    import os
+    import tempfile
+
+    preferred = node_dir.absolute() / "run"
+    if len(os.fsencode(preferred)) + len("/dataplane/control.sock") <= 107:
+        return preferred
+    digest = hashlib.sha256(os.fsencode(preferred)).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"kibotos-dev-{digest}"
 
 
 def _number(cpu: str) -> int | float | str:

@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from kibotos import atomicfile
-from kibotos.backends import Supervisor, UnitSpec
+from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.credentials import parse_public_key
 from kibotos.dataplane.build import source_build_id
 from kibotos.dataplane.control import check_socket_path, control_call, control_path
@@ -235,6 +235,23 @@ class DataplaneSupervisor:
         return key
 
     # ------------------------------------------------------------------ the process
+
+    async def units(self) -> list[UnitInfo]:
+        """This node's data-plane units (running or not), by generation."""
+        found = await self.supervisor.list(f"{UNIT_PREFIX}{self.scope}-")
+        return sorted(found, key=lambda u: generation_of(u.name, self.scope) or 0)
+
+    async def stop_all(self, *, timeout: float | None = None) -> list[str]:
+        """End every data-plane process of this node (each drains first): how access is
+        cut off at once, and what a dev cluster's ``down`` does.  Returns the units that
+        were running."""
+        stopped = []
+        for info in await self.units():
+            if info.active:
+                stopped.append(info.name)
+            await self.supervisor.stop(info.name, timeout=timeout or self.timing.stop_timeout)
+        self.generation = None
+        return stopped
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:

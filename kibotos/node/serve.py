@@ -12,8 +12,12 @@ Startup order matters, and each step fails with a message naming what was wrong:
 5. the identity, enrolling once if there is none;
 6. the Instance manager (VMM backend and supervisor from the config; it reloads the
    Instances a previous process left);
-7. then the host-usage sampler, the manager's background work and the control session,
-   with the manager's command handlers, until cancelled.
+7. with ``dataplane`` (always for ``kibotos node serve``): the data-plane process,
+   adopted or started and given its state before ctrl hears from the node
+   (`kibotos.node.dataplane_targets`);
+8. then the host-usage sampler, the manager's background work and the control session,
+   with the manager's command handlers, until cancelled.  The data-plane process is
+   not stopped when the node stops: it keeps serving (spec).
 
 systemd learns ``READY=1`` after the first session is established, so `systemctl start`
 returns once ctrl sees the node.
@@ -30,6 +34,7 @@ import trio
 from kibotos.config import NodeConfig
 from kibotos.node import layout
 from kibotos.node.clock import NodeClock
+from kibotos.node.dataplane_targets import DataplaneTargets
 from kibotos.node.identity import NodeIdentity, ensure_identity
 from kibotos.node.incarnation import next_incarnation
 from kibotos.node.instances import InstanceManager
@@ -55,6 +60,7 @@ class NodeRuntime:
     sampler: UsageSampler
     board: ReportBoard
     session: ControlSession
+    dataplane: DataplaneTargets | None = None
 
 
 def notify_ready() -> None:
@@ -74,12 +80,17 @@ async def serve_node(
     config: NodeConfig,
     *,
     instances: InstanceManager | None = None,
+    dataplane: bool = False,
     sample_interval: float = SAMPLE_INTERVAL,
     timing: SessionTiming = DEFAULT_TIMING,
     task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node until cancelled.  Raises `NodeIsolated` (exit status 75) when ctrl
-    says this incarnation was isolated, after every Instance was destroyed."""
+    says this incarnation was isolated, after every Instance was destroyed.
+
+    `dataplane` runs the data-plane process too.  ``kibotos node serve`` always does;
+    tests that embed the node usually do not, because its unit outlives the node and
+    would have to be stopped after the test."""
     unit = await trio.to_thread.run_sync(check_startup)  # before any state is touched
     paths = layout.NodePaths(config.storage.root)
     layout.prepare_root(paths)
@@ -112,20 +123,25 @@ async def serve_node(
                 ready_sent = True
                 notify_ready()
 
+        targets = DataplaneTargets.for_node(config, manager) if dataplane else None
         session = ControlSession(
             config, identity, incarnation,
             clock=NodeClock(config.testing.clock_skew_file),
-            sampler=sampler, board=board, instances=manager,
+            sampler=sampler, board=board,
+            instances=targets.view() if targets else manager,
             on_established=on_established, timing=timing,
+            on_welcome=targets.on_welcome if targets else None,
         )
         session.commands.update(manager.command_handlers())
         runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,
-                              session)
+                              session, targets)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(functools.partial(
                     sampler.run, board.mark_changed, interval=sample_interval))
                 await nursery.start(manager.run)
+                if targets is not None:  # after the manager reloaded its Instances
+                    await nursery.start(targets.run)
                 task_status.started(runtime)
                 await session.run()
         except BaseExceptionGroup as group:

@@ -128,6 +128,7 @@ class ControlSession:
         board: ReportBoard,
         instances: InstanceManager,
         on_established: Callable[[], None] | None = None,
+        on_welcome: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
         timing: SessionTiming = DEFAULT_TIMING,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -139,6 +140,9 @@ class ControlSession:
         self.board = board
         self.instances = instances
         self.on_established = on_established
+        #: Awaited with every welcome before the node goes on (the data plane takes
+        #: ``session_signing_public_key`` from it).
+        self.on_welcome = on_welcome
         self.timing = timing
         self.backoff = Backoff(initial=timing.backoff_initial, cap=timing.backoff_cap)
         self.ssl_context = ssl_context
@@ -284,6 +288,8 @@ class ControlSession:
                  incarnation=self.incarnation, url=self.url)
         if isinstance(msg.get("drain_requested"), bool):
             self.instances.set_drain_requested(msg["drain_requested"])
+        if self.on_welcome is not None:
+            await self.on_welcome(msg)
         if isinstance(msg.get("overcommit"), dict):
             await self._on_overcommit(ws, msg["overcommit"])
 

@@ -26,6 +26,7 @@ from kibotos.dataplane.control import control_call, control_path
 from kibotos.dataplane.exec_session import ExecRequest
 from kibotos.dataplane.serve import DataplaneServer, DataplaneSettings, serve_dataplane
 from kibotos.dataplane.state import Target, state_message
+from kibotos.errors import Unavailable
 from kibotos.guest import AGENT_PATH, ExitStatus
 
 GUEST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
@@ -189,10 +190,12 @@ async def run_exec(plane: Plane, argv: list[str] | tuple[str, ...], *, stdin: by
     out, err = bytearray(), bytearray()
 
     async def feed(ex: ExecClient) -> None:
-        if stdin:
-            await ex.send_stdin(stdin)
-        if not tty:
-            await ex.close_stdin()
+        # The process may exit (and the server close) before all input is sent.
+        with contextlib.suppress(Unavailable):
+            if stdin:
+                await ex.send_stdin(stdin)
+            if not tty:
+                await ex.close_stdin()
 
     with trio.fail_after(TIMEOUT):
         async with open_exec(plane.url, credential or plane.credential(),

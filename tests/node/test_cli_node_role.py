@@ -105,4 +105,9 @@ async def test_sigterm_stops_cleanly_and_isolate_exits_75(tmp_path: Path) -> Non
             assert "ctrl says this node was isolated" in text
             assert "node exiting after isolate" in text
             assert fake.conns[-1].hello["incarnation"] == 2
+            # `kibotos node serve` started its data plane, which outlives the node.
+            stop = await trio.run_process([*KIBOTOS, "dataplane", "stop", "--config",
+                                           str(tmp_path / "node.toml")],
+                                          capture_stdout=True, check=True)
+            assert b"stopped kibotos-dataplane-" in stop.stdout
             nursery.cancel_scope.cancel()

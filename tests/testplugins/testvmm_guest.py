@@ -10,6 +10,10 @@ configure, exec, stop_prepare, sync) runs for real, without QEMU.
 ``--hang`` never starts the agent (a guest that does not come up: the readiness wait
 times out); ``--refuse`` starts it announcing protocol version 0, outside what the
 host accepts.
+
+The data plane's agent socket, ``agent-dp.sock`` beside the agent's socket, is a symlink
+to it: with ``--socket`` the agent serves every connection as its own session, which is
+what the second virtio port (``org.kibotos.agent.1``) gives the data plane in a real VM.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ def main() -> None:
     for sub in ("etc", "run", "tmp"):
         os.makedirs(os.path.join(args.root, sub), exist_ok=True)
     print(f"testvmm: guest root {args.root}, agent socket {args.socket}", flush=True)
+    dataplane = os.path.join(os.path.dirname(args.socket), "agent-dp.sock")
+    if not os.path.lexists(dataplane):
+        os.symlink(os.path.basename(args.socket), dataplane)
     if args.hang:
         while True:
             signal.pause()

@@ -1,0 +1,240 @@
+"""``kibo workspace exec`` end to end: a real ctrl, a real node (`serve_node` with its
+data plane, the ``testvmm`` backend and the ``direct`` supervisor), a Workspace created
+through the API, and the exec command as a process.
+
+What it proves beyond the unit tests: ctrl's key reaches the data plane through the
+welcome, the node reports its data-plane address, the target is handed over before the
+Instance is reported RUNNING, and the CLI maps the process's end to its exit status.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from dp_harness import TIMEOUT, free_port
+
+from kibotos.config import CtrlConfig, NodeConfig, parse
+from kibotos.ctrl import enrollment
+from kibotos.ctrl.context import utcnow
+from kibotos.ctrl.serve import open_store, serve_ctrl
+from kibotos.ctrl.store.models import Template
+from kibotos.node.serve import NodeRuntime, serve_node
+from kibotos.node.session import SessionTiming
+from kibotos.plugins import EXTRA_MODULES_ENV, load_plugins
+
+TESTPLUGINS = Path(__file__).resolve().parent.parent / "testplugins"
+TIMING = SessionTiming(ping_interval=0.5, backoff_initial=0.05, backoff_cap=0.5)
+
+pytestmark = pytest.mark.slow
+
+
+def blob(artifacts: Path, data: bytes) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(data).hexdigest()
+    (artifacts / "sha256").mkdir(parents=True, exist_ok=True)
+    (artifacts / "sha256" / digest).write_bytes(data)
+    return f"sha256:{digest}"
+
+
+@dataclass
+class Cluster:
+    base: Path
+    url: str
+    http: httpx.AsyncClient
+    operator: dict[str, str]
+    kibo_config: Path
+    node: NodeRuntime
+
+    async def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = await self.http.request(method, path, headers=self.operator, **kwargs)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["result"]
+
+    async def exec(self, workspace: str, *args: str, stdin: bytes = b""
+                   ) -> trio.CompletedProcess[bytes]:
+        """``kibo workspace exec`` as its own process."""
+        argv = [sys.executable, "-c", "from kibotos.cli.exec_cmds import exec_command; "
+                "exec_command(prog_name='kibo workspace exec')", "--config",
+                str(self.kibo_config), workspace, *args]
+        with trio.fail_after(TIMEOUT):
+            return await trio.run_process(argv, stdin=stdin, capture_stdout=True,
+                                          capture_stderr=True, check=False)
+
+
+async def wait_state(c: Cluster, workspace: str, state: str) -> dict[str, Any]:
+    with trio.fail_after(TIMEOUT * 2):
+        while True:
+            ws = await c.call("GET", f"/v1/workspaces/{workspace}", params={"wait_s": 5})
+            if ws["state"] == state:
+                return dict(ws)
+            assert ws["state"] != "FAILED", ws
+
+
+async def stop_units(config: NodeConfig) -> None:
+    from kibotos.node.vmsetup import supervisor_options
+
+    regs = load_plugins(test_modules=["kibotos_testvmm"])
+    sup = regs.supervisor.get("direct")(supervisor_options(config))
+    for info in await sup.list(""):
+        await sup.stop(info.name, timeout=5)
+
+
+@asynccontextmanager
+async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
+    monkeypatch.setenv(EXTRA_MODULES_ENV, "kibotos_testvmm")
+    monkeypatch.syspath_prepend(str(TESTPLUGINS))
+    base = Path(tempfile.mkdtemp(prefix="kex-", dir="/tmp"))  # short socket paths
+    ctrl_config = CtrlConfig.model_validate({"ctrl": {
+        "listen": "127.0.0.1:0", "state_dir": str(base / "ctrl"), "reconcile_interval": "1h"}})
+    artifacts = base / "artifacts"
+    digests = [blob(artifacts, data) for data in (b"image\n", b"kernel\n", b"initramfs\n")]
+    node_config: NodeConfig | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(partial(serve_ctrl, ctrl_config,
+                                                  handle_signals=False))
+            url = f"http://{address}"
+            store = await open_store(ctrl_config)
+            try:
+                now = datetime.now(UTC)
+                await store.write(lambda s: s.add(Template(
+                    name="tiny", image_digest=digests[0], image_size=6,
+                    kernel_digest=digests[1], initramfs_digest=digests[2], source=None,
+                    created_at=now, updated_at=now, revision=1)))
+                grant = await store.write(partial(
+                    enrollment.create_grant, kind="operator", node_id=None, name="op",
+                    expires_in_s=None, created_by=None, now=utcnow()))
+            finally:
+                store.close()
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                resp = await http.post("/v1/enrollment/exchange", json={
+                    "token": grant["token"], "public_key": _public_key()})
+                credential = resp.json()["result"]["credential"]
+                operator = {"Authorization": f"Bearer {credential}"}
+                kibo = base / "kibo.toml"
+                kibo.write_text(f'ctrl_url = "{url}"\ncredential = "{credential}"\n')
+                node_grant = (await http.post("/v1/enrollment/grants", headers=operator,
+                                              json={"kind": "node", "node_id": "node-a"}
+                                              )).json()["result"]["token"]
+                (base / "grant").write_text(node_grant + "\n")
+                node_config = _node_config(base, url, artifacts)
+                runtime: NodeRuntime = await nursery.start(partial(
+                    serve_node, node_config, dataplane=True, timing=TIMING))
+                with trio.fail_after(TIMEOUT):
+                    await runtime.session.status.wait_until(lambda s: s.connected)
+                yield Cluster(base, url, http, operator, kibo, runtime)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if node_config is not None:
+                await stop_units(node_config)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _public_key() -> str:
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    raw = Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def _node_config(base: Path, url: str, artifacts: Path) -> NodeConfig:
+    import tomllib
+
+    (base / "pool").mkdir()
+    (base / "proc").mkdir()
+    from kibotos.dev.layout import prepare_proc_root
+
+    prepare_proc_root(base / "proc")
+    text = f"""
+[node]
+id = "node-a"
+ctrl_url = "{url}"
+enrollment_grant_file = "{base / 'grant'}"
+dataplane_listen = "127.0.0.1:{free_port()}"
+socket_dir = "{base / 'run'}"
+[storage]
+root = "{base / 'root'}"
+[[storage.pool]]
+id = "pool-a"
+path = "{base / 'pool'}"
+default = true
+[resources]
+cpu = 4
+memory = "8G"
+[host]
+proc_root = "{base / 'proc'}"
+[vmm]
+backend = "testvmm"
+artifact_dirs = ["{artifacts}"]
+"""
+    return parse(NodeConfig, tomllib.loads(text), "test node.toml")
+
+
+async def test_exec_through_ctrl_node_and_data_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with cluster(monkeypatch) as c:
+        with trio.fail_after(TIMEOUT):
+            while not (node := await c.call("GET", "/v1/nodes/node-a"))["placement"][
+                    "eligible"]:
+                await trio.sleep(0.1)
+        assert node["dataplane_address"] == c.node.config.node.dataplane_listen
+        created = await c.call("POST", "/v1/workspaces", json={
+            "template": "tiny", "memory_bytes": 256 << 20, "layer_size_bytes": 64 << 20})
+        workspace = created["workspace_id"]
+        ws = await wait_state(c, workspace, "AVAILABLE")
+        assert c.node.dataplane is not None
+        dp = c.node.dataplane.dataplane
+        # The target was handed over before the node reported the Instance RUNNING.
+        assert dp.confirmed
+        assert set(dp.targets) == {ws["instance_id"]}
+        assert dp.targets[ws["instance_id"]].workspace_id == workspace
+
+        done = await c.exec(workspace, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+        assert done.returncode == 7, done.stderr
+        assert (done.stdout, done.stderr) == (b"out\n", b"err\n")
+        done = await c.exec(workspace, "--env", "GREETING=hello", "--cwd", "/tmp", "--",
+                            "sh", "-c", 'cat; echo "$GREETING from $(pwd)"',
+                            stdin=b"piped in\n")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"piped in\nhello from /tmp\n"
+        done = await c.exec(workspace, "--", "sh", "-c", "kill -TERM $$")
+        assert done.returncode == 128 + 15
+        done = await c.exec(workspace, "--", "no-such-program")
+        assert done.returncode == 12, done.stderr
+        assert b"no-such-program" in done.stderr
+        done = await c.exec(workspace, "--env", "1BAD=x", "--", "true")
+        assert done.returncode == 10
+
+        await c.call("POST", f"/v1/workspaces/{workspace}/stop", json={})
+        await wait_state(c, workspace, "STOPPED")
+        await wait_for_no_targets(c)
+        done = await c.exec(workspace, "--", "true")
+        assert done.returncode == 13, done.stderr
+        assert b"STOPPED" in done.stderr
+        done = await c.exec("ws-does-not-exist", "--", "true")
+        assert done.returncode == 12
+
+
+async def wait_for_no_targets(c: Cluster) -> None:
+    assert c.node.dataplane is not None
+    dp = c.node.dataplane.dataplane
+    with trio.fail_after(TIMEOUT):
+        while dp.targets:
+            await trio.sleep(0.05)
