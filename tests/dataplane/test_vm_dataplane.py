@@ -1,0 +1,127 @@
+"""The data plane reaching a real microVM (QEMU TCG, the cached Platform and
+``kibotos-base`` Template) through the guest's second port, ``org.kibotos.agent.1`` on
+``agent-dp.sock``, while the node's own channel on ``agent.sock`` stays open: the two
+guest sessions do not disturb each other."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from dp_harness import in_process_plane, run_exec
+
+from kibotos.backends import UnitSpec
+from kibotos.dataplane.state import Target
+from kibotos.guest import open_guest_channel
+
+pytestmark = pytest.mark.slow
+
+BOOT_TIMEOUT = 180  # TCG on a busy 2-core machine; a normal boot takes 5-10 s
+TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "debugfs", "dpkg-deb",
+         "apt-cache", "apt-get")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _cache_root() -> Path:
+    """The VM tests' cache (tests/vm/conftest.py): built once, reused here."""
+    env = os.environ.get("KIBOTOS_TEST_CACHE")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/cache/kibotos-test")
+    return Path.home() / ".cache" / "kibotos-test"
+
+
+@pytest.fixture(scope="module")
+def images() -> tuple[Path, Path]:
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [t for t in TOOLS if shutil.which(t, path=path) is None]
+    if os.geteuid() != 0:
+        missing.append("root (debootstrap)")
+    if missing:
+        message = f"VM tests need {', '.join(missing)} (packaging/apt-test-deps.txt)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    from kibotos.platform.build_platform import build_platform
+    from kibotos.platform.build_template import build_template, default_recipe
+
+    root = _cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    return build_platform(cache_root=root), build_template(default_recipe(), cache_root=root)
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kdv-", dir="/tmp"))  # short socket paths
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@asynccontextmanager
+async def running(unit: UnitSpec) -> AsyncIterator[trio.Process]:
+    """The unit's argv as a child, always killed at the end (no QEMU left behind)."""
+    assert unit.log_path is not None
+    log = os.open(unit.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        proc = await trio.lowlevel.open_process(
+            list(unit.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            cwd=unit.working_directory, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                             **unit.environment})
+    finally:
+        os.close(log)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.CancelScope(shield=True):
+            await proc.wait()
+
+
+async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
+                                                   run_dir: Path, tmp_path: Path) -> None:
+    from kibotos_qemu.backend import QemuVmm
+    from kibotos_qemu.launch import parse_launch
+
+    from kibotos.platform.images import create_writable_layer
+
+    platform_dir, template_dir = images
+    create_writable_layer(run_dir / "rw.img", 1 << 30)
+    launch = {"instance_id": run_dir.name, "runtime_dir": str(run_dir),
+              "platform_dir": str(platform_dir),
+              "template_image": str(template_dir / "image"),
+              "writable_layer": str(run_dir / "rw.img"), "memory": "256M"}
+    vmm = QemuVmm({"accelerator": "tcg"})
+    await vmm.probe()
+    socket = parse_launch(launch).dataplane_socket
+    assert socket == run_dir / "agent-dp.sock"
+    async with running(vmm.unit_for(launch)):
+        await vmm.wait_ready(launch, timeout=BOOT_TIMEOUT)
+        stream = await vmm.guest_channel(launch)
+        async with open_guest_channel(stream) as node_channel:
+            await node_channel.wait_hello(trio.current_time() + 30)
+            sleeper = await node_channel.exec(["sleep", "600"])
+            async with in_process_plane(tmp_path) as plane:
+                await plane.hand_state(Target("inst-1", socket, "ws-1"))
+                with trio.fail_after(BOOT_TIMEOUT):
+                    result = await run_exec(plane, ["sh", "-c", "echo hi; cat; exit 5"],
+                                            stdin=b"through org.kibotos.agent.1\n")
+                assert result.status.exit_code == 5
+                assert result.stdout == b"hi\nthrough org.kibotos.agent.1\n"
+                # The node's session on the first port was not reset by the data plane's.
+                probe = await node_channel.run(["sh", "-c", f"kill -0 {sleeper.pid}"])
+                assert probe[0].exit_code == 0
+                assert sleeper.exit_status is None
+            await sleeper.signal("KILL")
+    console = (run_dir / "console.log").read_text(errors="replace")
+    assert "kibotos-init: starting agent" in console
