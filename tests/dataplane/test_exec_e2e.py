@@ -9,6 +9,7 @@ Instance is reported RUNNING, and the CLI maps the process's end to its exit sta
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -238,3 +239,67 @@ async def wait_for_no_targets(c: Cluster) -> None:
     with trio.fail_after(TIMEOUT):
         while dp.targets:
             await trio.sleep(0.05)
+
+
+async def test_exec_with_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--tty`` under a real local terminal (a pty): raw mode while it runs and
+    restored after, the window size passed on and changed on SIGWINCH."""
+    import fcntl
+    import signal
+    import struct
+    import termios
+
+    async with cluster(monkeypatch) as c:
+        with trio.fail_after(TIMEOUT):
+            while not (await c.call("GET", "/v1/nodes/node-a"))["placement"]["eligible"]:
+                await trio.sleep(0.1)
+        created = await c.call("POST", "/v1/workspaces", json={
+            "template": "tiny", "memory_bytes": 256 << 20, "layer_size_bytes": 64 << 20})
+        workspace = created["workspace_id"]
+        await wait_state(c, workspace, "AVAILABLE")
+
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        cooked = termios.tcgetattr(slave)
+        argv = [sys.executable, "-c", "from kibotos.cli.exec_cmds import exec_command; "
+                "exec_command(prog_name='kibo workspace exec')", "--config",
+                str(c.kibo_config), workspace, "--tty", "--", "sh", "-c",
+                'stty size; while read line; do stty size; test "$line" = q && break; '
+                'done; echo "got $line"; exit 3']
+        proc = await trio.lowlevel.open_process(argv, stdin=slave, stdout=slave,
+                                                stderr=slave)
+        terminal = trio.lowlevel.FdStream(master)
+        seen = b""
+
+        async def read_until(needle: bytes) -> None:
+            nonlocal seen
+            with trio.fail_after(TIMEOUT):
+                while needle not in seen:
+                    chunk = await terminal.receive_some()
+                    assert chunk, seen
+                    seen += chunk
+
+        try:
+            await read_until(b"30 100")
+            assert not termios.tcgetattr(slave)[3] & termios.ICANON  # raw while it runs
+            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+            proc.send_signal(signal.SIGWINCH)
+            # Each line makes the remote shell print its size again, until the resize
+            # (relayed on its own) has arrived; no assumption about how fast.
+            with trio.fail_after(TIMEOUT):
+                while b"40 120" not in seen:
+                    await terminal.send_all(b"\r")
+                    with trio.move_on_after(0.5):
+                        await read_until(b"40 120")
+            await terminal.send_all(b"q\r")
+            await read_until(b"got q")
+            with trio.fail_after(TIMEOUT):
+                assert await proc.wait() == 3
+            assert termios.tcgetattr(slave) == cooked  # restored on exit
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await terminal.aclose()
+        text = seen.decode(errors="replace")
+        assert text.index("30 100") < text.index("40 120") < text.index("got q")
+        os.close(slave)
