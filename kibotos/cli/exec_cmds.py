@@ -29,14 +29,16 @@ import re
 import signal
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import trio
 
 from kibotos import ids
 from kibotos.cli.options import Invocation, kibo_options
 from kibotos.errors import DeadlineExceeded, InvalidArgument, Unavailable
+
+if TYPE_CHECKING:  # trio is imported when a command runs: `kibo workspace --help` stays fast
+    import trio
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -89,6 +91,8 @@ async def relay(url: str, credential: str, argv: tuple[str, ...], *, env: dict[s
                 stderr_fd: int = 2, handle_signals: bool = True) -> int:
     """Run `argv` through the data plane at `url`, wired to the given descriptors;
     returns the exit status the shell would report (code, or 128 + signal)."""
+    import trio
+
     from kibotos.dataplane.client import ExecClient, Output, open_exec
     from kibotos.dataplane.exec_session import ExecRequest
 
@@ -148,7 +152,7 @@ async def relay(url: str, credential: str, argv: tuple[str, ...], *, env: dict[s
 @kibo_options
 def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty: bool,
                  env_pairs: tuple[str, ...], cwd: str | None) -> None:
-    """Run CMD in the AVAILABLE Workspace WS; exits with its exit code.
+    """Run CMD in the AVAILABLE Workspace WORKSPACE; exit with its exit code.
 
     \b
     kibo workspace exec ws-01k… -- uname -a
@@ -166,6 +170,8 @@ def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty:
     raw = tty and os.isatty(0)
     remaining = inv.deadline.remaining()
 
+    import trio
+
     async def main() -> int:
         with trio.move_on_after(remaining if remaining is not None else float("inf")):
             return await relay(session["dataplane_url"], session["credential"], command,
@@ -181,6 +187,8 @@ def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty:
 
 def _run(main: Any) -> int:
     """trio.run, with the one error of a failed exec taken out of trio's groups."""
+    import trio
+
     from kibotos.dataplane.groups import sole_error
 
     try:

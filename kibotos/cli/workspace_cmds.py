@@ -21,6 +21,7 @@ import click
 
 from kibotos import ids
 from kibotos.cli import workspace_render as render
+from kibotos.cli.exec_cmds import exec_command
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -404,3 +405,7 @@ def _moved(inv: Invocation, ws: dict[str, Any], line: str) -> None:
         inv.out.json_result(ws)
     else:
         inv.out.line(line)
+
+
+# ``kibo workspace exec``: in its own module, with the data plane's client.
+workspace_group.add_command(exec_command)

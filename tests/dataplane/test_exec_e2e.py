@@ -36,6 +36,7 @@ from kibotos.node.session import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV, load_plugins
 
 TESTPLUGINS = Path(__file__).resolve().parent.parent / "testplugins"
+KIBO = [sys.executable, "-c", "from kibotos.cli.main import kibo_main; kibo_main()"]
 TIMING = SessionTiming(ping_interval=0.5, backoff_initial=0.05, backoff_cap=0.5)
 
 pytestmark = pytest.mark.slow
@@ -67,9 +68,8 @@ class Cluster:
     async def exec(self, workspace: str, *args: str, stdin: bytes = b""
                    ) -> trio.CompletedProcess[bytes]:
         """``kibo workspace exec`` as its own process."""
-        argv = [sys.executable, "-c", "from kibotos.cli.exec_cmds import exec_command; "
-                "exec_command(prog_name='kibo workspace exec')", "--config",
-                str(self.kibo_config), workspace, *args]
+        argv = [*KIBO, "workspace", "exec", "--config", str(self.kibo_config), workspace,
+                *args]
         with trio.fail_after(TIMEOUT):
             return await trio.run_process(argv, stdin=stdin, capture_stdout=True,
                                           capture_stderr=True, check=False)
@@ -261,9 +261,8 @@ async def test_exec_with_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
         master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
         cooked = termios.tcgetattr(slave)
-        argv = [sys.executable, "-c", "from kibotos.cli.exec_cmds import exec_command; "
-                "exec_command(prog_name='kibo workspace exec')", "--config",
-                str(c.kibo_config), workspace, "--tty", "--", "sh", "-c",
+        argv = [*KIBO, "workspace", "exec", "--config", str(c.kibo_config), workspace,
+                "--tty", "--", "sh", "-c",
                 'stty size; while read line; do stty size; test "$line" = q && break; '
                 'done; echo "got $line"; exit 3']
         proc = await trio.lowlevel.open_process(argv, stdin=slave, stdout=slave,
