@@ -186,7 +186,10 @@ class DataplaneSupervisor:
 
     async def _wait_confirmed(self) -> bool:
         """Push if needed and wait for the ack, at most `confirm_timeout`; the warning
-        of the spec when it does not come (the watcher keeps resending)."""
+        of the spec when it does not come (the watcher keeps resending).  Before ctrl's
+        key is known there is nothing to hand over: no credential could be verified."""
+        if self.public_key is None:
+            return False
         with trio.move_on_after(self.timing.confirm_timeout):
             while not self.confirmed:
                 if not await self._push():
@@ -360,7 +363,12 @@ class DataplaneSupervisor:
             name=name, argv=argv, properties=UNIT_PROPERTIES,
             environment={"PYTHONUNBUFFERED": "1"}, working_directory=Path("/")))
         self.starts += 1
-        if not await self._wait_serving(name, generation):
+        try:
+            serving = await self._wait_serving(name, generation)
+        except Unavailable:
+            await self.supervisor.stop(name, timeout=1.0)  # forget the dead unit
+            raise
+        if not serving:
             await self.supervisor.stop(name, timeout=self.timing.stop_timeout)
             raise Unavailable(f"data-plane unit {name} did not start: its control socket did "
                               f"not answer within {self.timing.start_timeout:g}s")

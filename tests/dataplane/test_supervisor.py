@@ -257,3 +257,29 @@ async def test_state_not_taken_in_time_is_logged_and_resent(
             result = await run_exec(plane, ["echo", "2"],
                                     credential=plane.credential(instance_id="inst-2"))
             assert result.stdout == b"2\n"
+
+
+async def test_a_start_that_fails_is_retried_while_the_node_serves_on(
+        node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    caplog.set_level(logging.INFO, logger="kibotos.node")
+    host, port = node.listen.split(":")
+    busy = socket.socket()
+    busy.bind((host, int(port)))
+    busy.listen()
+    try:
+        async with running(node.dataplane()) as dp:
+            # run() came back although no process serves: the node goes on without exec.
+            assert dp.generation is None
+            assert "data-plane process did not start" in caplog.text
+            assert await dp.set_public_key(node.key.public_key) is False
+            busy.close()
+            await wait_for(lambda: dp.generation is not None and dp.confirmed,
+                           "a later generation to start once the port is free")
+            assert dp.generation is not None
+            assert dp.generation >= 2
+            units = await dp.units()
+            assert [u.name for u in units] == [unit_name(dp.scope, dp.generation)]
+    finally:
+        busy.close()
