@@ -56,8 +56,9 @@ CONTROL_PLANE = "control_plane"
 
 @dataclass(frozen=True)
 class Followup:
-    """Work a report leaves for ctrl to do with the node after the commit:
-    ``stop`` a Workspace (OOM), or ``destroy`` an Instance ctrl does not know."""
+    """Work a report leaves for ctrl to do with the node after the commit: ``stop`` a
+    Workspace (OOM), ``destroy`` an Instance ctrl does not know, ``discard`` one it
+    knows but no longer wants."""
 
     action: str
     node_id: str
@@ -148,13 +149,11 @@ def gone(session: Session, ws: Workspace | None, inst: Instance, now: datetime,
           cause: str) -> None:
     """Nothing of the Instance remains on its node (destroyed, or no longer listed)."""
     release_allocation(session, inst.instance_id, now)
-    if ws is None:
-        return
+    if ws is None or ws.current_instance_id != inst.instance_id:
+        return  # an old Instance: the use rights are the current one's business
     for right in use_rights.rights_of(session, ws.workspace_id, for_update=True):
         if right.holder_node_id == inst.node_id:
             use_rights.release_after_stop(right, now)
-    if ws.current_instance_id != inst.instance_id:
-        return
     w.clear_executing(ws)
     if ws.state in (w.CREATING, w.STARTING, w.AVAILABLE, w.STOPPING):
         w.transition(session, ws, w.FAILED, cause, now, reason=w.EXITED_REASON)
@@ -221,6 +220,14 @@ def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
         reason = item.get("reason")
         followups += on_instance_state(session, node_id, instance_id, str(state),
                                        reason if isinstance(reason, str) else None, now)
+        if state in (I_CREATING, I_RUNNING, I_STOPPING, I_FAILED):
+            inst = session.get(Instance, instance_id)
+            ws = session.get(Workspace, inst.workspace_id) if inst is not None else None
+            if inst is not None and (ws is None or ws.current_instance_id != instance_id):
+                # Still running there, but no longer wanted: what a node that was
+                # isolated (and came back with a new incarnation) kept, or what survived
+                # a lost answer.  Its Allocation is gone; it must go too.
+                followups.append(Followup("discard", node_id, instance_id))
     live = session.scalars(select(Instance).where(
         Instance.node_id == node_id,
         Instance.state.in_((I_CREATING, I_RUNNING, I_STOPPING, I_FAILED))))

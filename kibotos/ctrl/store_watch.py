@@ -31,7 +31,7 @@ import trio
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.store.db import Store
-from kibotos.ctrl.store.models import Allocation, ClusterSetting, Node, Workspace
+from kibotos.ctrl.store.models import Allocation, ClusterSetting, Node, Template, Workspace
 
 log = logging.getLogger("kibotos.ctrl.store_watch")
 
@@ -73,13 +73,21 @@ class WorkspaceSnapshot:
 
 
 @dataclass(frozen=True)
+class TemplateSnapshot:
+    """A Template row written or deleted (readers drop what they cached of it)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class SettingSnapshot:
     key: str
     value: dict[str, Any]
     version: int
 
 
-Change = NodeSnapshot | AllocationSnapshot | SettingSnapshot | WorkspaceSnapshot
+Change = (NodeSnapshot | AllocationSnapshot | SettingSnapshot | WorkspaceSnapshot
+          | TemplateSnapshot)
 Subscriber = Callable[[list[Change]], None]
 
 
@@ -90,6 +98,8 @@ def _snapshot(obj: object) -> tuple[tuple[str, str], Change] | None:
         return ("allocation", obj.instance_id), AllocationSnapshot(
             obj.instance_id, obj.node_id, int(obj.cpu_millis), int(obj.memory_bytes),
             obj.released_at is not None)
+    if isinstance(obj, Template):
+        return ("template", obj.name), TemplateSnapshot(obj.name)
     if isinstance(obj, Workspace):
         return ("workspace", obj.workspace_id), WorkspaceSnapshot(
             obj.workspace_id, obj.state, int(obj.revision))
@@ -134,7 +144,7 @@ class StoreWatch:
 
     def _after_flush(self, session: Session, _flush_context: Any) -> None:
         changes: dict[tuple[str, str], Change] = session.info.setdefault(_INFO_KEY, {})
-        for obj in (*session.new, *session.dirty):
+        for obj in (*session.new, *session.dirty, *session.deleted):
             snap = _snapshot(obj)
             if snap is not None:
                 changes[snap[0]] = snap[1]

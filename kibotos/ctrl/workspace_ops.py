@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from functools import partial
@@ -37,7 +38,13 @@ from kibotos.ctrl.journal import STORED_ERRORS, Journal
 from kibotos.ctrl.placement import CapacityIndex, Demand, NodeEntry, admit
 from kibotos.ctrl.session_proto import Hello, InstanceState, Report
 from kibotos.ctrl.store.models import Instance, Node
-from kibotos.ctrl.store_watch import Change, NodeSnapshot, StoreWatch, WorkspaceSnapshot
+from kibotos.ctrl.store_watch import (
+    Change,
+    NodeSnapshot,
+    StoreWatch,
+    TemplateSnapshot,
+    WorkspaceSnapshot,
+)
 from kibotos.ctrl.wire import VersionedWrite
 from kibotos.ctrl.workspace_tasks import Tasks
 from kibotos.ctrl.workspace_wire import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
@@ -58,6 +65,7 @@ CREATE_TIMEOUT = 30.0
 SWEEP_INTERVAL = 5.0
 #: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
 REPORT_GRACE_S = 30.0
+APPLIED_CACHE = 100_000
 RESYNC_INTERVAL = 60.0
 
 Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
@@ -87,6 +95,12 @@ class WorkspaceService:
         self._node_changed = trio.Event()
         self._loading: list[list[Change]] | None = None
         self._drain_known: dict[str, bool] = {}
+        self._deferred: dict[str, list[tuple[str, InstanceState]]] = {}
+        self._deferring: set[str] = set()
+        #: The last state applied per Instance, to skip frames that repeat it.
+        self._applied: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._report_reconciled: dict[str, float] = {}
+        self._templates: dict[str, dict[str, str]] = {}
         ctx.isolate_releasers.append(inst_mod.release_for_isolate)
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,7 +149,9 @@ class WorkspaceService:
             self._loading.append(batch)
         self.index.apply(batch)
         for change in batch:
-            if isinstance(change, WorkspaceSnapshot):
+            if isinstance(change, TemplateSnapshot):
+                self._templates.pop(change.name, None)
+            elif isinstance(change, WorkspaceSnapshot):
                 self._ws_changed.set()
                 self._ws_changed = trio.Event()
             elif isinstance(change, NodeSnapshot):
@@ -182,7 +198,7 @@ class WorkspaceService:
         demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels)
 
         async def attempt() -> dict[str, Any]:
-            template = await self.store.run(partial(tx.template_of, name=body.template))
+            template = await self.template(body.template)
 
             def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
                 assert entry.default_pool is not None
@@ -252,8 +268,21 @@ class WorkspaceService:
 
         return await self._refusing("workspace.start", params, body, identity_id, attempt)
 
-    #: Check the chosen node in the store as well as in the index (see `tx.verify_node`).
-    verify_in_store = True
+    async def template(self, name: str) -> dict[str, str]:
+        """A Template's digests; cached, and dropped from the cache when any commit
+        writes or deletes that Template (`StoreWatch`)."""
+        cached = self._templates.get(name)
+        if cached is None:
+            cached = await self.store.run(partial(tx.template_of, name=name))
+            self._templates[name] = cached
+        return dict(cached)
+
+    @property
+    def verify_in_store(self) -> bool:
+        """Check the chosen node in the store as well as in the index (`tx.verify_node`):
+        needed when several ctrl replicas share a PostgreSQL store.  One SQLite database
+        serves one ctrl, whose index sees every placement, so there it is skipped."""
+        return self.store.engine.dialect.name != "sqlite"
 
     async def _journaled(self, operation: str, params: dict[str, Any], body: Any,
                          identity_id: str | None,
@@ -332,6 +361,8 @@ class WorkspaceService:
                 log.info("placement on %s went stale: %s", node_id, exc)
                 raise _NextNode(Unavailable(str(exc))) from None
             committed = not replayed
+            if committed:
+                self._remember(instance_id, ("CREATING", None))
             return dict(result)
         finally:
             if not committed:
@@ -413,19 +444,58 @@ class WorkspaceService:
         self.tasks.wake()
 
     async def node_report(self, node_id: str, report: Report) -> None:
-        if report.instances is not None:
-            await self._reconcile(node_id, report.instances,
-                                  self.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
+        """Frames carry every change within a session; a report's list is checked
+        against the store at most once per grace period per node, as a safety net."""
+        if report.instances is None:
+            return
+        last = self._report_reconciled.get(node_id)
+        if last is not None and trio.current_time() - last < REPORT_GRACE_S:
+            return
+        self._report_reconciled[node_id] = trio.current_time()
+        await self._reconcile(node_id, report.instances,
+                              self.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
 
     async def instance_state(self, node_id: str, frame: InstanceState) -> None:
-        pending = self.inflight.get(frame.instance_id)
-        if pending is not None:  # the node was faster than our commit
-            with trio.move_on_after(CREATE_TIMEOUT):
+        """Apply a frame, in order per Instance.  A frame of a create still in flight
+        (the node may send CREATING before the create's result) is set aside and applied
+        once the create is recorded: waiting for it here would block the session's
+        reader, which is what must deliver that result."""
+        key = frame.instance_id
+        if key in self.inflight or key in self._deferred:
+            self._deferred.setdefault(key, []).append((node_id, frame))
+            if key not in self._deferring:
+                self._deferring.add(key)
+                self.tasks.spawn(self._apply_deferred, key)
+            return
+        await self._apply_frame(node_id, frame)
+
+    async def _apply_deferred(self, key: str) -> None:
+        try:
+            pending = self.inflight.get(key)
+            if pending is not None:
                 await pending.wait()
+            while self._deferred.get(key):
+                node_id, frame = self._deferred[key].pop(0)
+                await self._apply_frame(node_id, frame)
+        finally:
+            self._deferred.pop(key, None)
+            self._deferring.discard(key)
+
+    async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
+        seen = (frame.state, frame.reason)
+        if frame.guest is None and self._applied.get(frame.instance_id) == seen:
+            return  # the node said it already (e.g. CREATING of a create just recorded)
         followups = await self.store.write(partial(
             inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
             state=frame.state, reason=frame.reason, now=self.ctx.now(), guest=frame.guest))
+        self._remember(frame.instance_id, seen)
         self.tasks.follow(followups)
+
+    def _remember(self, instance_id: str, seen: tuple[str, str | None]) -> None:
+        self._applied[instance_id] = seen
+        self._applied.move_to_end(instance_id)
+        while len(self._applied) > APPLIED_CACHE:
+            self._applied.popitem(last=False)
 
     async def session_ended(self, node_id: str) -> None:
         self.tasks.wake()

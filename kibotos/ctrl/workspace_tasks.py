@@ -72,6 +72,8 @@ class Tasks:
                 self.spawn(self.stop, f.workspace_id)
             elif f.action == "destroy":
                 self.spawn(self.destroy_orphan, f.node_id, f.instance_id)
+            elif f.action == "discard":
+                self.spawn(self.discard, f.node_id, f.instance_id)
 
     async def sweep(self) -> None:
         for workspace_id, state in await self.service.store.run(tx.pending_operations):
@@ -228,6 +230,16 @@ class Tasks:
                  node_id, instance_id)
         await self._call(node_id, "instance.destroy", {"instance_id": instance_id},
                          DESTROY_TIMEOUT)
+
+    async def discard(self, node_id: str, instance_id: str) -> None:
+        """Destroy an Instance ctrl knows but no longer wants (not its Workspace's
+        current one) and record that nothing of it is left."""
+        log.info("node %s: destroying Instance %s, which is no longer wanted",
+                 node_id, instance_id)
+        if await self._call(node_id, "instance.destroy", {"instance_id": instance_id},
+                            DESTROY_TIMEOUT) is not None:
+            await self.service.store.write(partial(
+                tx.instance_discarded, instance_id=instance_id, now=self.ctx.now()))
 
     async def tell_drain(self, node_id: str, requested: bool) -> None:
         result = await self._call(node_id, "node.drain", {"requested": requested},

@@ -272,6 +272,12 @@ def instance_destroyed(session: Session, workspace_id: str, instance_id: str,
     inst_mod.gone(session, ws, inst, now, "destroyed for delete")
 
 
+def instance_discarded(session: Session, instance_id: str, now: datetime) -> None:
+    inst = session.get(Instance, instance_id, with_for_update=True)
+    if inst is not None:
+        instance_destroyed(session, inst.workspace_id, instance_id, now)
+
+
 def grant_for_delete(session: Session, kind: str, object_id: str, node_id: str,
                      now: datetime) -> int | None:
     right = session.get(UseRight, (kind, object_id), with_for_update=True)

@@ -95,9 +95,14 @@ class DevCluster:
     def up(self, nodes: int = 3, *, shared_pool: bool = False, cpu: str = "4",
            memory: str = "8G", reconcile_interval: str | None = None,
            session_timeout: str | None = None, test_inputs: bool = False,
-           node_env: Mapping[str, str] | None = None,
+           node_env: Mapping[str, str] | None = None, vmm_backend: str | None = None,
+           shared_default: bool = False,
            log: Callable[[str], None] = lambda _msg: None) -> None:
         """Start ctrl and `nodes` nodes and wait until every node is READY.
+
+        `vmm_backend` sets the nodes' ``[vmm] backend`` (tests: ``testvmm``, with
+        `node_env` naming the test plugin module and its path); `shared_default` makes
+        the shared pool every node's default pool, so new Workspaces can move.
 
         On failure everything started is stopped again and the files are kept for a
         look at the logs; the error names the failing process, its status and log tail.
@@ -127,7 +132,8 @@ class DevCluster:
             for node_id in ids:
                 lay.write_node_config(self.layout, node_id, ctrl_url=url, cpu=cpu,
                                       memory=memory, shared_pool=shared_pool,
-                                      test_inputs=test_inputs)
+                                      test_inputs=test_inputs, vmm_backend=vmm_backend,
+                                      shared_default=shared_default)
                 token = self._node_grant(node_id)
                 atomicfile.write_bytes(self.layout.node_dir(node_id) / "grant",
                                        token.encode() + b"\n", mode=0o600)

@@ -160,13 +160,14 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
 
 
 def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,
-                      shared_pool: bool, test_inputs: bool) -> None:
+                      shared_pool: bool, test_inputs: bool,
+                      vmm_backend: str | None = None, shared_default: bool = False) -> None:
     d = layout.node_dir(node_id)
     pools: list[dict[str, Any]] = [
-        {"id": node_id, "path": d / "pool", "default": True, "shared": False},
+        {"id": node_id, "path": d / "pool", "default": not shared_default, "shared": False},
     ]
-    if shared_pool:
-        pools.append({"id": "shared", "path": layout.shared_pool, "default": False,
+    if shared_pool or shared_default:
+        pools.append({"id": "shared", "path": layout.shared_pool, "default": shared_default,
                       "shared": True})
     doc: dict[str, Any] = {
         "node": {
@@ -179,6 +180,8 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
         "storage": {"root": d / "root", "pool": pools},
         "resources": {"cpu": _number(cpu), "memory": memory},
     }
+    if vmm_backend:
+        doc["vmm"] = {"backend": vmm_backend}
     if test_inputs:
         doc["host"] = {"proc_root": layout.proc_root(node_id)}
         doc["testing"] = {"clock_skew_file": layout.clock_skew_file(node_id)}

@@ -77,6 +77,8 @@ class SimInstances:
     commands: list[dict[str, Any]] = field(default_factory=list)
     _send: Send | None = None
     _nursery: trio.Nursery | None = None
+    _reporting: bool = False
+    _report_again: bool = False
 
     def bind(self, send: Send | None, nursery: trio.Nursery | None) -> None:
         """Attach to the session that is up now, or detach (None) when it ended
@@ -114,7 +116,24 @@ class SimInstances:
             frame["guest"] = {"boot_id": f"boot-{inst.instance_id}", "capabilities": []}
         await self._send(frame)
         if self.auto_report:
-            await self.report()
+            self._report_soon()
+
+    def _report_soon(self) -> None:
+        """One report for the changes of this moment, as the real node's reporter
+        sends one per change of its holdings, not one per frame."""
+        self._report_again = True
+        if not self._reporting and self._nursery is not None:
+            self._reporting = True
+            self._nursery.start_soon(self._reporter)
+
+    async def _reporter(self) -> None:
+        try:
+            while self._report_again:
+                self._report_again = False
+                await trio.sleep(0)
+                await self.report()
+        finally:
+            self._reporting = False
 
     async def exit(self, instance_id: str, reason: str = EXITED_REASON) -> None:
         """The VMM of a RUNNING Instance ended on its own (``oom_killed``: the kernel's
