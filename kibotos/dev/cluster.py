@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,6 +168,9 @@ class DevCluster:
         if done.returncode != 0:
             raise ClusterError(f"stopping the data plane of {svc.name} failed: "
                                f"{done.stderr.strip()[-300:]}")
+        sockets = config.load(config.NodeConfig, svc.config).node.socket_dir
+        if sockets.name.startswith(lay.SHORT_SOCKET_DIR_PREFIX):  # outside DIR: ours to clear
+            shutil.rmtree(sockets, ignore_errors=True)
         return [line.removeprefix("stopped ") for line in done.stdout.splitlines()
                 if line.startswith("stopped ")]
 

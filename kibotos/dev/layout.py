@@ -197,6 +197,10 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
                  f"node {node_id} of a dev cluster, written by `kibotos dev cluster up`.")
 
 
+#: A node's socket directory outside DIR (when DIR's path is too long); `down` removes it.
+SHORT_SOCKET_DIR_PREFIX = "kibotos-dev-"
+
+
 def socket_dir(node_dir: Path) -> Path:
     """``<node dir>/run``, or a short directory under /tmp named by it when that path is
     too long for the unix sockets under it (sun_path holds 107 bytes)."""
@@ -208,7 +212,7 @@ def socket_dir(node_dir: Path) -> Path:
     if len(os.fsencode(preferred)) + len("/dataplane/control.sock") <= 107:
         return preferred
     digest = hashlib.sha256(os.fsencode(preferred)).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"kibotos-dev-{digest}"
+    return Path(tempfile.gettempdir()) / f"{SHORT_SOCKET_DIR_PREFIX}{digest}"
 
 
 def _number(cpu: str) -> int | float | str:

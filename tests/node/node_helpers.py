@@ -67,7 +67,7 @@ def write_config(tmp_path: Path, *, ctrl_url: str = "http://127.0.0.1:9",
 [node]
 id = "{node_id}"
 ctrl_url = "{ctrl_url}"
-dataplane_listen = "127.0.0.1:{free_port()}"
+dataplane_listen = "127.0.0.1:7500"
 socket_dir = "{tmp_path / 'run'}"
 {f'enrollment_grant_file = "{grant_file}"' if grant_file else ""}
 [storage]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from node_helpers import Conn, FakeCtrl, node_config, store_identity, write_config
+from node_helpers import Conn, FakeCtrl, free_port, node_config, store_identity, write_config
 
 KIBOTOS = [sys.executable, "-m", "kibotos.cli.main"]
 
@@ -77,6 +77,10 @@ async def test_sigterm_stops_cleanly_and_isolate_exits_75(tmp_path: Path) -> Non
             fake = await nursery.start(FakeCtrl(script).serve)
             config = node_config(tmp_path, ctrl_url=fake.ctrl_url)
             store_identity(config)
+            # `kibotos node serve` runs its data plane: give it a port of its own.
+            toml = tmp_path / "node.toml"
+            toml.write_text(toml.read_text().replace("127.0.0.1:7500",
+                                                     f"127.0.0.1:{free_port()}"))
             argv = [*KIBOTOS, "node", "serve", "--config", str(tmp_path / "node.toml")]
 
             process = await trio.lowlevel.open_process(argv, env=env, stderr=subprocess.PIPE)
