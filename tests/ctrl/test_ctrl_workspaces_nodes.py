@@ -218,3 +218,22 @@ async def test_delete_waits_for_the_node_of_a_private_pool(tmp_path: Path) -> No
         await ctrl.connect("node-a")
         assert (await ctrl.settled(wid))["state"] == "DELETED"
         assert len(ctrl.sims["node-a"].deleted_layers) == 1
+
+
+async def test_an_instance_kept_across_an_isolate_is_destroyed(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a")
+        ws = await ctrl.settled((await ctrl.create())["workspace_id"])
+        await ctrl.disconnect("node-a")
+        await isolate(ctrl, "node-a")
+        sim = ctrl.sims["node-a"]
+        assert ws["instance_id"] in sim.instances  # the host kept running it
+        await ctrl.connect("node-a")  # a new incarnation: the isolate clears
+
+        async def discarded() -> bool:
+            return ws["instance_id"] in sim.destroyed
+
+        await wait_until(discarded, "ctrl destroyed the Instance it no longer wants")
+        started = await ctrl.action(ws["workspace_id"], "start")
+        assert started["node_id"] == "node-a"
+        assert (await ctrl.settled(ws["workspace_id"]))["state"] == "AVAILABLE"
