@@ -630,3 +630,27 @@ async def test_node_killed_during_a_launch(name: str, unit_left: bool) -> None:
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_an_oom_killed_vmm_fails_with_oom_killed() -> None:
+    """``direct`` cannot see an OOM kill; systemd reports ``Result=oom-kill``.  A direct
+    supervisor that reports its ended units that way stands in for systemd here."""
+    import dataclasses
+
+    async with running_node() as node:
+        direct = node.manager.launcher.supervisor
+
+        class OomReporting(type(direct)):
+            async def describe(self, name):
+                info = await super().describe(name)
+                if info is not None and not info.active:
+                    info = dataclasses.replace(info, result="oom-kill")
+                return info
+
+        node.manager.launcher.supervisor = OomReporting({"state_dir": str(direct.state_dir)})
+        await start(node)
+        pid, _ = node.manager.get("inst-1").main_process
+        os.kill(pid, signal.SIGKILL)
+        failed = await node.wait_state("inst-1", FAILED)
+        assert failed["reason"] == "oom_killed"
+        assert node.manager.holdings().instance_count == 1
