@@ -42,6 +42,9 @@ EXEC_PATH = "/v1/exec"
 STDIN, STDOUT, STDERR = 0, 1, 2
 #: How long a client has to send its request frame after the upgrade.
 REQUEST_TIMEOUT = 30.0
+#: How long the guest may take to start the process (a stuck guest must not hold the
+#: connection forever; a process it starts later is killed by the guest client).
+START_TIMEOUT = 30.0
 #: WebSocket close codes: normal, going away (the data plane stops), protocol error,
 #: server-side failure.
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_PROTOCOL, CLOSE_SERVER_ERROR = 1000, 1001, 1008, 1011
@@ -147,14 +150,19 @@ class ExecSession:
             await self._refuse(exc, CLOSE_PROTOCOL)
             return
         try:
-            self.proc = await self.channel.exec(
-                list(request.argv), env=request.env, cwd=request.cwd, tty=request.tty,
-                rows=request.rows, cols=request.cols)
+            with trio.move_on_after(START_TIMEOUT) as start:
+                self.proc = await self.channel.exec(
+                    list(request.argv), env=request.env, cwd=request.cwd, tty=request.tty,
+                    rows=request.rows, cols=request.cols)
+            if start.cancelled_caught:
+                raise Unavailable(f"the guest of Instance {self.claims.instance_id} did not "
+                                  f"start the process within {START_TIMEOUT:g}s")
         except KibotosError as exc:
             self.metrics.exec_failed.labels(exc.code).inc()
             await self._refuse(exc, CLOSE_SERVER_ERROR if exc.retryable or
                                exc.http_status >= 500 else CLOSE_PROTOCOL)
             return
+        assert self.proc is not None
         self.metrics.exec_started.inc()
         log.info("exec started", instance_id=self.claims.instance_id, pid=self.proc.pid,
                  argv0=request.argv[0], tty=request.tty, credential=self.claims.jti)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from trio_websocket import WebSocketRequest, WebSocketServer
+from trio_websocket import ConnectionClosed, WebSocketRequest, WebSocketServer
 
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane import control
@@ -183,6 +183,8 @@ class DataplaneServer:
         """One connection; never raises (an exception would end the whole server)."""
         try:
             await self._handle(request)
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client left during the handshake or the refusal: nothing to do
         except Exception as exc:
             log.error("connection handler failed", error=repr(exc))
             logging.getLogger("kibotos.dataplane").debug("traceback", exc_info=True)

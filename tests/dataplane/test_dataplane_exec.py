@@ -314,3 +314,45 @@ async def test_state_handover_rules(tmp_path: Path) -> None:
             assert status["listen"] == plane.listen
             with pytest.raises(InvalidArgument, match="unknown control request"):
                 await control_call(plane.control, {"type": "reboot"})
+
+
+async def test_a_guest_that_does_not_start_the_process_in_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kibotos.dataplane import exec_session
+
+    monkeypatch.setattr(exec_session, "START_TIMEOUT", 1.0)
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path) as plane:
+            await plane.hand_state(target(agent))
+            assert (await run_exec(plane, ["true"])).status.exit_code == 0  # channel open
+            os.kill(agent.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(Unavailable, match="did not start the process within 1s"):
+                    await run_exec(plane, ["sleep", "300"])
+            finally:
+                os.kill(agent.proc.pid, signal.SIGCONT)
+            # The guest catches up; the late process is killed, and exec works again.
+            assert (await run_exec(plane, ["echo", "back"])).stdout == b"back\n"
+            await wait_until(lambda: not any(
+                "sleep 300" in _cmdline(pid) for pid in _children(agent.proc.pid)),
+                "the late process to be killed")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and stat[0] != b"Z":
+                out.append(int(entry))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
