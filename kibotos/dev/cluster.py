@@ -29,6 +29,7 @@ import httpx
 from kibotos import atomicfile, config, errors
 from kibotos.dev import layout as lay
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
+from kibotos.dev.units import stop_vmm_units
 
 T = TypeVar("T")
 
@@ -147,12 +148,13 @@ class DevCluster:
 
     def down(self, grace: float = DEFAULT_GRACE) -> list[str]:
         """Stop every process of this cluster (nodes first, each with the data-plane
-        processes it started, which outlive a node by design); return the names of the
-        node and ctrl processes stopped."""
+        processes and VMM units it started, which outlive a node by design); return the
+        names of the node and ctrl processes and of the VMM units stopped."""
         nodes = [self.node_service(n) for n in self.node_ids()]
         stopped = self._sup.stop(nodes, grace)
         for svc in nodes:
             self._stop_dataplane(svc)
+            stopped += stop_vmm_units(svc.config, timeout=grace)
         stopped += self._sup.stop([self.ctrl_service()], grace)
         return stopped
 

@@ -47,10 +47,28 @@ def ws_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     finally:
         try:
             cluster.down(grace=10)
+            # `down` stops everything the cluster started, VMM units included.
+            assert processes_under(base) == []
         finally:
             for svc in cluster.services():
                 print(f"----- {svc.log} (last lines)\n{tail(svc.log, 40)}")
             shutil.rmtree(base, ignore_errors=True)
+
+
+def processes_under(directory: Path) -> list[str]:
+    """Command lines of live processes that name a path under `directory`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = " ".join(a.decode(errors="replace") for a in argv)
+        if str(directory) in text:
+            found.append(f"{proc.name}: {text}")
+    return found
 
 
 def upload_template(cluster: DevCluster, name: str = "tiny") -> None:
