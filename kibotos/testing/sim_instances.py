@@ -130,7 +130,7 @@ class SimInstances:
         try:
             while self._report_again:
                 self._report_again = False
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 await self.report()
         finally:
             self._reporting = False
