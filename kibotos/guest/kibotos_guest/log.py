@@ -62,8 +62,8 @@ class Logger:
         try:
             sys.stderr.write(line)
             sys.stderr.flush()
-        except (OSError, ValueError):
-            pass  # no console: the agent must keep serving regardless
+        except (OSError, ValueError, AttributeError):
+            return  # no console (or none at all): the agent must keep serving regardless
 
 
 log = Logger()

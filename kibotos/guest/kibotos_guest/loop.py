@@ -105,6 +105,8 @@ class Loop:
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
         """From any thread: run `callback` on the loop (deque appends are atomic)."""
+        if self._closed:
+            return  # a worker that outlived its loop: its descriptor may be reused now
         self._threadsafe.append(Handle(callback, args))
         try:
             os.write(self._wake_w, _THREAD_WAKEUP)
@@ -137,7 +139,11 @@ class Loop:
         if old is not None:
             old.cancel()
         self._readers[fd] = Handle(callback, ())
-        self._update(fd)
+        try:
+            self._update(fd)
+        except BaseException:
+            del self._readers[fd]
+            raise
 
     def remove_reader(self, fd: int) -> None:
         handle = self._readers.pop(fd, None)
@@ -150,7 +156,11 @@ class Loop:
         if old is not None:
             old.cancel()
         self._writers[fd] = Handle(callback, ())
-        self._update(fd)
+        try:
+            self._update(fd)
+        except BaseException:
+            del self._writers[fd]
+            raise
 
     def remove_writer(self, fd: int) -> None:
         handle = self._writers.pop(fd, None)
@@ -168,6 +178,7 @@ class Loop:
         # The C handler writes the number to the wakeup fd; `_ignore` runs later, idle.
         old = signal.signal(sig, _ignore)
         self._saved_signals.setdefault(sig, old)
+        signal.siginterrupt(sig, False)  # SA_RESTART, as asyncio does: fewer EINTRs
 
     def _drain_wakeups(self) -> None:
         while True:
