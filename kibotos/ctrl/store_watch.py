@@ -109,6 +109,15 @@ def _snapshot(obj: object) -> tuple[tuple[str, str], Change] | None:
     return None
 
 
+def note(session: Session, obj: object) -> None:
+    """Record `obj` as written in this transaction, for a write that bypasses the ORM's
+    unit of work (a Core ``insert`` of rows built as model objects): it reaches the
+    subscribers after the commit exactly as a flushed object would."""
+    snap = _snapshot(obj)
+    if snap is not None:
+        session.info.setdefault(_INFO_KEY, {})[snap[0]] = snap[1]
+
+
 class StoreWatch:
     """Committed snapshots of nodes, Allocations and settings, for in-memory indexes."""
 
