@@ -136,6 +136,10 @@ class StoreWatch:
         """Deliver from now on through the current trio run (call from trio)."""
         self._token = trio.lowlevel.current_trio_token()
 
+    def detach(self) -> None:
+        self._token = None
+        self._pending.clear()
+
     def drain(self) -> None:
         """Hand every committed snapshot to the subscribers (trio thread only)."""
         if not self._pending:
@@ -160,15 +164,16 @@ class StoreWatch:
 
     def _after_commit(self, session: Session) -> None:
         changes = session.info.pop(_INFO_KEY, None)
-        if not changes:
+        token = self._token
+        if not changes or token is None:
+            # Not attached yet (or any more): whoever attaches reads the whole state
+            # afterwards (`WorkspaceService.resync`), so nothing needs keeping.
             return
         self._pending.extend(changes.values())
-        token = self._token
-        if token is not None:
-            try:
-                token.run_sync_soon(self.drain, idempotent=True)
-            except trio.RunFinishedError:
-                self._token = None
+        try:
+            token.run_sync_soon(self.drain, idempotent=True)
+        except trio.RunFinishedError:
+            self._token = None
 
     def _after_rollback(self, session: Session) -> None:
         session.info.pop(_INFO_KEY, None)

@@ -125,6 +125,7 @@ class WorkspaceService:
             finally:
                 self.running = False
                 self.tasks.nursery = None
+                self.watch.detach()
 
     async def resync(self) -> None:
         """Read the index afresh (ctrl start; and periodically, for the placements of
