@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# `make demo`: set up this machine and run the main job — a 3-node kibotos cluster on
-# loopback under .dev-cluster/, left running, and `kibo node list` against it.
-# Safe to run again: it installs only what is missing, and a running cluster is reused.
+# `make demo`: the newcomer's path on a Debian 12 machine, as root or with sudo.
+#
+#   1. the Debian packages it needs (only the missing ones),
+#   2. the venv in .venv (the Makefile's `venv` target),
+#   3. ctrl and one node on loopback under .dev-cluster/ (VMM backend qemu), left running,
+#   4. the Template kibotos-base built and published (debootstrap; cached afterwards),
+#   5. a Workspace from it, booted in a real microVM,
+#   6. a command run in it with `kibo workspace exec`, and its output printed.
+#
+# Steps 3-6 are `python -m kibotos.dev.demo` (tests/e2e/test_demo.py runs the same).
+# Safe to run again: a running cluster, the cached Template and the demo Workspace are
+# reused, and the command runs again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -10,9 +19,18 @@ BIN=$ROOT/.venv/bin
 
 say() { printf '\n==> %s\n' "$*" >&2; }
 
-# 1. Debian packages.  python3-venv builds the venv; e2fsprogs and iproute2 are what a
-#    node uses on its host.
-PACKAGES=(make python3 python3-venv e2fsprogs iproute2)
+# 1. Debian packages, the subset of .ci/run's list and packaging/apt-test-deps.txt the
+#    demo uses: python3-venv builds the venv; e2fsprogs and iproute2 are what a node
+#    uses on its host; qemu-system-x86 runs the microVMs; debootstrap builds the
+#    Template (e2fsprogs makes its image).  postgresql and the systemd packages are for
+#    `make test` only.
+PACKAGES=(ca-certificates make python3 python3-venv e2fsprogs iproute2 qemu-system-x86
+          debootstrap)
+SUDO=()
+if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null || { echo "make demo: run as root or install sudo" >&2; exit 1; }
+    SUDO=(sudo)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
@@ -20,46 +38,33 @@ for p in "${PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
     say "installing Debian packages: ${missing[*]}"
-    SUDO=()
-    if [[ $(id -u) != 0 ]]; then
-        command -v sudo >/dev/null || { echo "run as root or install sudo" >&2; exit 1; }
-        SUDO=(sudo)
-    fi
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    say "Debian packages: all there (${PACKAGES[*]})"
 fi
 
 # 2. The venv with kibotos and its built-in plugins (a no-op when up to date).
 say "preparing the virtual environment in .venv"
 make --no-print-directory venv
 
-# 3. The cluster.
-if "$BIN/kibotos" dev cluster status --dir "$DIR" --json 2>/dev/null \
-        | grep -q '"running": true'; then
-    say "a dev cluster is already running in .dev-cluster; reusing it"
-else
-    if [[ -e $DIR ]]; then
-        say "removing the stopped cluster left in .dev-cluster"
-        "$BIN/kibotos" dev cluster down --dir "$DIR" >/dev/null 2>&1 || true
-        rm -rf "$DIR"
-    fi
-    say "starting ctrl and 3 nodes under .dev-cluster"
-    "$BIN/kibotos" dev cluster up --dir "$DIR" --nodes 3
-fi
+# 3-6. Cluster, Template, Workspace, command.  Its stdout is the command's output.
+"$BIN/python" -m kibotos.dev.demo --dir "$DIR" \
+    --recipe "$ROOT/packaging/template/kibotos-base.toml"
 
-say "kibo node list"
-KIBO_CONFIG=$DIR/kibo.toml "$BIN/kibo" node list
-
+ws=$(KIBO_CONFIG=$DIR/kibo.toml "$BIN/kibo" workspace list --label purpose=demo \
+         --state AVAILABLE -q | head -1)
 cat >&2 <<MSG
 
-The cluster keeps running.  To use it from this shell:
+The cluster and the Workspace keep running.  To use them from this shell:
 
     export PATH=$BIN:\$PATH KIBO_CONFIG=$DIR/kibo.toml
-    kibo node list
-    kibo node get node-1
+    kibo workspace list
+    kibo workspace exec $ws -- cat /etc/debian_version
+    kibo workspace exec $ws --tty -- bash      # a shell in the microVM (exit to leave)
 
 See what runs:  kibotos dev cluster status --dir $DIR
-Logs:           $DIR/ctrl/ctrl.log, $DIR/nodes/<node>/node.log
-Stop it:        kibotos dev cluster down --dir $DIR
+Logs:           $DIR/ctrl/ctrl.log, $DIR/nodes/node-1/node.log
+Stop it all:    kibotos dev cluster down --dir $DIR
 MSG
