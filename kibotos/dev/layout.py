@@ -177,7 +177,7 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
             "dataplane_listen": f"127.0.0.1:{free_port()}",
             "socket_dir": socket_dir(d),
         },
-        "storage": {"root": d / "root", "pool": pools},
+        "storage": {"root": storage_root(d), "pool": pools},
         "resources": {"cpu": _number(cpu), "memory": memory},
     }
     if vmm_backend:
@@ -190,6 +190,7 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
     for p in pools:
         Path(p["path"]).mkdir(parents=True, exist_ok=True)
     (d / "root").mkdir(parents=True, exist_ok=True)
+    link_storage_root(d)
     if test_inputs:
         atomicfile.write_bytes(layout.clock_skew_file(node_id), b"0\n")
         prepare_proc_root(layout.proc_root(node_id))
@@ -213,6 +214,42 @@ def socket_dir(node_dir: Path) -> Path:
         return preferred
     digest = hashlib.sha256(os.fsencode(preferred)).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"{SHORT_SOCKET_DIR_PREFIX}{digest}"
+
+
+#: What the node and its VMMs add to the storage root for an Instance's sockets:
+#: ``runtime/instances/<inst- + 26 characters>/agent-dp.sock`` (the longest name).
+INSTANCE_SOCKET_TAIL = len("/runtime/instances/") + len("inst-") + 26 + len("/agent-dp.sock")
+
+
+def storage_root(node_dir: Path) -> Path:
+    """``<node dir>/root``, or, when the Instance sockets under it would not fit in
+    sun_path (107 bytes: QEMU refuses to start), a short symbolic link to it under
+    /tmp named by its path (`link_storage_root` makes it).  The files stay in DIR."""
+    import hashlib
+    import os
+    import tempfile
+
+    preferred = node_dir.absolute() / "root"
+    if len(os.fsencode(preferred)) + INSTANCE_SOCKET_TAIL <= 107:
+        return preferred
+    digest = hashlib.sha256(os.fsencode(preferred)).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"{SHORT_SOCKET_DIR_PREFIX}{digest}-root"
+
+
+def link_storage_root(node_dir: Path) -> None:
+    """Point the short storage root (if this node uses one) at ``<node dir>/root``.
+    The link outlives `down` (a node started again by hand needs it); a link left by a
+    removed cluster at the same path is replaced."""
+    import os
+
+    target = node_dir.absolute() / "root"
+    link = storage_root(node_dir)
+    if link == target:
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
 
 
 def _number(cpu: str) -> int | float | str:
