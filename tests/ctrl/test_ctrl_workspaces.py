@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 from ws_helpers import GI, TEMPLATE, events, open_ws_ctrl
 
@@ -219,3 +220,21 @@ async def test_failed_boot_and_wait_returns_when_settled(tmp_path: Path) -> None
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
 
 
+
+
+@pytest.mark.postgres
+async def test_lifecycle_on_postgresql(tmp_path: Path, postgres_url: str) -> None:
+    # PostgreSQL is where several ctrl replicas share the store: the chosen node is
+    # checked again in the transaction that records the Allocation.
+    async with open_ws_ctrl(tmp_path, database_url=postgres_url) as ctrl:
+        assert ctrl.service.verify_in_store
+        await ctrl.connect("node-a")
+        wid = (await ctrl.create(labels={"team": "ml"}))["workspace_id"]
+        assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
+        await ctrl.create(code="resource_exhausted", cpu_millis=3500)
+        listed = await ctrl.call("GET", "/v1/workspaces", params={"label": "team=ml"})
+        assert [w["workspace_id"] for w in listed["workspaces"]] == [wid]
+        await ctrl.action(wid, "stop")
+        assert (await ctrl.settled(wid))["state"] == "STOPPED"
+        await ctrl.action(wid, "start")
+        assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
