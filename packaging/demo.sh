@@ -45,9 +45,15 @@ else
     say "Debian packages: all there (${PACKAGES[*]})"
 fi
 
-# 2. The venv with kibotos and its built-in plugins (a no-op when up to date).
+# 2. The venv with kibotos and its built-in plugins (a no-op when up to date).  pip's
+#    chatter goes to a log, shown only when the build fails: stdout stays the command's.
 say "preparing the virtual environment in .venv"
-make --no-print-directory venv
+venv_log=${TMPDIR:-/tmp}/kibotos-demo-venv.log
+if ! make --no-print-directory venv >"$venv_log" 2>&1; then
+    tail -n 40 "$venv_log" >&2
+    echo "make demo: building the venv failed; the whole log is $venv_log" >&2
+    exit 1
+fi
 
 # 3-6. Cluster, Template, Workspace, command.  Its stdout is the command's output.
 "$BIN/python" -m kibotos.dev.demo --dir "$DIR" \
