@@ -51,6 +51,9 @@ class ReportFields(_Msg):
     #: Every Instance on the node ``{instance_id, workspace_id, state, reason}``, so
     #: ctrl reconciles after a reconnect; None from a node that does not say.
     instances: list[dict[str, Any]] | None = None
+    #: In a ``report``: the facts that change while a session lives (``pools`` with
+    #: their availability); stored over hello's.  None from a node that does not say.
+    facts: dict[str, Any] | None = None
 
     @field_validator("memory_tight_since")
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl import nodes, overcommit
+from kibotos.ctrl import nodes, overcommit, pool_facts
 from kibotos.ctrl.session_proto import Hello, ReportFields
 from kibotos.ctrl.store.models import Identity, Node
 from kibotos.ctrl.wire import parse_time
@@ -92,7 +92,7 @@ def evaluate_hello(session: Session, identity_id: str, hello: Hello, session_id:
     node.resources_cpu_millis = hello.resources.cpu_millis
     node.resources_memory_bytes = hello.resources.memory_bytes
     node.dataplane_address = hello.dataplane_address
-    node.node_facts = hello.facts
+    pool_facts.store_facts(session, node, hello.facts, now, replace=True)
     node.host_usage = None
     node.host_usage_at = None
     _apply_report(node, hello.report, now)
@@ -125,6 +125,8 @@ def store_report(session: Session, node_id: str, session_id: str, report: Report
     if node is None:
         return False
     _apply_report(node, report, now)
+    if report.facts is not None:  # pool availability changes while a session lives
+        pool_facts.store_facts(session, node, report.facts, now, replace=False)
     nodes.bump(node)
     return True
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kibotos import atomicfile, config
+from kibotos.node.pools.marker import init_pool
 
 #: Files copied from the real /proc into a node's prepared proc tree (test inputs).
 PROC_FILES = ("meminfo", "stat", "loadavg", "uptime", "pressure/cpu", "pressure/memory",
@@ -188,7 +189,11 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
     path = layout.node_config(node_id)
     config.parse(config.NodeConfig, doc, str(path))  # bad input: nothing written
     for p in pools:
-        Path(p["path"]).mkdir(parents=True, exist_ok=True)
+        # `kibotos-node storage-pool init --id … --path … --adopt`, as an operator does
+        # before a node's first start: without the marker the node reports the pool
+        # unavailable.  The shared pool's marker is written by the first node's call;
+        # the others find it with the same ID (a no-op), so all report one `instance`.
+        init_pool(p["id"], Path(p["path"]), adopt=True)
     (d / "root").mkdir(parents=True, exist_ok=True)
     link_storage_root(d)
     if test_inputs:
@@ -263,7 +268,15 @@ def _number(cpu: str) -> int | float | str:
 
 def prepare_proc_root(target: Path, source: Path = Path("/proc")) -> None:
     """Copy the host-usage files a node reads from /proc into `target`, so a test can
-    rewrite them (e.g. ``meminfo`` to make memory tight)."""
+    rewrite them (e.g. ``meminfo`` to make memory tight).
+
+    ``self`` is a link to the real ``/proc/self``: the storage drivers read the mounts
+    of the pools from ``<proc_root>/self/mounts``, and a dev cluster's pools are on this
+    host's real mounts (a copy would go stale when mounts change)."""
+    target.mkdir(parents=True, exist_ok=True)
+    link = target / "self"
+    if not link.is_symlink() and not link.exists():
+        link.symlink_to(source / "self")
     for name in PROC_FILES:
         src = source / name
         dst = target / name

@@ -19,9 +19,15 @@ writing this node's holder record first.  When taking over from a holder that di
 release, the node waits up to 15 s (monotonic) for its release receipt and records
 ``released_cleanly=false`` when none came.
 
-The full storage-pool implementation (marker, availability, expansion, transfer, the
-5-second holder check, legacy names) is issue 4; this module writes only what an
-Instance's writable layer and Volumes need, in the spec's layout, so it can grow there.
+The directories are the ones `kibotos.node.pools.startup.prepare` made at start (owner
+and modes of the spec); this module never creates them, so a pool directory that lost
+its layout (unmounted since) fails instead of filling the root disk.  New block files
+are handed to the VMM identity (``root:kibotos-vmm`` 0660,
+`kibotos.node.pools.dirs.hand_block_file`) before they get their name.  An object in a
+pool the availability monitor reports unavailable is refused (``Unavailable``,
+retryable: the pool may come back) before anything is written.
+
+Not here yet (issue 4): expansion, transfer, the 5-second holder check, legacy names.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,13 +44,13 @@ from typing import Any
 import trio
 
 from kibotos import atomicfile, ids
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.errors import FailedPrecondition, InvalidArgument, Unavailable
+from kibotos.node.pools.dirs import hand_block_file
 from kibotos.platform.images import create_ext4
 
 RETAINED_LAYERS = "retained-layers"
 VOLUMES = "volumes"
 KINDS = (RETAINED_LAYERS, VOLUMES)
-SUBDIRS = ("data", "metadata", "holders", "releases", "locks")
 #: How long a takeover waits for the previous holder's release receipt (spec: 15 s).
 RECEIPT_WAIT = 15.0
 _RECEIPT_POLL = 0.2
@@ -75,11 +81,19 @@ class UseRightTakenOver(FailedPrecondition):
     """A newer epoch holds the object: retrying will not succeed."""
 
 
+#: Says why a pool cannot be used now, or None when it can (the node's pool monitor).
+Availability = Callable[[], str | None]
+
+
 class PoolObjects:
-    """The objects of one kind in one pool, handled by node `node_id`."""
+    """The objects of one kind in one pool, handled by node `node_id`.
+
+    `unavailable` is asked before every open and delete; without it (tools and tests
+    that run no monitor) the pool counts as available."""
 
     def __init__(self, pool_id: str, pool_path: Path, kind: str, node_id: str, *,
-                 receipt_wait: float = RECEIPT_WAIT) -> None:
+                 receipt_wait: float = RECEIPT_WAIT,
+                 unavailable: Availability | None = None) -> None:
         if kind not in KINDS:
             raise InvalidArgument(f"unknown pool object kind {kind!r}")
         self.pool_id = pool_id
@@ -88,6 +102,7 @@ class PoolObjects:
         self.label = _LABELS[kind]
         self.node_id = node_id
         self.receipt_wait = receipt_wait
+        self.unavailable = unavailable
 
     # ------------------------------------------------------------------ paths
 
@@ -103,16 +118,29 @@ class PoolObjects:
     def _what(self, object_id: str) -> str:
         return f"{self.label} {object_id} in pool {self.pool_id}"
 
-    def ensure_dirs(self) -> None:
-        for sub in SUBDIRS:
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+    def check_available(self) -> None:
+        """Refuse when the pool monitor says the pool cannot be used (spec wording
+        ``storage pool is unavailable``); retryable, the pool may come back."""
+        reason = self.unavailable() if self.unavailable is not None else None
+        if reason is not None:
+            raise Unavailable(f"storage pool is unavailable: pool {self.pool_id}: {reason}",
+                              details={"reason": "pool_unavailable",
+                                       "pool_id": self.pool_id})
 
     @contextlib.contextmanager
     def locked(self, object_id: str) -> Iterator[None]:
         """flock on ``locks/<id>.lock``: one operation on an object at a time here."""
-        self.ensure_dirs()
-        fd = os.open(self.root / "locks" / f"{self._check(object_id)}.lock",
-                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        lock = self.root / "locks" / f"{self._check(object_id)}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            # The layout `prepare` made at start is gone: most likely the pool was
+            # unmounted since.  Creating it here would write onto the wrong disk.
+            raise Unavailable(
+                f"storage pool is unavailable: pool {self.pool_id}: {lock.parent} is "
+                "missing (the pool layout the node prepared at start is gone; is the pool "
+                "still mounted?)", details={"reason": "pool_unavailable",
+                                            "pool_id": self.pool_id}) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -222,6 +250,7 @@ class PoolObjects:
         try:
             create_ext4(tmp, capacity, label="kibotos-rw" if self.kind == RETAINED_LAYERS
                         else "")
+            hand_block_file(tmp, self.kind)  # root:kibotos-vmm 0660 before it has a name
             fd = os.open(tmp, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -252,6 +281,7 @@ class PoolObjects:
         """Take the use right at `epoch` per the takeover table and return the block
         file; with `create_capacity`, make a missing object first (truncate + mkfs)."""
         self._check(object_id)
+        self.check_available()
         previous = await trio.to_thread.run_sync(self._take, object_id, epoch,
                                                  create_capacity is not None)
         clean: bool | None = None
@@ -317,7 +347,9 @@ class PoolObjects:
 
     def delete(self, object_id: str, epoch: int) -> bool:
         """Delete the block file and its records (metadata last, so an interrupted
-        delete is finished by a retry).  Refused when a newer epoch holds it."""
+        delete is finished by a retry).  Refused when a newer epoch holds it, or when
+        the pool is unavailable."""
+        self.check_available()
         with self.locked(object_id):
             holder = self.holder(object_id)
             if holder is not None and holder.epoch > epoch:

@@ -7,7 +7,9 @@ Startup order matters, and each step fails with a message naming what was wrong:
    node run is in it;
 1. storage root and its subdirectories (nothing else can be written without them);
 2. the owner lock, so a second node process on the same root stops before it writes;
-3. the pool directories (never created here: absent means not mounted);
+3. the pools (`kibotos.node.pools.startup.prepare`): their fixed subdirectories with the
+   spec's owners and modes (a missing pool directory stops the start: absent means not
+   mounted), then leftover temporary files under the storage root;
 4. a new incarnation, persisted before anyone hears of it;
 5. the identity, enrolling once if there is none;
 6. the Instance manager (VMM backend and supervisor from the config; it reloads the
@@ -15,8 +17,10 @@ Startup order matters, and each step fails with a message naming what was wrong:
 7. with ``dataplane`` (always for ``kibotos node serve``): the data-plane process,
    adopted or started and given its state before ctrl hears from the node
    (`kibotos.node.dataplane_targets`);
-8. then the host-usage sampler, the manager's background work and the control session,
-   with the manager's command handlers, until cancelled.  The data-plane process is
+8. then the pool availability monitor (marker and driver, now and every 30 s; its
+   facts go to ctrl in hello and every report, a change triggers a report), the
+   host-usage sampler, the manager's background work and the control session, with the
+   manager's command handlers, until cancelled.  The data-plane process is
    not stopped when the node stops: it keeps serving (spec).
 
 systemd learns ``READY=1`` after the first session is established, so `systemctl start`
@@ -39,11 +43,15 @@ from kibotos.node.identity import NodeIdentity, ensure_identity
 from kibotos.node.incarnation import next_incarnation
 from kibotos.node.instances import InstanceManager
 from kibotos.node.logs import EventLogger
+from kibotos.node.pools import startup as pools_startup
+from kibotos.node.pools.availability import REFRESH as POOL_REFRESH
+from kibotos.node.pools.availability import PoolMonitor
 from kibotos.node.report import ReportBoard
 from kibotos.node.session import DEFAULT_TIMING, ControlSession, SessionTiming
 from kibotos.node.startup_checks import check_startup
 from kibotos.node.usage import SAMPLE_INTERVAL, UsageSampler
 from kibotos.node.vmsetup import build_instance_manager
+from kibotos.plugins import load_plugins
 
 log = EventLogger()
 
@@ -61,6 +69,7 @@ class NodeRuntime:
     board: ReportBoard
     session: ControlSession
     dataplane: DataplaneTargets | None = None
+    pools: PoolMonitor | None = None
 
 
 def notify_ready() -> None:
@@ -82,6 +91,7 @@ async def serve_node(
     instances: InstanceManager | None = None,
     dataplane: bool = False,
     sample_interval: float = SAMPLE_INTERVAL,
+    pool_interval: float = POOL_REFRESH,
     timing: SessionTiming = DEFAULT_TIMING,
     task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -95,8 +105,7 @@ async def serve_node(
     paths = layout.NodePaths(config.storage.root)
     layout.prepare_root(paths)
     with layout.OwnerLock(paths.lock_file):
-        for pool in config.storage.pool:
-            layout.prepare_pool(pool)
+        await trio.to_thread.run_sync(pools_startup.prepare, config)
         incarnation = next_incarnation(paths.incarnation_file)
         log.info("node starting", node_id=config.node.id, incarnation=incarnation,
                  root=paths.root, unit=unit.unit if unit else None)
@@ -110,8 +119,14 @@ async def serve_node(
                 board.mark_changed()
             return sampler.tightness.tight
 
+        registries = load_plugins(config.plugins.disable)
+        # A pool change must reach ctrl at once; the board exists only after the
+        # manager, so the callback looks it up when it fires.
+        pools = pools_startup.monitor(config, registries.storage_driver,
+                                      on_change=lambda: board.mark_changed())
         manager: InstanceManager = instances or build_instance_manager(
-            config, memory_tight=memory_tight_now, credential=lambda: identity.credential)
+            config, memory_tight=memory_tight_now, credential=lambda: identity.credential,
+            registries=registries, pool_unavailable=pools.unavailable_reason)
         sampler = UsageSampler(config.host.proc_root, manager)
         board = ReportBoard(manager, sampler.tightness)
         manager.set_change_callback(board.mark_changed)
@@ -131,12 +146,15 @@ async def serve_node(
             instances=targets.view() if targets else manager,
             on_established=on_established, timing=timing,
             on_welcome=targets.on_welcome if targets else None,
+            pools=pools.facts,
         )
         session.commands.update(manager.command_handlers())
         runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,
-                              session, targets)
+                              session, targets, pools)
         try:
             async with trio.open_nursery() as nursery:
+                # the first check is done before the manager or ctrl asks
+                await nursery.start(functools.partial(pools.run, interval=pool_interval))
                 await nursery.start(functools.partial(
                     sampler.run, board.mark_changed, interval=sample_interval))
                 await nursery.start(manager.run)

@@ -131,6 +131,7 @@ class ControlSession:
         on_welcome: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
         timing: SessionTiming = DEFAULT_TIMING,
         ssl_context: ssl.SSLContext | None = None,
+        pools: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -149,6 +150,10 @@ class ControlSession:
         self.url = session_url(config.node.ctrl_url)
         self.status = SessionStatus()
         self.commands: dict[str, CommandHandler] = {}
+        #: ``facts.pools`` of hello and every report: the pool monitor's facts
+        #: (`kibotos.node.pools.availability.PoolMonitor.facts`); without one, the
+        #: declared pools with no ``available`` flag.
+        self.pools = pools
 
     # ------------------------------------------------------------------ outer loop
 
@@ -204,9 +209,16 @@ class ControlSession:
                           "memory_bytes": cfg.resources.memory_bytes},
             "report": self.board.report(),
             "dataplane_address": cfg.node.dataplane_listen,
-            "facts": {"pools": [{"id": p.id, "shared": p.shared, "default": p.default}
-                                for p in cfg.storage.pool]},
+            "facts": self.facts(),
         }
+
+    def facts(self) -> dict[str, Any]:
+        """What hello and each report say about the node's pools: availability can
+        change while the session lives, so ctrl must hear it with every report."""
+        if self.pools is not None:
+            return {"pools": self.pools()}
+        return {"pools": [{"id": p.id, "shared": p.shared, "default": p.default}
+                          for p in self.config.storage.pool]}
 
     async def _connect_once(self) -> None:
         """One connection from TCP connect to close.  The node owns the TCP stream (not
@@ -371,7 +383,7 @@ class ControlSession:
         while True:
             seen = await self.board.wait_changed(seen)
             report = self.board.report()
-            await _send(ws, {"type": "report", **report})
+            await _send(ws, {"type": "report", **report, "facts": self.facts()})
             log.info("report sent", memory_tight=report["memory_tight"],
                      instance_count=report["instance_count"])
 

@@ -10,6 +10,7 @@ nodes on one host (a dev cluster) never share them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -49,11 +50,15 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
                            credential: Callable[[], str | None] | None = None,
                            registries: Registries | None = None,
                            settings: Settings | None = None,
-                           receipt_wait: float | None = None) -> VmInstanceManager:
+                           receipt_wait: float | None = None,
+                           pool_unavailable: Callable[[str], str | None] | None = None,
+                           ) -> VmInstanceManager:
     """The manager the node runs; a bad backend name or option fails here, at start.
 
     With `credential` (the node's, for ctrl's artifact store) missing blobs are fetched
-    into the Template cache; without it only blobs already on the host are used."""
+    into the Template cache; without it only blobs already on the host are used.
+    `pool_unavailable` (the node's pool monitor) says why a pool cannot be used now;
+    objects in such a pool are refused before anything is written."""
     regs = registries or load_plugins(config.plugins.disable)
     _check_tables("vmm", config.vmm.backend_tables(), regs.vmm)
     _check_tables("supervisor", config.supervisor.backend_tables(), regs.supervisor)
@@ -63,7 +68,10 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     pools: dict[tuple[str, str], PoolObjects] = {}
     for pool in config.storage.pool:
         for kind in KINDS:
-            extra = {} if receipt_wait is None else {"receipt_wait": receipt_wait}
+            extra: dict[str, Any] = {} if receipt_wait is None else {
+                "receipt_wait": receipt_wait}
+            if pool_unavailable is not None:
+                extra["unavailable"] = functools.partial(pool_unavailable, pool.id)
             pools[(pool.id, kind)] = PoolObjects(pool.id, pool.path, kind, node_id, **extra)
     root = config.storage.root
     cache = None

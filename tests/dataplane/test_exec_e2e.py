@@ -159,9 +159,11 @@ def _public_key() -> str:
 def _node_config(base: Path, url: str, artifacts: Path) -> NodeConfig:
     import tomllib
 
-    (base / "pool").mkdir()
-    (base / "proc").mkdir()
     from kibotos.dev.layout import prepare_proc_root
+    from kibotos.node.pools.marker import init_pool
+
+    init_pool("pool-a", base / "pool")
+    (base / "proc").mkdir()
 
     prepare_proc_root(base / "proc")
     text = f"""

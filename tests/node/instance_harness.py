@@ -24,6 +24,8 @@ if str(TESTPLUGINS) not in sys.path:
 from kibotos.config import NodeConfig, parse  # noqa: E402
 from kibotos.node.lifecycle import Settings  # noqa: E402
 from kibotos.node.manager import VmInstanceManager  # noqa: E402
+from kibotos.node.pools.dirs import prepare_pool_dirs  # noqa: E402
+from kibotos.node.pools.marker import init_pool  # noqa: E402
 from kibotos.node.vmsetup import build_instance_manager  # noqa: E402
 from kibotos.plugins import Registries, load_plugins  # noqa: E402
 
@@ -108,7 +110,9 @@ def node_config(base: Path, *, backend_options: str = "", shared: bool = False,
     import tomllib
 
     pool = pool or base / "pool"
-    pool.mkdir(parents=True, exist_ok=True)
+    # what an operator and the node's start do: marker, then the pool layout
+    init_pool("pool-a", pool, adopt=True)
+    prepare_pool_dirs("pool-a", pool)
     text = f"""
 [node]
 id = "{node_id}"

@@ -19,6 +19,7 @@ from kibotos import atomicfile
 from kibotos.config import NodeConfig, load
 from kibotos.node.identity import NodeIdentity
 from kibotos.node.instances import Holdings, StateFeed
+from kibotos.node.pools.marker import init_pool
 
 CREDENTIAL = "kid-test:secret-for-tests"
 
@@ -36,8 +37,13 @@ def write_proc(proc: Path, *, available_kb: int = 6_000_000, total_kb: int = 8_0
                memory_pressure: str | None = "some avg10=0.00 avg60=10.00 avg300=0.00 total=1\n"
                                              "full avg10=0.00 avg60=4.00 avg300=0.00 total=1\n",
                ) -> Path:
-    """A /proc tree with the files the sampler reads (kB as the kernel writes them)."""
+    """A /proc tree with the files the sampler reads (kB as the kernel writes them).
+
+    ``self`` links to the real ``/proc/self``: the storage drivers read the mounts from
+    ``<proc_root>/self/mounts``, and the pools of a test live on this host's real
+    mounts (a test of a driver's verdict replaces the link with a prepared directory)."""
     proc.mkdir(parents=True, exist_ok=True)
+    link_proc_self(proc)
     (proc / "meminfo").write_text(
         f"MemTotal:       {total_kb} kB\nMemFree:         100000 kB\n"
         f"MemAvailable:   {available_kb} kB\nBuffers:          1000 kB\n")
@@ -52,6 +58,12 @@ def write_proc(proc: Path, *, available_kb: int = 6_000_000, total_kb: int = 8_0
         else:
             (pressure / name).write_text(text)
     return proc
+
+
+def link_proc_self(proc: Path) -> None:
+    """``<proc>/self`` -> ``/proc/self`` unless the tree already has its own."""
+    if not (proc / "self").is_symlink() and not (proc / "self").exists():
+        (proc / "self").symlink_to("/proc/self")
 
 
 def write_config(tmp_path: Path, *, ctrl_url: str = "http://127.0.0.1:9",
@@ -74,7 +86,8 @@ socket_dir = "{tmp_path / 'run'}"
 root = "{root}"
 """
     if pools:
-        pool.mkdir(exist_ok=True)
+        # what an operator does before the node's first start (storage-pool init)
+        init_pool("pool-a", pool, adopt=True)
         text += f"""
 [[storage.pool]]
 id = "pool-a"

@@ -4,6 +4,7 @@ missing pool (the spec's message), a clean stop on SIGTERM, and exit 75 after is
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 def test_missing_pool_directory_logs_the_spec_message(tmp_path: Path) -> None:
     path = write_config(tmp_path)
-    (tmp_path / "pool-a").rmdir()
+    shutil.rmtree(tmp_path / "pool-a")  # initialized, then gone (not mounted)
     proc = _serve(path)
     assert proc.returncode == 13, proc.stderr
     assert f"prepare host layout: create {tmp_path / 'pool-a'}/volumes" in proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ def test_prepare_layout_creates_root_and_pool_directories(tmp_path: Path) -> Non
 
 def test_missing_pool_directory_fails_with_the_spec_message(tmp_path: Path) -> None:
     config = node_config(tmp_path)
-    (tmp_path / "pool-a").rmdir()
+    shutil.rmtree(tmp_path / "pool-a")  # initialized, then gone (not mounted)
     with pytest.raises(FailedPrecondition) as info:
         prepare_layout(config)
     assert info.value.message.startswith(

@@ -12,11 +12,13 @@ import trio
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects, UseRightTakenOver
+from kibotos.node.pools.dirs import prepare_pool_dirs
 
 MIB = 1 << 20
 
 
 def layers(pool: Path, node: str = "node-a", wait: float = 0.3) -> PoolObjects:
+    prepare_pool_dirs("pool-a", pool)  # the layout the node's start makes
     return PoolObjects("pool-a", pool, RETAINED_LAYERS, node, receipt_wait=wait)
 
 
@@ -166,7 +168,49 @@ async def test_delete_removes_everything_and_is_idempotent(tmp_path: Path) -> No
 
 def test_a_failed_mkfs_leaves_no_file(tmp_path: Path) -> None:
     objs = layers(tmp_path)
-    objs.ensure_dirs()
     with pytest.raises(InvalidArgument, match="whole number of MiB"):
         objs._create("ws-1", 5, None)
     assert list(os.listdir(tmp_path / "retained-layers" / "data")) == []
+
+
+async def test_block_file_is_handed_to_the_vmm_identity(tmp_path: Path) -> None:
+    """root:kibotos-vmm 0660 (the VMM opens it for writing), inside data/ 0710."""
+    import grp
+    import stat
+
+    opened = await layers(tmp_path).open("ws-1", 1, create_capacity=16 * MIB)
+    st = opened.path.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o660
+    assert stat.S_IMODE(opened.path.parent.stat().st_mode) == 0o710
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (0, grp.getgrnam("kibotos-vmm").gr_gid)
+
+
+async def test_unavailable_pool_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from kibotos.errors import Unavailable
+
+    prepare_pool_dirs("pool-a", tmp_path)
+    reason: list[str | None] = ["storage pool marker is missing"]
+    objs = PoolObjects("pool-a", tmp_path, RETAINED_LAYERS, "node-a",
+                       unavailable=lambda: reason[0])
+    before = files(tmp_path)
+    with pytest.raises(Unavailable, match="storage pool is unavailable: pool pool-a: "
+                                          "storage pool marker is missing") as info:
+        await objs.open("ws-1", 1, create_capacity=16 * MIB)
+    assert info.value.retryable
+    with pytest.raises(Unavailable):
+        objs.delete("ws-1", 1)
+    assert files(tmp_path) == before
+    reason[0] = None  # the monitor saw it come back
+    assert (await objs.open("ws-1", 1, create_capacity=16 * MIB)).created
+
+
+async def test_a_pool_without_its_layout_is_not_recreated(tmp_path: Path) -> None:
+    """The directories come from the node's start; gone (unmounted) means unavailable,
+    not a fresh tree on whatever disk is there now."""
+    from kibotos.errors import Unavailable
+
+    objs = PoolObjects("pool-a", tmp_path, RETAINED_LAYERS, "node-a")
+    with pytest.raises(Unavailable, match="pool layout the node prepared at start is gone"):
+        await objs.open("ws-1", 1, create_capacity=16 * MIB)
+    assert os.listdir(tmp_path) == []

@@ -3,6 +3,7 @@ memory-tight flip, the owner lock, READY=1 to systemd, and the isolate ending.""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ async def test_second_node_on_the_same_root_is_refused(tmp_path: Path) -> None:
 
 async def test_missing_pool_stops_the_start_before_any_state(tmp_path: Path) -> None:
     config = node_config(tmp_path)
-    (tmp_path / "pool-a").rmdir()
+    shutil.rmtree(tmp_path / "pool-a")  # initialized, then gone (not mounted)
     with pytest.raises(FailedPrecondition) as info:
         await serve_node(config)
     assert info.value.message.startswith(

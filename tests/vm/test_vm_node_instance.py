@@ -26,6 +26,8 @@ from kibotos.config import NodeConfig, parse
 from kibotos.node.instances import FAILED, RUNNING, STOPPED
 from kibotos.node.lifecycle import Settings
 from kibotos.node.manager import VmInstanceManager
+from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.pools.marker import init_pool
 from kibotos.node.vmsetup import build_instance_manager, supervisor_options
 from kibotos.platform.images import read_file
 from kibotos.plugins import load_plugins
@@ -59,7 +61,8 @@ def template_blobs(artifacts: Path, platform_dir: Path, template_dir: Path) -> d
 
 @asynccontextmanager
 async def qemu_node(base: Path) -> AsyncIterator[VmInstanceManager]:
-    (base / "pool").mkdir()
+    init_pool("pool-a", base / "pool")
+    prepare_pool_dirs("pool-a", base / "pool")
     config = parse(NodeConfig, tomllib.loads(f"""
 [node]
 id = "node-vm"

@@ -139,6 +139,13 @@ class PoolMonitor:
         state = self.states.get(pool_id)
         return state is not None and state.available
 
+    def unavailable_reason(self, pool_id: str) -> str | None:
+        """None when the pool can be used now, else why not (for the objects code)."""
+        state = self.states.get(pool_id)
+        if state is None:
+            return "not checked yet"
+        return None if state.available else (state.reason or "unavailable")
+
     async def run(self, *, interval: float = REFRESH,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Refresh now, report started, then every `interval` seconds."""
