@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_links import remove_short_links_into
 
 from kibotos.dev import DevCluster
 from kibotos.dev.procs import tail
@@ -47,6 +48,7 @@ def dev_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DevC
         finally:
             for svc in cluster.services():
                 print(f"----- {svc.log} (last lines)\n{tail(svc.log, 40)}")
+            remove_short_links_into(tmp_path)
 
 
 def _kibo_json(cluster: DevCluster, *args: str, code: int = 0, **kw: Any) -> Any:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_links import remove_short_links_into
 
 from kibotos.dev import DevCluster
 from kibotos.dev.layout import write_meminfo
@@ -53,6 +54,7 @@ def ws_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
             for svc in cluster.services():
                 print(f"----- {svc.log} (last lines)\n{tail(svc.log, 40)}")
             shutil.rmtree(base, ignore_errors=True)
+            remove_short_links_into(base)
 
 
 def processes_under(directory: Path) -> list[str]:
