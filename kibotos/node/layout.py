@@ -17,12 +17,13 @@ from types import TracebackType
 
 from kibotos.config import NodeConfig, PoolSection
 from kibotos.errors import FailedPrecondition
+from kibotos.node.pools.dirs import SUBDIRS, prepare_pool_dirs
 
 #: Subdirectories of ``<storage.root>`` (docs/architecture.md, "Node state on disk").
 ROOT_DIRS = ("pki", "state", "runtime", "installations", "template-cache", "network",
              "machine-logs")
 #: Subdirectories the node manages inside each pool directory.
-POOL_DIRS = ("volumes", "retained-layers")
+POOL_DIRS = tuple(SUBDIRS)
 
 
 @dataclass(frozen=True)
@@ -73,28 +74,16 @@ def prepare_root(paths: NodePaths) -> None:
 
 
 def prepare_pool(pool: PoolSection) -> None:
-    """Create the node's subdirectories in an existing pool directory.
-
-    The message for a missing pool directory is the one spec/storage-pools-on-nfs.txt
-    tells operators to look for in the log."""
-    for name in POOL_DIRS:
-        target = pool.path / name
-        if not pool.path.is_dir():
-            raise FailedPrecondition(
-                f"prepare host layout: create {target}: pool directory {pool.path} of pool "
-                f"{pool.id!r} does not exist (not mounted yet, or not created with mkdir "
-                "or `kibotos-node storage-pool init`)"
-            )
-        try:
-            target.mkdir(exist_ok=True)
-        except OSError as exc:
-            raise FailedPrecondition(
-                f"prepare host layout: create {target}: {exc.strerror}"
-            ) from None
+    """Create the node's subdirectories in an existing pool directory, with the spec's
+    owners and modes (`kibotos.node.pools.dirs.prepare_pool_dirs`, which also carries
+    the message spec/storage-pools-on-nfs.txt tells operators to look for when the pool
+    directory is missing)."""
+    prepare_pool_dirs(pool.id, pool.path)
 
 
 def prepare_layout(config: NodeConfig) -> NodePaths:
-    """Everything `serve_node` needs on disk before it takes the lock."""
+    """The storage root and the pool layouts (`serve_node` does the same in two steps:
+    the pools under its owner lock, by `kibotos.node.pools.startup.prepare`)."""
     paths = NodePaths(config.storage.root)
     prepare_root(paths)
     for pool in config.storage.pool:
