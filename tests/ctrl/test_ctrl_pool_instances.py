@@ -115,3 +115,21 @@ async def test_availability_in_a_report_reaches_placement(tmp_path: Path) -> Non
 
         await wait_until(accepted, "a create pinned to node-a accepted")
         assert placed[0]["node_id"] == "node-a"
+
+
+async def test_a_retired_node_no_longer_holds_the_pool_id(tmp_path: Path) -> None:
+    """Moving a pool to new storage: isolate and retire the first node; the other
+    storage is accepted on its next hello."""
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a", pools=pool(FIRST))
+        await ctrl.connect("node-b", pools=pool(SECOND))
+        assert (await stored_pools(ctrl, "node-b"))["shared-1"]["available"] is False
+        await ctrl.disconnect("node-a")
+        await ctrl.call("POST", "/v1/nodes/node-a/isolate",
+                        json={"confirm_host_cannot_write": True})
+        await ctrl.call("POST", "/v1/nodes/node-a/retire", json={})
+        await ctrl.disconnect("node-b")
+        await ctrl.connect("node-b", pools=pool(SECOND))
+        fact = (await stored_pools(ctrl, "node-b"))["shared-1"]
+        assert fact["available"] is True
+        assert fact["registered_instance"] == SECOND
