@@ -17,21 +17,24 @@ the CPU each process spent per placement; ``--profile`` adds ctrl's cProfile of 
 trio thread, a profile of the store transactions (``.threads``) and their time by kind
 (``.txns``).  Target (issue 3): >= 1,500 placements/s.
 
-Measured on the 2-core test machine, shared with other test runs (load average 3-4):
-10,000 creates across 1,000 nodes, binpack, concurrency 64: about 60 placements/s,
-p50 0.9 s, p99 5.7 s (queueing behind the store), all 10,000 AVAILABLE, no node over
-its schedulable amount.  ctrl spends about 11 ms of CPU per placement, which on a core
-of its own would be about 90 placements/s.  Where it goes, per create:
+Measured on the 2-core test machine, shared with other test runs: 10,000 creates
+across 1,000 nodes, binpack, concurrency 64: 63 placements/s at load average 4 (p50
+0.9 s, p99 5.4 s: queueing), 85/s at load average 2 (4,000 creates; p50 0.7 s, p99
+3.8 s); every Workspace AVAILABLE, no node over its schedulable amount.  ctrl is then
+CPU-bound on one core (the GIL): about 10.5-11.5 ms of CPU per placement.  Where it
+goes, per create:
 
 * placement itself (admission, ranking among 1,000 nodes, the reservation and the
   index update when the Allocation commits) is about 0.1 ms: the in-memory index and
   the cached sort keys took it off the list (ranking 1,000 nodes by `Fraction` shares
   took about 11 ms per create, by the integer key 0.8 ms, from the cache a `min`);
-* about 8 ms in store transactions (SQLAlchemy ORM on SQLite, serialised writes, one
-  worker-thread hop each): the create's record with its journal entry (~3 ms: six rows
-  through the ORM unit of work), the node's two reports per create (CREATING, then
-  RUNNING: ~1.5-2 ms each, `session_store.store_report` writes the node row), the
-  RUNNING frame (~1.5 ms), the journal look-up (~0.5 ms);
+* about 8 ms in store transactions (SQLAlchemy on SQLite, serialised writes, one
+  worker-thread hop each): the create's record with its journal entry (~2.4 ms; 3.2 ms
+  through the ORM unit of work before it became plain INSERTs), the node's two reports
+  per create (CREATING, then RUNNING: ~1.5-2 ms each, `session_store.store_report`
+  writes the node row, as the contract's "ctrl stores it and bumps
+  registration_version" says), the RUNNING frame (~1.5 ms), the journal look-up
+  (~0.5 ms); the CREATING frame is skipped (the create recorded it);
 * about 3 ms in HTTP (hypercorn, starlette, pydantic) and WebSocket framing, with the
   loopback TCP sends counted in the sender's system time.
 
