@@ -13,16 +13,15 @@ on on the node; its ``instance_state`` frames move the Workspace on (`instances`
 
 Stops and deletes are recorded at once (STOPPING, DELETING) and finished by background
 tasks (`workspace_tasks`) that call the node and retry while it is away, also after a
-ctrl restart.  The service follows the nodes' sessions as a `SessionObserver`.
+ctrl restart.  The service follows the nodes' sessions as a `SessionObserver`; what
+nodes say about Instances is applied by `workspace_feed`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -35,7 +34,8 @@ from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.context import CtrlContext
 from kibotos.ctrl.journal import STORED_ERRORS, Journal
-from kibotos.ctrl.placement import CapacityIndex, Demand, NodeEntry, admit
+from kibotos.ctrl.placement import CapacityIndex, Demand, NodeEntry
+from kibotos.ctrl.placing import Args, Commit, place
 from kibotos.ctrl.session_proto import Hello, InstanceState, Report
 from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.store_watch import (
@@ -46,30 +46,20 @@ from kibotos.ctrl.store_watch import (
     WorkspaceSnapshot,
 )
 from kibotos.ctrl.wire import VersionedWrite
+from kibotos.ctrl.workspace_feed import NodeFeed
 from kibotos.ctrl.workspace_tasks import Tasks
 from kibotos.ctrl.workspace_wire import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
 from kibotos.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
     KibotosError,
-    ResourceExhausted,
     Unavailable,
 )
-from kibotos.units import format_bytes, format_cores
 
 log = logging.getLogger("kibotos.ctrl.workspaces")
 
-#: The node answers ``instance.create`` after its own admission, before the boot.
-CREATE_TIMEOUT = 30.0
 #: How often pending operations are looked at again, and the index resynchronised.
 SWEEP_INTERVAL = 5.0
-#: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
-REPORT_GRACE_S = 30.0
-APPLIED_CACHE = 100_000
 RESYNC_INTERVAL = 60.0
 
-Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
-Args = Callable[[NodeEntry, str], dict[str, Any]]
 
 
 class WorkspaceService:
@@ -95,11 +85,7 @@ class WorkspaceService:
         self._node_changed = trio.Event()
         self._loading: list[list[Change]] | None = None
         self._drain_known: dict[str, bool] = {}
-        self._deferred: dict[str, list[tuple[str, InstanceState]]] = {}
-        self._deferring: set[str] = set()
-        #: The last state applied per Instance, to skip frames that repeat it.
-        self._applied: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
-        self._report_reconciled: dict[str, float] = {}
+        self.feed = NodeFeed(self)
         self._templates: dict[str, dict[str, str]] = {}
         ctx.isolate_releasers.append(inst_mod.release_for_isolate)
 
@@ -306,92 +292,7 @@ class WorkspaceService:
 
     async def place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
                     journal: Callable[..., Any]) -> dict[str, Any]:
-        """Try candidates best first until a node accepts; record the accepted one."""
-        tried: set[str] = set()
-        last: KibotosError | None = None
-        while True:
-            if pinned is not None:
-                if pinned in tried:
-                    assert last is not None
-                    raise last
-                refusal = self.index.verdict(pinned, demand)
-                if refusal is not None:
-                    raise refusal.error(pinned)
-                node_id: str | None = pinned
-            else:
-                node_id = self.index.best(demand, tried)
-                if node_id is None:
-                    raise self._exhausted(demand, tried, last)
-            assert node_id is not None
-            tried.add(node_id)
-            instance_id = ids.new_id("inst")
-            try:
-                return await self._try_node(node_id, instance_id, demand, args, commit,
-                                            journal)
-            except _NextNode as nxt:
-                last = nxt.error
-
-    async def _try_node(self, node_id: str, instance_id: str, demand: Demand, args: Args,
-                        commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
-        entry = self.index.nodes[node_id]
-        self.index.reserve(node_id, instance_id, demand.cpu_millis, demand.memory_bytes)
-        done = self.inflight[instance_id] = trio.Event()
-        accepted = committed = False
-        try:
-            try:
-                await self.ctx.sessions.call(node_id, "instance.create",
-                                             args(entry, instance_id), CREATE_TIMEOUT)
-                accepted = True
-            except KibotosError as exc:
-                reason = exc.details.get("reason")
-                if isinstance(exc, ResourceExhausted) and reason == "memory_tight":
-                    self.index.mark_tight(node_id)
-                    raise _NextNode(exc) from None
-                if isinstance(exc, FailedPrecondition | ResourceExhausted):
-                    # Drained meanwhile, or unable for a reason of its own: the node's
-                    # verdict; unpinned placement goes on with the next candidate.
-                    raise _NextNode(exc) from None
-                if isinstance(exc, Unavailable | DeadlineExceeded):
-                    # The node may have accepted after all: make sure it holds nothing.
-                    accepted = isinstance(exc, DeadlineExceeded)
-                    raise _NextNode(exc) from None
-                raise
-            try:
-                result, replayed = await journal(commit(node_id, instance_id))
-            except tx.Stale as exc:
-                log.info("placement on %s went stale: %s", node_id, exc)
-                raise _NextNode(Unavailable(str(exc))) from None
-            committed = not replayed
-            if committed:
-                self._remember(instance_id, ("CREATING", None))
-            return dict(result)
-        finally:
-            if not committed:
-                self.index.unreserve(instance_id)
-                if accepted:
-                    self.tasks.spawn(self.tasks.destroy_orphan, node_id, instance_id)
-            del self.inflight[instance_id]
-            done.set()
-
-    def _exhausted(self, demand: Demand, tried: set[str],
-                   last: KibotosError | None) -> ResourceExhausted:
-        """Say why no node could take it: the count of nodes per refusal reason."""
-        reasons: dict[str, int] = {}
-        for entry in self.index.nodes.values():
-            if entry.node_id in tried:
-                reason = "refused by the node" if last is None else last.message
-            else:
-                refusal = admit(entry, demand)
-                if refusal is None:
-                    continue
-                reason = refusal.reason.split(" (")[0]
-            reasons[reason] = reasons.get(reason, 0) + 1
-        summary = "; ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items())) \
-            or "no nodes are registered"
-        return ResourceExhausted(
-            f"no node can take a Workspace of {format_cores(demand.cpu_millis)} CPU and "
-            f"{format_bytes(demand.memory_bytes)} memory ({summary})",
-            details={"reasons": reasons})
+        return await place(self, demand, pinned, args, commit, journal)
 
     # ------------------------------------------------------------------ stop, delete
 
@@ -438,85 +339,17 @@ class WorkspaceService:
     # ------------------------------------------------------------------ SessionObserver
 
     async def session_started(self, node_id: str, hello: Hello) -> None:
-        started = self.ctx.now()
         self._drain_known[node_id] = await self.store.run(partial(_drain_flag, node_id=node_id))
-        if hello.report.instances is not None:
-            await self._reconcile(node_id, hello.report.instances, started)
-        self.tasks.wake()
+        await self.feed.session_started(node_id, hello)
 
     async def node_report(self, node_id: str, report: Report) -> None:
-        """Frames carry every change within a session; a report's list is checked
-        against the store at most once per grace period per node, as a safety net."""
-        if report.instances is None:
-            return
-        last = self._report_reconciled.get(node_id)
-        if last is not None and trio.current_time() - last < REPORT_GRACE_S:
-            return
-        self._report_reconciled[node_id] = trio.current_time()
-        await self._reconcile(node_id, report.instances,
-                              self.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
+        await self.feed.node_report(node_id, report)
 
     async def instance_state(self, node_id: str, frame: InstanceState) -> None:
-        """Apply a frame, in order per Instance.  A frame of a create still in flight
-        (the node may send CREATING before the create's result) is set aside and applied
-        once the create is recorded: waiting for it here would block the session's
-        reader, which is what must deliver that result."""
-        key = frame.instance_id
-        if key in self.inflight or key in self._deferred:
-            self._deferred.setdefault(key, []).append((node_id, frame))
-            if key not in self._deferring:
-                self._deferring.add(key)
-                self.tasks.spawn(self._apply_deferred, key)
-            return
-        await self._apply_frame(node_id, frame)
-
-    async def _apply_deferred(self, key: str) -> None:
-        try:
-            pending = self.inflight.get(key)
-            if pending is not None:
-                await pending.wait()
-            while self._deferred.get(key):
-                node_id, frame = self._deferred[key].pop(0)
-                await self._apply_frame(node_id, frame)
-        finally:
-            self._deferred.pop(key, None)
-            self._deferring.discard(key)
-
-    async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
-        seen = (frame.state, frame.reason)
-        if frame.guest is None and self._applied.get(frame.instance_id) == seen:
-            return  # the node said it already (e.g. CREATING of a create just recorded)
-        followups = await self.store.write(partial(
-            inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
-            state=frame.state, reason=frame.reason, now=self.ctx.now(), guest=frame.guest))
-        self._remember(frame.instance_id, seen)
-        self.tasks.follow(followups)
-
-    def _remember(self, instance_id: str, seen: tuple[str, str | None]) -> None:
-        self._applied[instance_id] = seen
-        self._applied.move_to_end(instance_id)
-        while len(self._applied) > APPLIED_CACHE:
-            self._applied.popitem(last=False)
+        await self.feed.instance_state(node_id, frame)
 
     async def session_ended(self, node_id: str) -> None:
         self.tasks.wake()
-
-    async def _reconcile(self, node_id: str, listed: list[dict[str, Any]],
-                         listed_after: datetime) -> None:
-        skip = set(self.inflight)
-        followups = await self.store.write(partial(
-            inst_mod.reconcile, node_id=node_id,
-            listed=[i for i in listed if i.get("instance_id") not in skip],
-            now=self.ctx.now(), listed_after=listed_after))
-        self.tasks.follow(followups)
-
-
-class _NextNode(Exception):
-    """This node did not take it; try the next candidate."""
-
-    def __init__(self, error: KibotosError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 def _get_json(session: Session, workspace_id: str) -> dict[str, Any]:
