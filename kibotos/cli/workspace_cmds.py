@@ -117,6 +117,10 @@ def wait_settled(inv: Invocation, ws: dict[str, Any], verb: str) -> dict[str, An
         if remaining is not None:
             hold = min(hold, max(0.0, remaining - 1.0))
         try:
+            if hold < 1.0:
+                # ctrl cannot hold the request (a short request timeout, or little time
+                # left): poll, but not in a busy loop.
+                time.sleep(min(0.5, remaining if remaining is not None else 0.5))
             ws = client.get(ws_path(workspace_id), {"wait_s": round(hold, 3)})
         except (Unavailable, DeadlineExceeded) as exc:
             if inv.deadline.expired():
