@@ -47,6 +47,7 @@ from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 from kibotos.node.templates import TemplateSource, link_into
 from kibotos.node.vmstats import read_process
+from kibotos.vmm_ready import first_kibotos_error
 
 log = EventLogger()
 
@@ -374,15 +375,3 @@ def log_tail(path: Path, limit: int = _LOG_TAIL) -> str:
     except OSError:
         return ""
     return " | ".join(line.strip() for line in text.strip().splitlines()[-5:])
-
-
-def first_kibotos_error(exc: BaseException) -> KibotosError | None:
-    """`exc` itself, or the first KibotosError inside an exception group."""
-    if isinstance(exc, KibotosError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = first_kibotos_error(inner)
-            if found is not None:
-                return found
-    return None

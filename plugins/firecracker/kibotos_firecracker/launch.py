@@ -31,16 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kibotos import vmm_launch
 from kibotos.errors import InvalidArgument
-from kibotos.units import parse_size
 
-MIN_MEMORY = 64 << 20
 #: Firecracker's vCPU range (swagger: MachineConfiguration.vcpu_count, 1..32).
 MAX_VCPUS = 32
 
 #: The jailer's rule for --id (docs/jailer.md): alphanumeric and hyphens, 1-64.
 _JAIL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
-_UNIT = re.compile(r"[A-Za-z0-9_.@:-]{1,200}")
 #: A Linux interface name: at most 15 bytes, no '/', ':' or whitespace.
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
@@ -88,32 +86,6 @@ class Launch:
         return self.memory_bytes >> 20
 
 
-def _abs_path(launch: Mapping[str, Any], key: str, *, must_exist: str | None = None,
-              label: str | None = None) -> Path:
-    value = launch.get(key)
-    key = label or key
-    if not isinstance(value, str | Path) or not str(value):
-        raise InvalidArgument(f"launch: {key} is required and must be a path")
-    path = Path(value)
-    if not path.is_absolute():
-        raise InvalidArgument(f"launch: {key} must be an absolute path, not {str(value)!r}")
-    if must_exist == "file" and not path.is_file():
-        raise InvalidArgument(f"launch: {key} {path} does not exist or is not a file")
-    if must_exist == "dir" and not path.is_dir():
-        raise InvalidArgument(f"launch: {key} {path} does not exist or is not a directory")
-    if must_exist == "any" and not path.exists():
-        raise InvalidArgument(f"launch: {key} {path} does not exist")
-    return path
-
-
-def _int(launch: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = launch.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgument(f"launch: {key} must be an integer from {lo} to {hi}, "
-                              f"not {value!r}")
-    return value
-
-
 def _volumes(raw: Any) -> tuple[Volume, ...]:
     if raw is None:
         return ()
@@ -131,10 +103,8 @@ def _volumes(raw: Any) -> tuple[Volume, ...]:
         unknown = set(item) - {"path", "read_only"}
         if unknown:
             raise InvalidArgument(f"launch: volumes[{i}] has unknown keys {sorted(unknown)}")
-        path = _abs_path(item, "path", must_exist="file", label=f"volumes[{i}].path")
-        read_only = item.get("read_only", False)
-        if not isinstance(read_only, bool):
-            raise InvalidArgument(f"launch: volumes[{i}].read_only must be true or false")
+        path = vmm_launch.abs_path(item, "path", must_exist="file", label=f"volumes[{i}].path")
+        read_only = vmm_launch.read_only(item, i)
         out.append(Volume(path, read_only))
     return tuple(out)
 
@@ -173,49 +143,30 @@ def _taps(raw: Any) -> tuple[Tap, ...]:
 def parse_launch(launch: Mapping[str, Any]) -> Launch:
     """Check every key of `launch`; the files it names must exist (a missing image is
     clearer here than as an API error after the unit started)."""
-    if not isinstance(launch, Mapping):
-        raise InvalidArgument("launch description must be an object")
-    unknown = set(launch) - _KNOWN
-    if unknown:
-        raise InvalidArgument(f"launch: unknown keys {sorted(unknown)}")
+    vmm_launch.check_keys(launch, _KNOWN)
     instance_id = launch.get("instance_id")
     if not isinstance(instance_id, str) or not _JAIL_ID.fullmatch(instance_id):
         raise InvalidArgument(f"launch: instance_id {instance_id!r} must be 1-64 letters, "
                               "digits or '-' (it is the jailer's --id)")
-    unit_name = launch.get("unit_name", f"kibotos-vmm-{instance_id}.service")
-    if not isinstance(unit_name, str) or not _UNIT.fullmatch(unit_name) or \
-            unit_name.startswith("."):
-        raise InvalidArgument(f"launch: unit_name {unit_name!r} is not a valid unit name")
-    platform = _abs_path(launch, "platform_dir", must_exist="dir")
-    for name in ("vmlinux", "initramfs"):
-        if not (platform / name).is_file():
-            raise InvalidArgument(f"launch: platform_dir {platform} has no {name}")
-    memory = launch.get("memory", MIN_MEMORY * 4)
-    if isinstance(memory, bool) or not isinstance(memory, int | str):
-        raise InvalidArgument(f"launch: memory must be a byte count or a size, not {memory!r}")
-    memory_bytes = parse_size(memory, "launch: memory")
-    if memory_bytes < MIN_MEMORY or memory_bytes % (1 << 20):
-        raise InvalidArgument(f"launch: memory {memory!r} must be at least 64 MiB and a "
-                              "whole number of MiB")
-    args = launch.get("kernel_args", [])
-    if not isinstance(args, list | tuple) or not all(
-            isinstance(a, str) and a and not any(c.isspace() for c in a) for a in args):
-        raise InvalidArgument("launch: kernel_args must be a list of words without spaces")
+    unit = vmm_launch.unit_name(launch, instance_id)
+    vmlinux, initramfs = vmm_launch.platform_files(launch)
+    memory = vmm_launch.memory_bytes(launch)
+    args = vmm_launch.kernel_args(launch)
     netns = None
     if launch.get("netns_path") is not None:
-        netns = _abs_path(launch, "netns_path", must_exist="any")
+        netns = vmm_launch.abs_path(launch, "netns_path", must_exist="any")
     return Launch(
         instance_id=instance_id,
-        unit_name=unit_name,
-        runtime_dir=_abs_path(launch, "runtime_dir", must_exist="dir"),
-        vmlinux=platform / "vmlinux",
-        initramfs=platform / "initramfs",
-        template_image=_abs_path(launch, "template_image", must_exist="file"),
-        writable_layer=_abs_path(launch, "writable_layer", must_exist="file"),
+        unit_name=unit,
+        runtime_dir=vmm_launch.abs_path(launch, "runtime_dir", must_exist="dir"),
+        vmlinux=vmlinux,
+        initramfs=initramfs,
+        template_image=vmm_launch.abs_path(launch, "template_image", must_exist="file"),
+        writable_layer=vmm_launch.abs_path(launch, "writable_layer", must_exist="file"),
         volumes=_volumes(launch.get("volumes")),
-        vcpus=_int(launch, "vcpus", 1, 1, MAX_VCPUS),
-        memory_bytes=memory_bytes,
-        kernel_args=tuple(args),
+        vcpus=vmm_launch.int_in_range(launch, "vcpus", 1, 1, MAX_VCPUS),
+        memory_bytes=memory,
+        kernel_args=args,
         netns_path=netns,
         taps=_taps(launch.get("taps")),
     )

@@ -1,0 +1,112 @@
+"""Checks of the launch description that every VMM backend shares (public plugin API).
+
+The node hands each VMM backend the same mapping (docs/vm.md, "Launch description");
+the keys that mean the same thing under every backend (paths, ``unit_name``, the
+Platform's files, ``memory``, ``kernel_args``, bounded integers) are checked here, so
+a bad value gets the same message whichever backend reads it.  What differs between
+backends (the instance ID's alphabet, Volume serials, taps) stays in the backend.
+Every error is `InvalidArgument` naming the key, prefixed ``launch:``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Set
+from pathlib import Path
+from typing import Any, Literal
+
+from kibotos.errors import InvalidArgument
+from kibotos.units import parse_size
+
+#: The least memory a guest gets; the default is four times this (256 MiB).
+MIN_MEMORY = 64 << 20
+
+_UNIT = re.compile(r"[A-Za-z0-9_.@:-]{1,200}")
+
+
+def check_keys(launch: Mapping[str, Any], known: Set[str]) -> None:
+    """Refuse a `launch` that is not a mapping or has keys outside `known` (a typo
+    must not be ignored)."""
+    if not isinstance(launch, Mapping):
+        raise InvalidArgument("launch description must be an object")
+    unknown = set(launch) - known
+    if unknown:
+        raise InvalidArgument(f"launch: unknown keys {sorted(unknown)}")
+
+
+def abs_path(launch: Mapping[str, Any], key: str, *,
+             must_exist: Literal["file", "dir", "any"] | None = None,
+             label: str | None = None) -> Path:
+    """`launch[key]` as an absolute path that, per `must_exist`, is a file, a directory
+    or anything at all; `label` names the key in errors (for nested items)."""
+    value = launch.get(key)
+    key = label or key
+    if not isinstance(value, str | Path) or not str(value):
+        raise InvalidArgument(f"launch: {key} is required and must be a path")
+    path = Path(value)
+    if not path.is_absolute():
+        raise InvalidArgument(f"launch: {key} must be an absolute path, not {str(value)!r}")
+    if must_exist == "file" and not path.is_file():
+        raise InvalidArgument(f"launch: {key} {path} does not exist or is not a file")
+    if must_exist == "dir" and not path.is_dir():
+        raise InvalidArgument(f"launch: {key} {path} does not exist or is not a directory")
+    if must_exist == "any" and not path.exists():
+        raise InvalidArgument(f"launch: {key} {path} does not exist")
+    return path
+
+
+def int_in_range(launch: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    """`launch[key]` (or `default`) as an integer from `lo` to `hi`; a bool is refused."""
+    value = launch.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(f"launch: {key} must be an integer from {lo} to {hi}, "
+                              f"not {value!r}")
+    return value
+
+
+def unit_name(launch: Mapping[str, Any], instance_id: str) -> str:
+    """``unit_name``, by default ``kibotos-vmm-<instance_id>.service``."""
+    name = launch.get("unit_name", f"kibotos-vmm-{instance_id}.service")
+    if not isinstance(name, str) or not _UNIT.fullmatch(name) or name.startswith("."):
+        raise InvalidArgument(f"launch: unit_name {name!r} is not a valid unit name")
+    return name
+
+
+def platform_files(launch: Mapping[str, Any]) -> tuple[Path, Path]:
+    """The Platform's ``vmlinux`` and ``initramfs`` under ``platform_dir``; both must be
+    there (a missing one is clearer here than in the VMM's log after the unit started)."""
+    platform = abs_path(launch, "platform_dir", must_exist="dir")
+    for name in ("vmlinux", "initramfs"):
+        if not (platform / name).is_file():
+            raise InvalidArgument(f"launch: platform_dir {platform} has no {name}")
+    return platform / "vmlinux", platform / "initramfs"
+
+
+def memory_bytes(launch: Mapping[str, Any]) -> int:
+    """``memory`` (a byte count or a size like ``"512M"``; default 256 MiB) in bytes: at
+    least `MIN_MEMORY` and a whole number of MiB."""
+    memory = launch.get("memory", MIN_MEMORY * 4)
+    if isinstance(memory, bool) or not isinstance(memory, int | str):
+        raise InvalidArgument(f"launch: memory must be a byte count or a size, not {memory!r}")
+    size = parse_size(memory, "launch: memory")
+    if size < MIN_MEMORY or size % (1 << 20):
+        raise InvalidArgument(f"launch: memory {memory!r} must be at least 64 MiB and a "
+                              "whole number of MiB")
+    return size
+
+
+def kernel_args(launch: Mapping[str, Any]) -> tuple[str, ...]:
+    """``kernel_args``: words without spaces, appended to the kernel command line."""
+    args = launch.get("kernel_args", [])
+    if not isinstance(args, list | tuple) or not all(
+            isinstance(a, str) and a and not any(c.isspace() for c in a) for a in args):
+        raise InvalidArgument("launch: kernel_args must be a list of words without spaces")
+    return tuple(args)
+
+
+def read_only(item: Mapping[str, Any], index: int) -> bool:
+    """A Volume's ``read_only`` flag (default false) at ``volumes[index]``."""
+    value = item.get("read_only", False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"launch: volumes[{index}].read_only must be true or false")
+    return value
