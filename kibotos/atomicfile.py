@@ -71,6 +71,44 @@ def write_sparse(fd: int, data: bytes) -> None:
             piece = piece[os.write(fd, piece):]
 
 
+class SparseFile:
+    """A large file written piece by piece (a download, an upload) into a temporary file
+    beside `target`, zero pieces skipped so disk images stay sparse, then made durable
+    and renamed into place by `commit`.  `discard` removes it unless `commit` ran; it is
+    safe to call more than once and after `commit`."""
+
+    def __init__(self, target: Path, *, prefix: str = "", mode: int = 0o644) -> None:
+        self.target = target
+        self.tmp: Path | None = temp_name(target, prefix)
+        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                      | os.O_CLOEXEC, mode)
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        assert self.fd is not None, "write after commit or discard"
+        write_sparse(self.fd, data)
+        self.size += len(data)
+
+    def commit(self) -> None:
+        assert self.fd is not None, "commit after discard"
+        assert self.tmp is not None, "commit after discard"
+        os.ftruncate(self.fd, self.size)  # a trailing hole was skipped, not written
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        os.replace(self.tmp, self.target)
+        self.tmp = None
+        fsync_dir(self.target.parent)
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+            self.tmp = None
+
+
 def write_json(path: Path, value: Any, *, prefix: str = "", mode: int = 0o644) -> None:
     data = json.dumps(value, indent=2, sort_keys=True).encode() + b"\n"
     write_bytes(path, data, prefix=prefix, mode=mode)

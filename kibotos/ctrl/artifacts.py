@@ -144,50 +144,35 @@ class _Writer:
 
     def __init__(self, target: Path | None) -> None:
         self.target = target
-        self.tmp: Path | None = None
-        self.fd: int | None = None
+        self.file: atomicfile.SparseFile | None = None
         self.hash = hashlib.sha256()
         self.size = 0
 
     def open(self) -> None:
         if self.target is None:
             return
-        self.tmp = atomicfile.temp_name(self.target)
         try:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                              0o644)
+            self.file = atomicfile.SparseFile(self.target)
         except OSError as exc:
-            self.tmp = None
             raise FailedPrecondition(
                 f"store artifact: create {self.target.parent}: {exc.strerror}") from None
 
     def write(self, data: bytes) -> None:
         self.hash.update(data)
         self.size += len(data)
-        if self.fd is None:
+        if self.file is None:
             return
         try:
-            atomicfile.write_sparse(self.fd, data)
+            self.file.write(data)
         except OSError as exc:
-            raise FailedPrecondition(f"store artifact: write {self.tmp}: {exc.strerror}"
-                                     ) from None
+            raise FailedPrecondition(f"store artifact: write {self.file.tmp}: "
+                                     f"{exc.strerror}") from None
 
     def commit(self) -> None:
-        if self.fd is None or self.tmp is None or self.target is None:
-            return
-        os.ftruncate(self.fd, self.size)  # a trailing hole was skipped, not written
-        os.fsync(self.fd)
-        os.close(self.fd)
-        self.fd = None
-        os.replace(self.tmp, self.target)
-        self.tmp = None
-        atomicfile.fsync_dir(self.target.parent)
+        if self.file is not None:
+            self.file.commit()
 
     def discard(self) -> None:
         """Close and remove the temporary file unless `commit` renamed it."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
-            self.tmp = None
+        if self.file is not None:
+            self.file.discard()

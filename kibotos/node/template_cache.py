@@ -335,39 +335,15 @@ def _evict(blobs: Path, budget: int, keep: set[str]) -> tuple[list[str], int]:
     return removed, total
 
 
-class _Sink:
-    """The temporary file one download writes; renamed into place by `commit`."""
+class _Sink(atomicfile.SparseFile):
+    """The temporary file one download writes, hashed as it goes; renamed into place
+    by `commit`."""
 
     def __init__(self, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.target = target
-        self.tmp: Path | None = atomicfile.temp_name(target)
-        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                                      | os.O_CLOEXEC, 0o644)
+        super().__init__(target)
         self.hash = hashlib.sha256()
-        self.size = 0
 
     def write(self, data: bytes) -> None:
-        assert self.fd is not None
         self.hash.update(data)
-        self.size += len(data)
-        atomicfile.write_sparse(self.fd, data)
-
-    def commit(self) -> None:
-        assert self.fd is not None
-        assert self.tmp is not None
-        os.ftruncate(self.fd, self.size)  # a trailing hole was skipped, not written
-        os.fsync(self.fd)
-        os.close(self.fd)
-        self.fd = None
-        os.replace(self.tmp, self.target)
-        self.tmp = None
-        atomicfile.fsync_dir(self.target.parent)
-
-    def discard(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
-            self.tmp = None
+        super().write(data)
