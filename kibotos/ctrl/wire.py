@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -122,7 +122,11 @@ def _ratio(value: str | None, what: str, allow_default: bool) -> str | None:
     return value
 
 
-class OvercommitDefaultIn(VersionedWrite):
+class _OvercommitIn(VersionedWrite):
+    """Ratios to change; the item not given keeps its value.  `ALLOW_DEFAULT` says
+    whether ``"default"`` (drop a node's override) is a value here."""
+
+    ALLOW_DEFAULT: ClassVar[bool] = False
     cpu: str | None = None
     memory: str | None = None
 
@@ -130,32 +134,22 @@ class OvercommitDefaultIn(VersionedWrite):
     @classmethod
     def _check(cls, v: str | None, info: Any) -> str | None:
         checked: str | None = _as_value_error(
-            lambda x: _ratio(x, f"{info.field_name} ratio", False), v)
+            lambda x: _ratio(x, f"{info.field_name} ratio", cls.ALLOW_DEFAULT), v)
         return checked
 
     @model_validator(mode="after")
-    def _something(self) -> OvercommitDefaultIn:
+    def _something(self) -> _OvercommitIn:
         if self.cpu is None and self.memory is None:
             raise ValueError("give cpu, memory or both")
         return self
 
 
-class OvercommitNodeIn(VersionedWrite):
-    cpu: str | None = None
-    memory: str | None = None
+class OvercommitDefaultIn(_OvercommitIn):
+    ALLOW_DEFAULT = False
 
-    @field_validator("cpu", "memory")
-    @classmethod
-    def _check(cls, v: str | None, info: Any) -> str | None:
-        checked: str | None = _as_value_error(
-            lambda x: _ratio(x, f"{info.field_name} ratio", True), v)
-        return checked
 
-    @model_validator(mode="after")
-    def _something(self) -> OvercommitNodeIn:
-        if self.cpu is None and self.memory is None:
-            raise ValueError("give cpu, memory or both")
-        return self
+class OvercommitNodeIn(_OvercommitIn):
+    ALLOW_DEFAULT = True
 
 
 class NodeListQuery(Request):
