@@ -13,12 +13,9 @@ Target (issue 2): p99 <= 50 ms for both.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,47 +23,9 @@ from pathlib import Path
 
 import httpx
 import trio
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from benchlib import enroll_node, operator_credential, percentile, spawn_ctrl
 
 from kibotos.testing.fake_node import open_sim_node
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def start_ctrl(workdir: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
-    state = workdir / "state"
-    config = workdir / "ctrl.toml"
-    config.write_text(
-        f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{state}"\nreconcile_interval = "60s"\n'
-    )
-    exe = Path(sys.executable).with_name("kibotos")
-    log = open(workdir / "ctrl.log", "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen([str(exe), "ctrl", "serve", "--config", str(config)],
-                            stdout=log, stderr=log, start_new_session=True)
-    address_file = state / "listen-address"
-    deadline = time.monotonic() + 60
-    while not address_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"ctrl did not start; see {workdir / 'ctrl.log'}")
-        time.sleep(0.05)
-    return proc, f"http://{address_file.read_text().strip()}", config
-
-
-def operator_credential(config: Path, url: str) -> str:
-    exe = Path(sys.executable).with_name("kibotos")
-    out = subprocess.run([str(exe), "ctrl", "grant", "--config", str(config), "--kind",
-                          "operator", "--json"], check=True, capture_output=True, text=True)
-    token = json.loads(out.stdout)["result"]["token"]
-    pub = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    resp = httpx.post(f"{url}/v1/enrollment/exchange",
-                      json={"token": token, "public_key": base64.b64encode(pub).decode()})
-    resp.raise_for_status()
-    return str(resp.json()["result"]["credential"])
 
 
 async def enroll_nodes(url: str, operator: str, count: int) -> list[tuple[str, str]]:
@@ -75,16 +34,7 @@ async def enroll_nodes(url: str, operator: str, count: int) -> list[tuple[str, s
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
         for i in range(count):
             node_id = f"node-{i:04d}"
-            grant = await http.post("/v1/enrollment/grants",
-                                    json={"kind": "node", "node_id": node_id})
-            grant.raise_for_status()
-            pub = Ed25519PrivateKey.generate().public_key().public_bytes(
-                Encoding.Raw, PublicFormat.Raw)
-            ex = await http.post("/v1/enrollment/exchange", json={
-                "token": grant.json()["result"]["token"],
-                "public_key": base64.b64encode(pub).decode()})
-            ex.raise_for_status()
-            creds.append((node_id, ex.json()["result"]["credential"]))
+            creds.append((node_id, await enroll_node(http, node_id)))
     return creds
 
 
@@ -159,7 +109,12 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=100)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kibotos-bench-api-") as tmp:
-        proc, url, config = start_ctrl(Path(tmp))
+        workdir = Path(tmp)
+        proc, url, config = spawn_ctrl(
+            workdir,
+            f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{workdir / "state"}"\n'
+            'reconcile_interval = "60s"\n',
+            [str(Path(sys.executable).with_name("kibotos")), "ctrl", "serve"])
         try:
             operator = operator_credential(config, url)
             trio.run(run, args, url, operator)

@@ -47,7 +47,6 @@ process; none of that changes the placement rules tested here.
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import json
 import os
@@ -62,15 +61,9 @@ from typing import Any
 
 import httpx
 import trio
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from benchlib import enroll_node, operator_credential, percentile, spawn_ctrl
 
 HERE = Path(__file__).resolve()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 # ------------------------------------------------------------------------ ctrl
@@ -78,22 +71,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def start_ctrl(workdir: Path, policy: str,
                profile: str | None) -> tuple[subprocess.Popen[bytes], str, Path]:
-    state = workdir / "state"
-    config = workdir / "ctrl.toml"
-    config.write_text(f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{state}"\n'
-                      f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n')
-    argv = [sys.executable, str(HERE), "--role", "ctrl", "--config", str(config)]
+    argv = [sys.executable, str(HERE), "--role", "ctrl"]
     if profile:
         argv += ["--profile", profile]
-    log = open(workdir / "ctrl.log", "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
-    address_file = state / "listen-address"
-    deadline = time.monotonic() + 60
-    while not address_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"ctrl did not start; see {workdir / 'ctrl.log'}")
-        time.sleep(0.05)
-    return proc, f"http://{address_file.read_text().strip()}", config
+    config = (f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{workdir / "state"}"\n'
+              f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n')
+    return spawn_ctrl(workdir, config, argv)
 
 
 def run_ctrl(config_path: str, profile: str | None) -> None:
@@ -158,18 +141,6 @@ def run_ctrl(config_path: str, profile: str | None) -> None:
     trio.run(serve_ctrl, cfg)
 
 
-def operator_credential(config: Path, url: str) -> str:
-    exe = Path(sys.executable).with_name("kibotos")
-    out = subprocess.run([str(exe), "ctrl", "grant", "--config", str(config), "--kind",
-                          "operator", "--json"], check=True, capture_output=True, text=True)
-    token = json.loads(out.stdout)["result"]["token"]
-    pub = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    resp = httpx.post(f"{url}/v1/enrollment/exchange",
-                      json={"token": token, "public_key": base64.b64encode(pub).decode()})
-    resp.raise_for_status()
-    return str(resp.json()["result"]["credential"])
-
-
 async def setup(http: httpx.AsyncClient, nodes: int) -> list[tuple[str, str]]:
     """A Template (three small blobs) and `nodes` node identities, all through the API."""
     digests = {}
@@ -186,16 +157,7 @@ async def setup(http: httpx.AsyncClient, nodes: int) -> list[tuple[str, str]]:
 
     async def enroll(node_id: str) -> None:
         async with limit:
-            grant = await http.post("/v1/enrollment/grants",
-                                    json={"kind": "node", "node_id": node_id})
-            grant.raise_for_status()
-            pub = Ed25519PrivateKey.generate().public_key().public_bytes(
-                Encoding.Raw, PublicFormat.Raw)
-            ex = await http.post("/v1/enrollment/exchange", json={
-                "token": grant.json()["result"]["token"],
-                "public_key": base64.b64encode(pub).decode()})
-            ex.raise_for_status()
-            creds.append((node_id, ex.json()["result"]["credential"]))
+            creds.append((node_id, await enroll_node(http, node_id)))
 
     async with trio.open_nursery() as nursery:
         for i in range(nodes):
