@@ -283,3 +283,33 @@ class UseRight(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     bump_on_grant: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_at: Mapped[datetime]
+
+
+# ------------------------------------------------------------------ Storage pools (issue 4)
+
+
+class StoragePool(Base):
+    """What ctrl remembers about one storage pool ID, beyond the per-node facts.
+
+    Nodes declare pools in their configuration; ctrl makes a row the first time a node
+    reports a pool ID (`kibotos.ctrl.pool_facts`), so the operator's settings have a
+    home.  `capacity_bytes` is set only by the operator (``kibo storage-pool
+    set-capacity``; NULL = not set, and creating an object in the pool is then
+    ``resource_exhausted``).  `instance` is the marker instance ctrl registered for the
+    ID (the storage itself) and `registered_node_id` the node that registered it; a
+    node that is retired or revoked stops holding it, so the same storage declared on
+    another host moves the registration there.  `lost_at` is set by ``declare-lost``
+    (the storage is gone for good, with `lost_instance` the instance declared lost).
+    `revision` is the expected revision of the writes on this row."""
+
+    __tablename__ = "storage_pools"
+
+    pool_id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    capacity_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    instance: Mapped[str | None] = mapped_column(String(64))
+    registered_node_id: Mapped[str | None] = mapped_column(String(63))
+    lost_at: Mapped[datetime | None]
+    lost_instance: Mapped[str | None] = mapped_column(String(64))
+    revision: Mapped[int] = mapped_column(BigInteger, default=1)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
