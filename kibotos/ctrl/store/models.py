@@ -313,3 +313,58 @@ class StoragePool(Base):
     revision: Mapped[int] = mapped_column(BigInteger, default=1)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+# ------------------------------------------------------------------ Volumes (issue 4)
+
+
+class Volume(Base):
+    """A Volume: a block file of `capacity_bytes` in one storage pool, attached to at
+    most one Workspace (`workspace_id`, mounted in the guest at `mount_point`).
+
+    Who may open it, and at which epoch, is its `use_rights` row (kind ``volume``),
+    whose `workspace_id` is the attached Workspace ('' while detached), so a start
+    finds the Volumes with the writable layer.  `revision` is its expected revision;
+    every change bumps it.  A deleted Volume keeps its row (state DELETED)."""
+
+    __tablename__ = "volumes"
+
+    volume_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    pool_id: Mapped[str] = mapped_column(String(63), index=True)
+    capacity_bytes: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    labels: Mapped[dict[str, Any]]
+    workspace_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    mount_point: Mapped[str | None] = mapped_column(Text)
+    revision: Mapped[int] = mapped_column(BigInteger, default=1)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
+
+
+class ObjectOperation(Base):
+    """A long operation on one pool object (a Volume or a writable layer): ``expand``
+    to `target_capacity_bytes`, or ``move`` to `target_pool_id`.  While its `status`
+    is ``running`` (or ``cleanup``: a move whose old copy is still to be deleted) the
+    object's Workspace cannot start; a ``failed`` row stays to say why and, for an
+    expansion, the target the next one may not go below (spec: storage-pools-on-nfs,
+    "Troubleshooting").  Recorded first, finished by a background task, so it resumes
+    after a ctrl restart."""
+
+    __tablename__ = "object_operations"
+
+    object_kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    object_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    workspace_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    op: Mapped[str] = mapped_column(String(16))  # expand | move
+    status: Mapped[str] = mapped_column(String(16), index=True)  # running|cleanup|failed
+    pool_id: Mapped[str] = mapped_column(String(63))
+    capacity_bytes: Mapped[int] = mapped_column(BigInteger)
+    target_pool_id: Mapped[str | None] = mapped_column(String(63))
+    target_capacity_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    node_id: Mapped[str | None] = mapped_column(String(63))
+    epoch: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
