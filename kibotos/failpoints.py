@@ -8,6 +8,10 @@ A failpoint is off unless the process was started with ``KIBOTOS_FAILPOINTS`` se
 ``sleep:S``   sleep S seconds (to widen a race window in a test)
 ``stop``      SIGSTOP this process (a test resumes it with SIGCONT)
 
+An action may end in ``@N``: it then runs only at the N-th hit of that name in this
+process (``atomic.before-rename=kill@2`` kills at the second atomic rename), so a test
+can reach each write of a sequence that passes the same point several times.
+
 The table is parsed once per process; with the variable unset, `hit()` is one dict
 lookup on an empty dict.  Every name used in the code is listed in `KNOWN` so tests can
 walk them and documentation can name them.
@@ -36,6 +40,16 @@ KNOWN: dict[str, str] = {
     "node.instance.after-stop": "Instance stop or destroy, after the VMM unit is gone",
     "node.instance.before-object-release": "Instance stop or destroy, before the writable layer "
                                            "and Volumes are released",
+    "objects.take.after-holder": "pool object takeover, after this node's holder record is "
+                                 "written and before the block file is opened",
+    "objects.create.after-metadata": "pool object creation, after the metadata record and "
+                                     "before the block file gets its name",
+    "objects.create.after-data": "pool object creation, after the block file's rename and "
+                                 "before the attach is recorded",
+    "objects.release.after-metadata": "pool object release, after the clean release is "
+                                      "recorded in the metadata and before the receipt",
+    "objects.fence.before-receipt": "holder check, after the taken-over Instance's VMM is "
+                                    "stopped and its block files flushed, before the receipt",
 }
 
 
@@ -55,12 +69,14 @@ def _parse(spec: str) -> dict[str, str]:
 
 
 _table: dict[str, str] = _parse(os.environ.get(ENV, ""))
+_hits: dict[str, int] = {}
 
 
 def reload() -> None:
     """Re-read the environment (tests that set the variable in-process call this)."""
     global _table
     _table = _parse(os.environ.get(ENV, ""))
+    _hits.clear()
 
 
 def hit(name: str) -> None:
@@ -68,6 +84,11 @@ def hit(name: str) -> None:
     action = _table.get(name)
     if action is None:
         return
+    action, at, nth = action.partition("@")
+    if at:
+        _hits[name] = _hits.get(name, 0) + 1
+        if _hits[name] != int(nth):
+            return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stop":

@@ -41,6 +41,8 @@ from kibotos.backends import Supervisor, UnitInfo, VmmBackend
 from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.guest import GuestChannel, LaunchConfig, open_guest_channel
 from kibotos.node import records
+from kibotos.node.build_identity import BuildIdentity
+from kibotos.node.build_identity import current as current_build
 from kibotos.node.instance_spec import CreateSpec
 from kibotos.node.instances import CREATING, HOLDING_STATES
 from kibotos.node.logs import EventLogger
@@ -164,6 +166,11 @@ class Launcher:
         self.pools = pools
         self.templates = templates
         self.settings = settings
+        #: The runtime installation new launches pin (``kibotos.node.installations``;
+        #: set by the node at start): ``{identity, runtime_version}``.
+        self.installation: dict[str, Any] | None = None
+        #: The build whose rules decide upgrades (`kibotos.node.build_identity`).
+        self.build: BuildIdentity = current_build()
 
     def pool(self, pool_id: str, kind: str) -> PoolObjects:
         try:
@@ -176,17 +183,22 @@ class Launcher:
 
     async def open_objects(self, inst: Instance) -> tuple[Path, list[Path]]:
         """The writable layer (made on the first start) and the Volumes, opened at the
-        command's epochs; recorded in `inst.held` as each is taken."""
+        command's epochs; recorded in `inst.held` as each is taken.  The release
+        receipts of their previous holders are awaited together: one deadline for all
+        (spec: at most 15 s when a Workspace takes over a Volume and its layer)."""
         spec = inst.spec
         layer = spec.layer
         lower = {"template": spec.template.name, "image_digest": spec.template.image_digest}
-        opened = await self.pool(layer.pool_id, RETAINED_LAYERS).open(
-            layer.ref, layer.epoch, lower=lower,
+        layers = self.pool(layer.pool_id, RETAINED_LAYERS)
+        deadline = trio.current_time() + layers.receipt_wait
+        opened = await layers.open(
+            layer.ref, layer.epoch, lower=lower, receipt_deadline=deadline,
             create_capacity=layer.capacity_bytes if layer.create else None)
         self._hold(inst, HeldObject(RETAINED_LAYERS, layer.pool_id, layer.ref, layer.epoch))
         volumes = []
         for vol in spec.volumes:
-            got = await self.pool(vol.pool_id, VOLUMES).open(vol.volume_id, vol.epoch)
+            got = await self.pool(vol.pool_id, VOLUMES).open(vol.volume_id, vol.epoch,
+                                                             receipt_deadline=deadline)
             self._hold(inst, HeldObject(VOLUMES, vol.pool_id, vol.volume_id, vol.epoch))
             volumes.append(got.path)
         return opened.path, volumes
@@ -221,7 +233,7 @@ class Launcher:
         record = await trio.to_thread.run_sync(lambda: records.write_launch_record(
             inst.dir, launch_id=ids.new_id("lch"), instance_id=inst.instance_id,
             unit_name=unit.name, argv=unit.argv, supervisor=self.supervisor.name,
-            backend=self.backend.name, launch=launch))
+            backend=self.backend.name, launch=launch, installation=self.installation))
         failpoints.hit("node.instance.after-launch-record")
         info = await self.supervisor.start(unit)
         failpoints.hit("node.instance.after-unit-start")
@@ -333,11 +345,13 @@ class Launcher:
                             error=exc.message)
         return False
 
-    async def stop_unit(self, inst: Instance) -> None:
-        """Stop the unit and confirm none of its processes remains."""
+    async def stop_unit(self, inst: Instance, *, timeout: float | None = None) -> None:
+        """Stop the unit and confirm none of its processes remains; `timeout` (default
+        ``stop_timeout``) is the grace between SIGTERM and SIGKILL."""
         name = inst.unit_name or unit_name_for(inst.instance_id)
         failpoints.hit("node.instance.before-stop")
-        await self.supervisor.stop(name, timeout=self.settings.stop_timeout)
+        await self.supervisor.stop(name, timeout=self.settings.stop_timeout
+                                   if timeout is None else timeout)
         info = await self.supervisor.describe(name)
         if info is not None and info.active:
             raise Unavailable(f"instance cleanup pending: unit {name} is still active "

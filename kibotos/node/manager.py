@@ -12,6 +12,8 @@ a registry entry kept, no longer listed); ``layer.delete`` removes a retained la
 VMM every ``monitor_interval``: one that ended on its own makes its Instance FAILED
 with the spec's reason (``oom_killed`` when the supervisor saw an OOM kill); the
 Instance keeps its resources and objects until stopped with force or destroyed.
+Every 5 s `kibotos.node.holder_watch` rereads the holder records of what the Instances
+hold open and fences an Instance whose use right was taken over (FAILED, receipt).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from kibotos.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from kibotos.node import records
+from kibotos.node import installations, records
+from kibotos.node.holder_watch import HolderWatch
 from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs, settle
 from kibotos.node.instance_spec import CreateSpec, command_handlers
 from kibotos.node.instances import (
@@ -129,6 +132,7 @@ class VmInstanceManager:
                 await self._restore()
                 nursery.start_soon(self._probe)
                 nursery.start_soon(self._watch)
+                nursery.start_soon(HolderWatch(self).run)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
@@ -415,8 +419,21 @@ class VmInstanceManager:
             self._instances[inst.instance_id] = inst
         if self._instances:
             log.info("instances reloaded", count=len(self._instances))
+        # after the takeover: installations of failed adoptions are still recorded
+        pinned = self.launcher.installation or {}
+        await trio.to_thread.run_sync(installations.prune, self.dirs.machine_logs.parent,
+                                      [pinned.get("identity", "")])
 
     def get(self, instance_id: str) -> Instance | None:
         """The Instance as the node sees it (tests and tools)."""
         return self._instances.get(instance_id)
+
+    def instances(self) -> list[Instance]:
+        """The Instances the node has now (the holder check walks them)."""
+        return list(self._instances.values())
+
+    async def fail(self, inst: Instance, reason: str) -> None:
+        """Make `inst` FAILED with `reason`, persisted and published (the holder
+        check, which holds ``inst.lock``)."""
+        await self._set_state(inst, FAILED, reason)
 

@@ -17,7 +17,14 @@ holder record refuses (the use right was taken over; retrying cannot help), the 
 epoch held by this node opens directly, an older epoch or no record is taken over by
 writing this node's holder record first.  When taking over from a holder that did not
 release, the node waits up to 15 s (monotonic) for its release receipt and records
-``released_cleanly=false`` when none came.
+``released_cleanly=false`` when none came.  A holder that finds a newer epoch in the
+record (`kibotos.node.holder_watch`, every 5 s) flushes the block file and writes its
+receipt with `fence`, leaving the metadata to the new holder.
+
+Crash safety: each record is whole or absent.  A new object's metadata is written
+before its block file gets its name, so a block file never exists without metadata; a
+takeover interrupted after the holder record is finished by the retry at the same
+epoch, which still waits for the previous holder that the metadata names.
 
 The directories are the ones `kibotos.node.pools.startup.prepare` made at start (owner
 and modes of the spec); this module never creates them, so a pool directory that lost
@@ -27,7 +34,7 @@ are handed to the VMM identity (``root:kibotos-vmm`` 0660,
 pool the availability monitor reports unavailable is refused (``Unavailable``,
 retryable: the pool may come back) before anything is written.
 
-Not here yet (issue 4): expansion, transfer, the 5-second holder check, legacy names.
+Not here yet (issue 4): expansion, transfer, legacy names.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile, ids
+from kibotos import atomicfile, failpoints, ids
 from kibotos.errors import FailedPrecondition, InvalidArgument, Unavailable
 from kibotos.node.pools.dirs import hand_block_file
 from kibotos.platform.images import create_ext4
@@ -245,27 +252,36 @@ class PoolObjects:
                     and meta.get("holder") == previous.node_id)
 
     def _create(self, object_id: str, capacity: int, lower: Mapping[str, Any] | None) -> None:
+        """Metadata first, then the block file under its name: an interrupted create
+        leaves metadata without data (the retry makes the data; a delete removes it),
+        never a block file nobody describes."""
         target = self.data_path(object_id)
         tmp = atomicfile.temp_name(target, self.node_id)
         try:
             create_ext4(tmp, capacity, label="kibotos-rw" if self.kind == RETAINED_LAYERS
                         else "")
             hand_block_file(tmp, self.kind)  # root:kibotos-vmm 0660 before it has a name
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self._flush_file(tmp)
+            self._write("metadata", object_id, {
+                "version": 1, "kind": self.kind, "id": object_id, "pool_id": self.pool_id,
+                "capacity_bytes": capacity, "lower": dict(lower or {}), "state": "created",
+                "created_at": _now(), "holder": self.node_id, "epoch": None,
+                "released_cleanly": True})
+            failpoints.hit("objects.create.after-metadata")
             os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         atomicfile.fsync_dir(target.parent)
-        self._write("metadata", object_id, {
-            "version": 1, "kind": self.kind, "id": object_id, "pool_id": self.pool_id,
-            "capacity_bytes": capacity, "lower": dict(lower or {}), "state": "created",
-            "created_at": _now(), "holder": self.node_id, "epoch": None,
-            "released_cleanly": True})
+        failpoints.hit("objects.create.after-data")
+
+    @staticmethod
+    def _flush_file(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _attach(self, object_id: str, epoch: int, clean: bool | None) -> None:
         meta = self.metadata(object_id) or {"version": 1, "kind": self.kind, "id": object_id,
@@ -277,16 +293,23 @@ class PoolObjects:
         self._write("metadata", object_id, meta)
 
     async def open(self, object_id: str, epoch: int, *, create_capacity: int | None = None,
-                   lower: Mapping[str, Any] | None = None) -> Opened:
+                   lower: Mapping[str, Any] | None = None,
+                   receipt_deadline: float | None = None) -> Opened:
         """Take the use right at `epoch` per the takeover table and return the block
-        file; with `create_capacity`, make a missing object first (truncate + mkfs)."""
+        file; with `create_capacity`, make a missing object first (truncate + mkfs).
+
+        `receipt_deadline` (trio clock) ends the wait for a previous holder's receipt;
+        objects of one Workspace share one, so their receipts are awaited together
+        (spec: at most 15 s for both).  Default: now + `receipt_wait`."""
         self._check(object_id)
         self.check_available()
+        if receipt_deadline is None:
+            receipt_deadline = trio.current_time() + self.receipt_wait
         previous = await trio.to_thread.run_sync(self._take, object_id, epoch,
                                                  create_capacity is not None)
         clean: bool | None = None
         if previous is not None and previous.epoch >= 0:
-            clean = await self._await_receipt(object_id, previous)
+            clean = await self._await_receipt(object_id, previous, receipt_deadline)
         return await trio.to_thread.run_sync(self._finish_open, object_id, epoch, clean,
                                              create_capacity, lower)
 
@@ -299,10 +322,25 @@ class PoolObjects:
             if previous is not None:  # take over: holder record first, then open
                 self._write("holders", object_id, {"node_id": self.node_id, "epoch": epoch,
                                                    "at": _now()})
-            return previous
+                failpoints.hit("objects.take.after-holder")
+                return previous
+            return self._unfinished_takeover(object_id, epoch)
 
-    async def _await_receipt(self, object_id: str, previous: Holder) -> bool:
-        with trio.move_on_after(self.receipt_wait):
+    def _unfinished_takeover(self, object_id: str, epoch: int) -> Holder | None:
+        """Our holder record at `epoch`, but the metadata still names an older attach:
+        a takeover was interrupted (crash) before it opened.  Its previous holder is
+        still owed the receipt wait."""
+        meta = self.metadata(object_id)
+        if meta is None or meta.get("state") != "attached":
+            return None
+        old_epoch, old_node = meta.get("epoch"), meta.get("holder")
+        if isinstance(old_epoch, int) and old_epoch < epoch and isinstance(old_node, str):
+            return Holder(old_node, old_epoch)
+        return None
+
+    async def _await_receipt(self, object_id: str, previous: Holder, deadline: float
+                             ) -> bool:
+        with trio.move_on_at(deadline):
             while True:
                 if await trio.to_thread.run_sync(self._released, object_id, previous):
                     return True
@@ -341,8 +379,39 @@ class PoolObjects:
                         released_cleanly=True, confirmed_on_disk=confirmed_on_disk,
                         released_at=_now())
             self._write("metadata", object_id, meta)
+            failpoints.hit("objects.release.after-metadata")
             self._write("releases", object_id, {"node_id": self.node_id, "epoch": epoch,
                                                 "at": _now()})
+            return True
+
+    # ------------------------------------------------------------------ fencing
+
+    def taken_over(self, object_id: str, epoch: int) -> Holder | None:
+        """The holder that replaced this node's use right at `epoch`, or None while it
+        is still ours (no record, or an epoch not newer).  Reread from disk every time."""
+        holder = self.holder(object_id)
+        if holder is not None and (holder.epoch > epoch or (
+                holder.epoch == epoch and holder.node_id != self.node_id)):
+            return holder
+        return None
+
+    def fence(self, object_id: str, epoch: int, *, successor: Holder) -> bool:
+        """This node stopped writing the object it held at `epoch` (its VMM is gone):
+        flush the block file, then write the release receipt the successor awaits.
+        The metadata is the successor's now and is left alone; a receipt of a newer
+        epoch is never replaced.  Returns whether a receipt was written."""
+        path = self.data_path(object_id)
+        if path.is_file():
+            self._flush_file(path)
+        with self.locked(object_id):
+            current = self.release_receipt(object_id)
+            if current is not None and current.epoch >= epoch:
+                return current == Holder(self.node_id, epoch)
+            failpoints.hit("objects.fence.before-receipt")
+            self._write("releases", object_id, {
+                "node_id": self.node_id, "epoch": epoch, "at": _now(),
+                "reason": "taken_over", "successor": {"node_id": successor.node_id,
+                                                      "epoch": successor.epoch}})
             return True
 
     def delete(self, object_id: str, epoch: int) -> bool:
