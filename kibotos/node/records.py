@@ -59,7 +59,10 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def write_launch_record(instance_dir: Path, *, launch_id: str, instance_id: str,
                         unit_name: str, argv: Sequence[str], supervisor: str, backend: str,
-                        launch: Mapping[str, Any]) -> dict[str, Any]:
+                        launch: Mapping[str, Any],
+                        installation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`installation` is the pinned runtime installation (``{identity,
+    runtime_version}``, `kibotos.node.installations`); None where no node pinned one."""
     record: dict[str, Any] = {
         "format": FORMAT,
         "launch_id": launch_id,
@@ -69,6 +72,7 @@ def write_launch_record(instance_dir: Path, *, launch_id: str, instance_id: str,
         "supervisor": supervisor,
         "backend": backend,
         "launch": dict(launch),
+        "installation": dict(installation) if installation is not None else None,
         "written_at": now_iso(),
         "unit": None,
         "guest": None,

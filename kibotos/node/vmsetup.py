@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kibotos.config import NodeConfig
 from kibotos.errors import InvalidArgument
+from kibotos.node import installations
+from kibotos.node.build_identity import BuildIdentity
+from kibotos.node.build_identity import current as current_build
 from kibotos.node.lifecycle import Launcher, Settings
 from kibotos.node.manager import VmInstanceManager
 from kibotos.node.objects import KINDS, PoolObjects
@@ -52,13 +56,20 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
                            settings: Settings | None = None,
                            receipt_wait: float | None = None,
                            pool_unavailable: Callable[[str], str | None] | None = None,
+                           build: BuildIdentity | None = None,
+                           runtime_dir: Path | None = None,
                            ) -> VmInstanceManager:
     """The manager the node runs; a bad backend name or option fails here, at start.
 
     With `credential` (the node's, for ctrl's artifact store) missing blobs are fetched
     into the Template cache; without it only blobs already on the host are used.
     `pool_unavailable` (the node's pool monitor) says why a pool cannot be used now;
-    objects in such a pool are refused before anything is written."""
+    objects in such a pool are refused before anything is written.
+
+    The current runtime installation is pinned here (`kibotos.node.installations.pin`,
+    from `runtime_dir`, default this build's): every launch records it.  `build` is
+    this build (`kibotos.node.build_identity.current`) unless a test stands for
+    another release."""
     regs = registries or load_plugins(config.plugins.disable)
     _check_tables("vmm", config.vmm.backend_tables(), regs.vmm)
     _check_tables("supervisor", config.supervisor.backend_tables(), regs.supervisor)
@@ -81,6 +92,9 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     templates = NodeTemplates(cache, [root / "template-cache", *config.vmm.artifact_dirs])
     launcher = Launcher(node_id=node_id, backend=backend, supervisor=supervisor, pools=pools,
                         templates=templates, settings=settings or settings_from(config))
+    launcher.build = build or current_build()
+    pinned = installations.pin(root, launcher.build, runtime_dir=runtime_dir, backend=backend)
+    launcher.installation = pinned.launch_fields()
     return VmInstanceManager(node_id=node_id, root=root, launcher=launcher,
                              shared_pools={p.id: p.shared for p in config.storage.pool},
                              memory_tight=memory_tight, settings=launcher.settings)
