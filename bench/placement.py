@@ -75,7 +75,8 @@ def start_ctrl(workdir: Path, policy: str,
     if profile:
         argv += ["--profile", profile]
     config = (f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{workdir / "state"}"\n'
-              f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n')
+              f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n'
+              '[testing]\npool_capacity = "1P"\n')
     return spawn_ctrl(workdir, config, argv)
 
 

@@ -56,9 +56,24 @@ class CtrlSection(_Strict):
         return units.parse_duration(v)
 
 
+class CtrlTestingSection(_Strict):
+    """Test and dev-cluster inputs of ctrl; see docs/dev.md.  Never set in production."""
+
+    #: The capacity a pool whose capacity was never set gets at its first Workspace
+    #: create, as if the operator had run ``kibo storage-pool set-capacity`` (so test
+    #: and dev clusters can create without that step).  None: the spec's behaviour.
+    pool_capacity: int | None = None
+
+    @field_validator("pool_capacity", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int | None:
+        return None if v is None or v == "" else units.parse_size(v, "pool_capacity")
+
+
 class CtrlConfig(_Strict):
     ctrl: CtrlSection = Field(default_factory=CtrlSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
+    testing: CtrlTestingSection = Field(default_factory=CtrlTestingSection)
 
     @property
     def database_url(self) -> str:

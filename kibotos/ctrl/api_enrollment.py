@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from kibotos._version import __version__
-from kibotos.ctrl import enrollment
+from kibotos.ctrl import enrollment, pool_facts
 from kibotos.ctrl.auth import Caller
 from kibotos.ctrl.routing import Api, Route, read_body
 from kibotos.ctrl.store.models import EnrollmentGrant
@@ -97,6 +97,8 @@ def routes(api: Api) -> list[Route]:
 
         def txn(session: Session) -> dict[str, Any]:
             done = enrollment.revoke(session, body.id, ctx.now())
+            if done.node_ids:  # a revoked node holds no pool ID any more
+                pool_facts.reconsider(session, ctx.now())
             effects.append(done)
             return {"revoked": done.revoked}
 

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos.ctrl import nodes, overcommit
+from kibotos.ctrl import nodes, overcommit, pool_facts
 from kibotos.ctrl.auth import Caller
 from kibotos.ctrl.node_view import node_json
 from kibotos.ctrl.routing import Api, Route, path_node_id, read_body, read_query
@@ -46,6 +46,13 @@ def _list(query: NodeListQuery, session: Session) -> dict[str, Any]:
 def _get(node_id: str, session: Session) -> dict[str, Any]:
     node = nodes.get_node(session, node_id)
     return node_json(node, overcommit.get_default(session), with_usage=True)
+
+
+def _retire(session: Session, node_id: str, expected: int | None, now: datetime) -> Node:
+    """Retire, then let another storage or host take the pool IDs the node held."""
+    node = nodes.retire(session, node_id, expected, now)
+    pool_facts.reconsider(session, now)
+    return node
 
 
 def routes(api: Api) -> list[Route]:
@@ -83,7 +90,7 @@ def routes(api: Api) -> list[Route]:
         return await _simple(request, caller, "node.cancel_drain", nodes.cancel_drain)
 
     async def retire(request: Request, caller: Caller | None) -> dict[str, Any]:
-        return await _simple(request, caller, "node.retire", nodes.retire)
+        return await _simple(request, caller, "node.retire", _retire)
 
     async def isolate(request: Request, caller: Caller | None) -> dict[str, Any]:
         assert caller is not None

@@ -13,7 +13,14 @@ accepted for it (``registered_instance``), also across reports in which the node
 read its marker (instance None), so a pool that is briefly unreadable on the first node
 does not let the second storage win.  Retired and revoked nodes are not members and do
 not hold a pool ID.  Stored entries are the node's own fields plus ``registered_instance``
-and, when refused, ``conflict`` (the other node and instance).
+and, when refused, ``conflict`` (the other node and instance) with the node's own
+verdict kept in ``node_available``/``node_reason``, so `reconsider` can accept the
+storage again once the first node is retired or revoked without waiting for a report.
+
+The pool ID itself has a row in ``storage_pools`` (`register`): made the first time a
+node reports it, it holds the registered instance and node, which move to the node that
+reports the same storage after the first one stopped being a member (spec:
+storage-pools-on-nfs, "Moving a pool to another host").
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl import nodes
-from kibotos.ctrl.store.models import Node
+from kibotos.ctrl.store.models import Node, StoragePool
 
 log = logging.getLogger("kibotos.ctrl.pools")
 
@@ -73,6 +81,9 @@ def accept_pools(session: Session, node: Node, reported: Any, now: datetime
         instance = entry.get("instance")
         entry.pop("conflict", None)
         entry.pop("registered_instance", None)
+        if "node_available" in entry:  # a stored refused entry, looked at again
+            entry["available"] = entry.pop("node_available")
+            entry["reason"] = entry.pop("node_reason", None)
         if not isinstance(instance, str):
             kept = old.get("registered_instance")
             entry["registered_instance"] = kept if isinstance(kept, str) else None
@@ -88,7 +99,9 @@ def accept_pools(session: Session, node: Node, reported: Any, now: datetime
                   f"{other_node} joined first with instance {other_instance}: another "
                   "storage uses the same pool ID (give this directory its own pool ID)")
         entry.update(available=False, reason=reason, registered_instance=None,
-                     conflict={"node_id": other_node, "instance": other_instance})
+                     conflict={"node_id": other_node, "instance": other_instance},
+                     node_available=entry.get("available", True),
+                     node_reason=entry.get("reason"))
         if old.get("conflict") != entry["conflict"] or old.get("instance") != instance:
             log.warning("storage pool refused: node %s reports pool %s with instance %s, "
                         "node %s joined first with instance %s", node.node_id, pool_id,
@@ -109,4 +122,72 @@ def store_facts(session: Session, node: Node, facts: Mapping[str, Any] | None,
     incoming = dict(facts or {})
     if "pools" in incoming:
         incoming["pools"] = accept_pools(session, node, incoming["pools"], now)
+        register(session, node, incoming["pools"], now)
     node.node_facts = {**base, **incoming}
+
+
+def is_member(node: Node) -> bool:
+    """Retired and revoked nodes are no pool's members (spec/nodes.txt, "retire")."""
+    return node.retired_at is None and node.admission == "admitted"
+
+
+def _ensure_row(session: Session, pool_id: str, now: datetime) -> StoragePool:
+    """The pool's row, made if missing; an insert that another transaction beat is
+    ignored (two nodes of one shared pool may report it at once)."""
+    values = {"pool_id": pool_id, "capacity_bytes": None, "instance": None,
+              "registered_node_id": None, "lost_at": None, "lost_instance": None,
+              "revision": 1, "created_at": now, "updated_at": now}
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    session.execute(dialect.insert(StoragePool).values(**values)
+                    .on_conflict_do_nothing(index_elements=["pool_id"]))
+    row = session.get(StoragePool, pool_id, with_for_update=True, populate_existing=True)
+    assert row is not None
+    return row
+
+
+def register(session: Session, node: Node, pools: list[dict[str, Any]], now: datetime
+             ) -> None:
+    """Keep ``storage_pools`` in step with what was accepted for `node`: the pool row
+    exists, and its registration names a member node that reports the registered
+    instance; when the registered node is no longer a member (or never was), the
+    registration moves to `node`, and a lost pool declared again is no longer lost."""
+    if not is_member(node):
+        return
+    for entry in pools:
+        instance = entry.get("registered_instance")
+        row = _ensure_row(session, entry["id"], now)
+        if not isinstance(instance, str):
+            continue
+        holder = (session.get(Node, row.registered_node_id)
+                  if row.registered_node_id is not None else None)
+        if row.instance == instance and holder is not None and is_member(holder):
+            continue
+        previous = row.registered_node_id
+        row.instance = instance
+        row.registered_node_id = node.node_id
+        row.lost_at = None
+        row.revision += 1
+        row.updated_at = now
+        log.info("storage pool registered: pool %s instance %s on node %s (was %s)",
+                 row.pool_id, instance, node.node_id, previous)
+        nodes.record_event(session, now, row.pool_id, "storage_pool.registered",
+                           {"instance": instance, "node_id": node.node_id,
+                            "previous_node_id": previous})
+
+
+def reconsider(session: Session, now: datetime) -> None:
+    """Accept again, at once, the storages refused because another node had the pool
+    ID first, once that node stopped being a member (retired or revoked): their own
+    facts did not change, so no report would bring them back."""
+    session.flush()
+    for node in session.scalars(select(Node).where(
+            Node.retired_at.is_(None), Node.admission == "admitted")
+            .order_by(Node.node_id).with_for_update()).all():
+        pools = _entries(node.node_facts)
+        if not any("conflict" in p for p in pools):
+            continue
+        accepted = accept_pools(session, node, pools, now)
+        node.node_facts = {**(node.node_facts or {}), "pools": accepted}
+        register(session, node, accepted, now)
+        nodes.bump(node)
+        session.flush()

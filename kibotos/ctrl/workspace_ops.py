@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from kibotos import ids
 from kibotos.ctrl import instances as inst_mod
+from kibotos.ctrl import pool_capacity
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.context import CtrlContext
@@ -186,9 +187,15 @@ class WorkspaceService:
 
         async def attempt() -> dict[str, Any]:
             template = await self.template(body.template)
+            rooms = await self.store.run(pool_capacity.snapshot)
+            default_capacity = self.ctx.config.testing.pool_capacity
 
             def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
                 assert entry.default_pool is not None
+                # Refused before the node is asked: no block file for a full pool.
+                pool_capacity.check_snapshot(rooms, entry.default_pool.pool_id,
+                                             body.layer_size_bytes, "writable layer",
+                                             default_capacity)
                 return {
                     "instance_id": instance_id, "workspace_id": workspace_id,
                     "template": template, "cpu_millis": body.cpu_millis,
@@ -207,7 +214,8 @@ class WorkspaceService:
                                layer_size_bytes=body.layer_size_bytes, layer_ref=layer_ref,
                                pool_id=pool.pool_id, pool_shared=pool.shared,
                                node_id=node_id, instance_id=instance_id, now=self.ctx.now(),
-                               verify=self.verify_in_store)
+                               verify=self.verify_in_store,
+                               default_capacity=default_capacity)
 
             return await self.place(demand, body.node_id, args, commit, journal)
 

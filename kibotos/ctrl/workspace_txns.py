@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl import instances as inst_mod
-from kibotos.ctrl import nodes, overcommit, store_watch, use_rights
+from kibotos.ctrl import nodes, overcommit, pool_capacity, store_watch, use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.store.models import (
     Allocation,
@@ -97,9 +97,12 @@ def commit_create(session: Session, *, workspace_id: str, template: Mapping[str,
                   labels: dict[str, str], cpu_millis: int, memory_bytes: int,
                   layer_size_bytes: int, layer_ref: str, pool_id: str, pool_shared: bool,
                   node_id: str, instance_id: str, now: datetime,
-                  verify: bool = True) -> dict[str, Any]:
+                  verify: bool = True, default_capacity: int | None = None
+                  ) -> dict[str, Any]:
     if verify:
         verify_node(session, node_id, cpu_millis, memory_bytes)
+    pool_capacity.check_room(session, pool_id, layer_size_bytes, "writable layer", now,
+                             default_capacity)
     ws = w.new_workspace(workspace_id=workspace_id, template=template, labels=labels,
                          cpu_millis=cpu_millis, memory_bytes=memory_bytes,
                          layer_size_bytes=layer_size_bytes, layer_pool_id=pool_id,

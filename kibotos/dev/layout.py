@@ -157,7 +157,10 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
     if session_timeout:
         section["session_timeout"] = session_timeout
     layout.ctrl_state.mkdir(parents=True, exist_ok=True)
-    write_config(layout.ctrl_config, config.CtrlConfig, {"ctrl": section}, CTRL_HEADER)
+    # Pools get a capacity at their first create (an operator runs `kibo storage-pool
+    # set-capacity`; a dev cluster is for trying Workspaces).
+    write_config(layout.ctrl_config, config.CtrlConfig,
+                 {"ctrl": section, "testing": {"pool_capacity": "1T"}}, CTRL_HEADER)
 
 
 def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,

@@ -40,6 +40,8 @@ class CtrlProcess:
             'listen = "127.0.0.1:0"\n'
             f'state_dir = "{self.state_dir}"\n'
             'reconcile_interval = "1h"\n'
+            "[testing]\n"
+            'pool_capacity = "1T"\n'
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""

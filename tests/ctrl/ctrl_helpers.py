@@ -25,10 +25,14 @@ from kibotos.ctrl.store.models import Node
 from kibotos.errors import ERROR_CLASSES
 
 
-def make_config(tmp_path: Path, database_url: str = "", **ctrl: object) -> CtrlConfig:
+def make_config(tmp_path: Path, database_url: str = "", *, pool_capacity: str | None = "1T",
+                **ctrl: object) -> CtrlConfig:
+    """`pool_capacity`: ctrl's ``[testing] pool_capacity`` (None: pools start with no
+    capacity, as in production, and a create needs ``set-capacity`` first)."""
     section = {"listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state"),
                "database_url": database_url, **ctrl}
-    return CtrlConfig.model_validate({"ctrl": section})
+    return CtrlConfig.model_validate({"ctrl": section,
+                                      "testing": {"pool_capacity": pool_capacity}})
 
 
 def public_key() -> str:

@@ -99,7 +99,8 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
     monkeypatch.syspath_prepend(str(TESTPLUGINS))
     base = Path(tempfile.mkdtemp(prefix="kex-", dir="/tmp"))  # short socket paths
     ctrl_config = CtrlConfig.model_validate({"ctrl": {
-        "listen": "127.0.0.1:0", "state_dir": str(base / "ctrl"), "reconcile_interval": "1h"}})
+        "listen": "127.0.0.1:0", "state_dir": str(base / "ctrl"), "reconcile_interval": "1h"},
+        "testing": {"pool_capacity": "1T"}})
     artifacts = base / "artifacts"
     digests = [blob(artifacts, data) for data in (b"image\n", b"kernel\n", b"initramfs\n")]
     node_config: NodeConfig | None = None
