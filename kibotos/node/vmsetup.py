@@ -23,6 +23,7 @@ from kibotos.node.build_identity import current as current_build
 from kibotos.node.lifecycle import Launcher, Settings
 from kibotos.node.manager import VmInstanceManager
 from kibotos.node.objects import KINDS, PoolObjects
+from kibotos.node.pools.legacy_names import NamedPoolObjects
 from kibotos.node.template_cache import TemplateCache
 from kibotos.node.templates import NodeTemplates
 from kibotos.plugins import Registries, load_plugins
@@ -83,7 +84,8 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
                 "receipt_wait": receipt_wait}
             if pool_unavailable is not None:
                 extra["unavailable"] = functools.partial(pool_unavailable, pool.id)
-            pools[(pool.id, kind)] = PoolObjects(pool.id, pool.path, kind, node_id, **extra)
+            pools[(pool.id, kind)] = NamedPoolObjects(pool.id, pool.path, kind, node_id,
+                                                      **extra)
     root = config.storage.root
     cache = None
     if credential is not None:

@@ -8,5 +8,6 @@ spec/storage-pools-on-nfs.txt is the contract.  The pieces, one module each:
 * `availability`: the marker check, then the pool's driver plugin, refreshed at least
   once a minute, as facts for ctrl;
 * `tempfiles`: removal of temporary files left by interrupted writes;
-* `legacy`: objects still named by the SHA-256 of their ID (before v0.1.0).
+* `legacy_names`: objects still named by the SHA-256 of their ID (before v0.1.0),
+  renamed to their IDs.
 """

@@ -5,7 +5,9 @@
    directories;
 2. `PoolMonitor`: the marker and driver check now and at least once a minute after;
    when a pool is first seen available, its leftovers go by the pool rules (all in a
-   dedicated pool, only this node's in a shared one).
+   dedicated pool, only this node's in a shared one), then the unattached objects this
+   node holds that still have the SHA-256 names of versions before v0.1.0 are renamed
+   to their IDs (`kibotos.node.pools.legacy_names`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from kibotos.backends import HostPaths
 from kibotos.config import NodeConfig, PoolSection
 from kibotos.node.logs import EventLogger
+from kibotos.node.pools import legacy_names
 from kibotos.node.pools.availability import PoolMonitor
 from kibotos.node.pools.dirs import SUBDIRS, prepare_pool_dirs
 from kibotos.node.pools.tempfiles import Sweep, sweep_local, sweep_pool
@@ -62,6 +65,7 @@ def monitor(config: NodeConfig, registry: Any, *,
 
     def first_available(pool: PoolSection) -> None:
         clean_pool(pool, node_id)
+        legacy_names.rename_at_start(pool, node_id, config.storage.root)
 
     return PoolMonitor(config.storage.pool, registry, host, on_change=on_change,
                        on_first_available=first_available)
