@@ -11,6 +11,7 @@ directory at once.  Used by ``packaging/platform/build.sh`` and the VM tests.
     {"format": 1, "kind": "kibotos-platform", "inputs_digest": "<hex>",
      "kernel": {"package", "version", "sha256", "release"},
      "busybox": {...}, "tini": {...}, "modules": ["virtio_ring", ...],
+     "vsock_modules": ["vsock", ...],
      "initramfs_compression": "gzip",
      "files": {"vmlinux": {"sha256", "size"}, "initramfs": {"sha256", "size"}}}
 """
@@ -32,7 +33,7 @@ from kibotos.platform import debs
 from kibotos.platform.cache import cached_build, default_cache_root, input_key
 from kibotos.platform.initramfs import COMPRESSIONS, build_initramfs, init_script
 from kibotos.platform.kernel import extract_vmlinux
-from kibotos.platform.modules import GUEST_MODULES, ModuleTree, read_module
+from kibotos.platform.modules import GUEST_MODULES, VSOCK_MODULES, Module, ModuleTree, read_module
 
 FORMAT = 1
 MANIFEST = "platform.json"
@@ -53,8 +54,17 @@ def _only_child(path: Path, what: str) -> Path:
     return children[0]
 
 
+def _read_modules(moddir: Path, order: list[Module]) -> list[tuple[Module, bytes]]:
+    chosen = []
+    for mod in order:
+        data = read_module(moddir / mod.relpath)
+        plain = mod.relpath.removesuffix(".xz").removesuffix(".zst")
+        chosen.append((dataclasses.replace(mod, relpath=plain), data))
+    return chosen
+
+
 def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
-           compression: str, inputs: dict[str, Any]) -> None:
+           vsock_modules: tuple[str, ...], compression: str, inputs: dict[str, Any]) -> None:
     work = Path(tempfile.mkdtemp(prefix="kibotos-platform-"))
     try:
         unpacked = {}
@@ -68,18 +78,20 @@ def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
             raise FailedPrecondition(f"kernel package has no boot/vmlinuz-{release}")
         vmlinux = extract_vmlinux(bzimage.read_bytes(), bzimage.name)
         tree = ModuleTree(moddir)
-        chosen = []
-        for mod in tree.load_order(list(modules)):
-            data = read_module(moddir / mod.relpath)
-            plain = mod.relpath.removesuffix(".xz").removesuffix(".zst")
-            chosen.append((dataclasses.replace(mod, relpath=plain), data))
+        base = tree.load_order(list(modules))
+        loaded = {m.name for m in base}
+        extra = [m for m in tree.load_order([*modules, *vsock_modules])
+                 if m.name not in loaded]
+        chosen = _read_modules(moddir, base)
+        vsock = _read_modules(moddir, extra)
         busybox = unpacked["busybox"] / "bin" / "busybox"
         tini = unpacked["tini"] / "usr" / "bin" / "tini-static"
         for path in (busybox, tini):
             if not path.is_file():
                 raise FailedPrecondition(f"{path.relative_to(work)} missing from its package")
         initramfs = build_initramfs(busybox=busybox, tini=tini, release=release,
-                                    modules=chosen, compression=compression)
+                                    modules=chosen, compression=compression,
+                                    vsock_modules=vsock)
         (tmp / "vmlinux").write_bytes(vmlinux)
         (tmp / "initramfs").write_bytes(initramfs)
         manifest = {
@@ -90,6 +102,7 @@ def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
             "busybox": refs["busybox"].describe(),
             "tini": refs["tini"].describe(),
             "modules": [m.name for m, _ in chosen],
+            "vsock_modules": [m.name for m, _ in vsock],
             "initramfs_compression": compression,
             "files": {"vmlinux": _digest(vmlinux), "initramfs": _digest(initramfs)},
         }
@@ -102,6 +115,7 @@ def build_platform(*, cache_root: Path | None = None, kernel_deb: Path | None = 
                    busybox_deb: Path | None = None, tini_deb: Path | None = None,
                    kernel_package: str = "linux-image-amd64",
                    modules: tuple[str, ...] = GUEST_MODULES,
+                   vsock_modules: tuple[str, ...] = VSOCK_MODULES,
                    compression: str = DEFAULT_COMPRESSION) -> Path:
     """The Platform directory for these inputs, building it on a cache miss.
 
@@ -120,11 +134,13 @@ def build_platform(*, cache_root: Path | None = None, kernel_deb: Path | None = 
         "debs": {role: ref.sha256 for role, ref in refs.items()},
         "init": hashlib.sha256(init_script()).hexdigest(),
         "modules": list(modules),
+        "vsock_modules": list(vsock_modules),
         "compression": compression,
     }
     root = (cache_root or default_cache_root()) / "platforms"
     return cached_build(root, input_key(inputs), MANIFEST,
-                        lambda tmp: _build(tmp, refs, modules, compression, inputs))
+                        lambda tmp: _build(tmp, refs, modules, vsock_modules, compression,
+                                                   inputs))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@
 #   kibotos.rw=SERIAL       serial of the writable layer disk    (kibotos-rw)
 #   kibotos.agent=PATH      agent program in the new root   (/usr/lib/kibotos-guest/agent.py)
 #   kibotos.disks=N         wait until N virtio disks with a serial are present (2)
+#   kibotos.vsock=PORT      serve the agent on this vsock port instead of virtio-serial
+#                           ports, after loading /etc/kibotos/modules.vsock (Firecracker)
 #   kibotos.probe           print KIBOTOS-PROBE-OK and power off (acceleration probe)
 # Any failure prints "kibotos-init: FAILED: <reason>" on the console and powers off.
 
@@ -44,6 +46,7 @@ RW_SERIAL=kibotos-rw
 AGENT=/usr/lib/kibotos-guest/agent.py
 PROBE=
 DISKS=2
+VSOCK=
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         kibotos.port=*) PORT="${arg#*=}" ;;
@@ -51,6 +54,7 @@ for arg in $(cat /proc/cmdline); do
         kibotos.rw=*) RW_SERIAL="${arg#*=}" ;;
         kibotos.agent=*) AGENT="${arg#*=}" ;;
         kibotos.disks=*) DISKS="${arg#*=}" ;;
+        kibotos.vsock=*) VSOCK="${arg#*=}" ;;
         kibotos.probe) PROBE=1 ;;
     esac
 done
@@ -66,6 +70,14 @@ fi
 while read -r mod; do
     insmod "/lib/modules/$mod" || fail "insmod $mod"
 done < /etc/kibotos/modules
+if [ -n "$VSOCK" ]; then
+    case "$VSOCK" in
+        ''|*[!0-9]*) fail "kibotos.vsock=$VSOCK is not a port number" ;;
+    esac
+    while read -r mod; do
+        insmod "/lib/modules/$mod" || fail "insmod $mod"
+    done < /etc/kibotos/modules.vsock
+fi
 stamp "modules loaded"
 
 # virtio-mmio devices may appear after insmod returns; wait (up to ~10 s) for all of them.
@@ -135,5 +147,6 @@ PORT_ARGS=
 for name in $(echo "$PORT" | tr ',' ' '); do
     PORT_ARGS="$PORT_ARGS --port-name $name"
 done
+[ -z "$VSOCK" ] || PORT_ARGS="--vsock $VSOCK"
 # shellcheck disable=SC2086  # one word per port name, by construction
 exec switch_root /newroot /run/kibotos/init -- /usr/bin/python3 "$AGENT" $PORT_ARGS

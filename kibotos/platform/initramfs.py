@@ -6,6 +6,7 @@ Layout inside the archive::
     /bin/busybox, /bin/<applet>    busybox-static and one symlink per applet
     /bin/tini                      tini-static, copied into the new root's /run as PID 1
     /etc/kibotos/modules           the modules to insmod, one per line, in load order
+    /etc/kibotos/modules.vsock     the vsock modules, loaded after them for kibotos.vsock=
     /lib/modules/<release>/...     those modules (decompressed) and their modules.dep
     /dev/console, /proc, /sys, /mnt, /newroot
 
@@ -64,8 +65,13 @@ def compress(data: bytes, compression: str) -> bytes:
 
 
 def build_initramfs(*, busybox: Path, tini: Path, release: str,
-                    modules: list[tuple[Module, bytes]], compression: str) -> bytes:
-    """The compressed initramfs for one kernel release."""
+                    modules: list[tuple[Module, bytes]], compression: str,
+                    vsock_modules: list[tuple[Module, bytes]] | None = None) -> bytes:
+    """The compressed initramfs for one kernel release.  `vsock_modules` (in load order,
+    none of them in `modules`) are listed apart, in ``/etc/kibotos/modules.vsock``: the
+    init loads them only for a guest reached over vsock."""
+    extra = vsock_modules or []
+    modules = [*modules, *extra]
     w = CpioWriter()
     for d in ("bin", "dev", "etc", "etc/kibotos", "lib", "lib/modules", "mnt", "newroot",
               "proc", "sys", "run", "tmp"):
@@ -91,6 +97,9 @@ def build_initramfs(*, busybox: Path, tini: Path, release: str,
     for mod, data in modules:
         w.file(f"{base}/{mod.relpath}", data)
     w.file(f"{base}/modules.dep", modules_dep_lines([m for m, _ in modules]).encode())
+    always = modules[:len(modules) - len(extra)]
     w.file("etc/kibotos/modules",
-           "".join(f"{release}/{m.relpath}\n" for m, _ in modules).encode())
+           "".join(f"{release}/{m.relpath}\n" for m, _ in always).encode())
+    w.file("etc/kibotos/modules.vsock",
+           "".join(f"{release}/{m.relpath}\n" for m, _ in extra).encode())
     return compress(w.render(), compression)

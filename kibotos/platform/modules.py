@@ -25,6 +25,11 @@ from kibotos.platform.elf import modinfo
 GUEST_MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk",
                  "crc32c_generic", "ext4", "overlay")
 
+#: Loaded only when the kernel command line has ``kibotos.vsock=PORT`` (Firecracker: the
+#: agent is reached over vsock, there is no virtio-serial).  On a QEMU boot they would
+#: cost a TCG guest time for a device it does not have.
+VSOCK_MODULES = ("vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport")
+
 _SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
 
 

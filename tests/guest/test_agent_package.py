@@ -108,6 +108,7 @@ def test_nothing_heavy_is_imported_before_hello() -> None:
     ["--socket", "/tmp/x.sock", "--root", "/tmp/r"],
     ["--socket=/tmp/x.sock", "--socket", "/tmp/y.sock"],
     ["--fd", "7", "--advertise-protocol-version=0"],
+    ["--vsock", "1024"],
     ["--device", "/dev/vport0p1", "--sysfs", "/s", "--dev-dir", "/d"],
 ])
 def test_the_plain_parser_agrees_with_argparse(argv: list[str]) -> None:
@@ -118,6 +119,8 @@ def test_the_plain_parser_agrees_with_argparse(argv: list[str]) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--socket", "/a", "--device", "/b"], "not allowed with argument"),
+    (["--vsock", "1024", "--socket", "/b"], "not allowed with argument"),
+    (["--vsock", "port"], "invalid int value"),
     (["--fd", "seven"], "invalid int value"),
     (["--log-level", "chatty"], "unknown log level 'chatty'"),
     (["--bogus"], "unrecognized arguments"),

@@ -180,3 +180,42 @@ async def test_the_platform_answers_the_probe_and_kvm_is_judged_by_a_real_boot(
     if not kvm["reason"].startswith("/dev/kvm"):  # a device that opens: the boot is cached
         assert again["kvm"]["cached"] is True
     assert again["accelerator"] == facts["accelerator"]
+
+
+async def _console_shows(path: Path, text: str, timeout: float) -> str:
+    with trio.fail_after(timeout):
+        while True:
+            console = path.read_text(errors="replace") if path.exists() else ""
+            if text in console:
+                return console
+            await trio.sleep(0.2)
+
+
+async def test_kibotos_vsock_loads_the_vsock_modules_and_serves_the_agent_on_that_port(
+        platform_dir: Path, template_dir: Path, run_dir: Path):
+    """What a Firecracker guest gets (``kibotos.vsock=PORT``), booted under QEMU: the
+    init loads the vsock modules of the real kernel and starts the agent on AF_VSOCK
+    instead of the virtio-serial ports (QEMU here has no vsock device, so nobody
+    connects; the agent says where it listens)."""
+    create_writable_layer(run_dir / "rw.img", 1 << 30)
+    launch = launch_for(run_dir, platform_dir, template_dir,
+                        kernel_args=["kibotos.vsock=1024"])
+    vmm = await _backend()
+    async with running_unit(vmm.unit_for(launch)):
+        console = await _console_shows(run_dir / "console.log",
+                                       "listening on vsock port 1024", BOOT_TIMEOUT)
+    assert "kibotos-init: modules loaded" in console
+    assert "FAILED" not in console
+
+
+async def test_a_bad_kibotos_vsock_port_fails_the_boot_with_the_reason(
+        platform_dir: Path, template_dir: Path, run_dir: Path):
+    create_writable_layer(run_dir / "rw.img", 1 << 30)
+    launch = launch_for(run_dir, platform_dir, template_dir,
+                        kernel_args=["kibotos.vsock=12ab"])
+    vmm = await _backend()
+    async with running_unit(vmm.unit_for(launch)) as proc:
+        with pytest.raises(FailedPrecondition,
+                           match="kibotos.vsock=12ab is not a port number"):
+            await vmm.wait_ready(launch, timeout=BOOT_TIMEOUT)
+        assert await wait_exit(proc, BOOT_TIMEOUT) == 0

@@ -193,6 +193,7 @@ def test_initramfs_layout(tmp_path: Path, compression: str):
     assert entries["etc/kibotos/modules"][1] == (
         b"6.1.0-t/kernel/drivers/test/virtio.ko\n6.1.0-t/kernel/drivers/test/ext4.ko\n")
     assert "lib/modules/6.1.0-t/kernel/drivers/test/ext4.ko" in entries
+    assert entries["etc/kibotos/modules.vsock"][1] == b""
     assert entries["lib/modules/6.1.0-t/modules.dep"][1].startswith(
         b"kernel/drivers/test/virtio.ko:")
     with pytest.raises(InvalidArgument, match="unknown initramfs compression"):
@@ -276,7 +277,9 @@ def test_offline_platform_build_from_local_debs(tmp_path: Path, monkeypatch):
     kernel = pvh_kernel()
     mods = {"virtio_ring": [], "virtio": ["virtio_ring"], "virtio_mmio": ["virtio"],
             "virtio_console": ["virtio"], "virtio_blk": ["virtio"], "crc32c_generic": [],
-            "jbd2": [], "ext4": ["jbd2"], "overlay": []}
+            "jbd2": [], "ext4": ["jbd2"], "overlay": [], "vsock": [],
+            "vmw_vsock_virtio_transport_common": ["vsock", "virtio"],
+            "vmw_vsock_virtio_transport": ["vmw_vsock_virtio_transport_common"]}
     files: dict[str, tuple[bytes, int]] = {
         f"/boot/vmlinuz-{release}": (bzimage(kernel), 0o644)}
     for name, deps in mods.items():
@@ -295,9 +298,16 @@ def test_offline_platform_build_from_local_debs(tmp_path: Path, monkeypatch):
     assert manifest["kernel"]["package"] == f"linux-image-{release}"
     assert manifest["modules"] == ["virtio_ring", "virtio", "virtio_mmio", "virtio_console",
                                    "virtio_blk", "crc32c_generic", "jbd2", "ext4", "overlay"]
+    # The vsock modules are in the image but loaded only for kibotos.vsock=PORT.
+    assert manifest["vsock_modules"] == ["vsock", "vmw_vsock_virtio_transport_common",
+                                         "vmw_vsock_virtio_transport"]
     assert (out / "vmlinux").read_bytes() == kernel
     entries = read_cpio(gzip.decompress((out / "initramfs").read_bytes()))
     assert entries["bin/tini"][1] == b"tini"
+    assert entries["etc/kibotos/modules.vsock"][1] == "".join(
+        f"{release}/kernel/x/{m}.ko\n" for m in manifest["vsock_modules"]).encode()
+    assert f"{release}/kernel/x/vsock.ko".encode() not in entries["etc/kibotos/modules"][1]
+    assert f"lib/modules/{release}/kernel/x/vsock.ko" in entries
     import hashlib
     assert manifest["files"]["initramfs"]["sha256"] == hashlib.sha256(
         (out / "initramfs").read_bytes()).hexdigest()

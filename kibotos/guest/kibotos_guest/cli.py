@@ -1,7 +1,7 @@
 """The agent's command line and main loop.
 
     python3 agent.py [--port-name org.kibotos.agent.0] [--device PATH] [--socket PATH]
-                     [--fd N] [--root DIR]
+                     [--vsock PORT] [--fd N] [--root DIR]
 
 The order of the start is chosen for a booting guest, where every import costs ten
 times what it does on a host: arguments, the channel, the hello; everything else
@@ -22,7 +22,7 @@ from .core import Agent
 from .log import log
 from .loop import Loop, get_loop
 from .tasks import Event
-from .transport import find_port_device, listen, wait_for_device
+from .transport import find_port_device, listen, listen_vsock, wait_for_device
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class Options:
         self.port_name: list[str] = []
         self.device: str | None = None
         self.socket: str | None = None
+        self.vsock: int | None = None
         self.fd: int | None = None
         self.root = "/"
         self.sysfs = "/sys/class/virtio-ports"
@@ -45,11 +46,11 @@ class Options:
 
 
 _VALUED = {"--port-name": "port_name", "--device": "device", "--socket": "socket",
-           "--fd": "fd", "--root": "root", "--sysfs": "sysfs", "--dev-dir": "dev_dir",
+           "--vsock": "vsock", "--fd": "fd", "--root": "root", "--sysfs": "sysfs", "--dev-dir": "dev_dir",
            "--advertise-protocol-version": "advertise_protocol_version",
            "--log-level": "log_level"}
-_INTEGERS = ("fd", "advertise_protocol_version")
-_EXCLUSIVE = ("device", "socket", "fd")
+_INTEGERS = ("fd", "vsock", "advertise_protocol_version")
+_EXCLUSIVE = ("device", "socket", "vsock", "fd")
 
 
 def _parse_plain(argv: list[str]) -> Options | None:
@@ -106,6 +107,8 @@ def _argparse(argv: list[str]) -> Options:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--device", metavar="PATH", help="serve this character device instead")
     where.add_argument("--socket", metavar="PATH", help="listen on a unix socket (tests)")
+    where.add_argument("--vsock", type=int, metavar="PORT",
+                       help="listen on this AF_VSOCK port (guests without virtio-serial)")
     where.add_argument("--fd", type=int, metavar="N", help="serve an inherited descriptor")
     p.add_argument("--root", default="/", metavar="DIR",
                    help="resolve /etc files and mount points under DIR (tests)")
@@ -144,6 +147,9 @@ async def serve(args: Options) -> None:
     if args.socket:
         listener = listen(agent, args.socket)
         log.info("listening on %s", args.socket)
+    elif args.vsock is not None:
+        listener = listen_vsock(agent, args.vsock)
+        log.info("listening on vsock port %d", args.vsock)
     elif args.fd is not None:
         agent.stop_when_idle = stop
         agent.add_channel(Channel(agent, f"fd {args.fd}", args.fd, reconnectable=False))

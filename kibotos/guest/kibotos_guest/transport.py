@@ -81,6 +81,23 @@ def listen(agent: Agent, path: str) -> socket.socket:
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
+    return _serve(agent, sock)
+
+
+def listen_vsock(agent: Agent, port: int) -> socket.socket:
+    """Listen on an AF_VSOCK port of this guest (any CID): one channel per connection,
+    as with a unix socket.  Firecracker's host side reaches it by ``CONNECT <port>``
+    on its vsock unix socket; every connection is an independent session."""
+    import socket
+
+    if not 0 < port < 2**32 - 1:
+        raise ValueError(f"vsock port {port} is out of range")
+    sock = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    sock.bind((socket.VMADDR_CID_ANY, port))
+    return _serve(agent, sock)
+
+
+def _serve(agent: Agent, sock: socket.socket) -> socket.socket:
     sock.listen(16)
     sock.setblocking(False)
     counter = 0
