@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket
 from kibotos.ctrl import (
     api_enrollment,
     api_nodes,
+    api_pools,
     api_sessions,
     api_templates,
     api_workspaces,
@@ -95,6 +96,7 @@ def api_routes(api: Api) -> list[Route]:
     table.extend(api_templates.routes(api, artifacts))
     table.extend(api_workspaces.routes(api))
     table.extend(api_sessions.routes(api))
+    table.extend(api_pools.routes(api))
     table.append(Route("GET", "/v1/node/session", None, "node",
                        "The node control session (WebSocket)", websocket=True))
     table.append(Route("GET", "/v1/openapi.json", openapi, "anyone",
