@@ -183,25 +183,39 @@ class Launcher:
 
     async def open_objects(self, inst: Instance) -> tuple[Path, list[Path]]:
         """The writable layer (made on the first start) and the Volumes, opened at the
-        command's epochs; recorded in `inst.held` as each is taken.  The release
-        receipts of their previous holders are awaited together: one deadline for all
-        (spec: at most 15 s when a Workspace takes over a Volume and its layer)."""
+        command's epochs; recorded in `inst.held` as each is opened.  All holder
+        records are written first, then the previous holders' receipts are awaited
+        together under one deadline (spec: at most 15 s when a Workspace takes over a
+        Volume and its layer), then each is opened."""
         spec = inst.spec
         layer = spec.layer
         lower = {"template": spec.template.name, "image_digest": spec.template.image_digest}
         layers = self.pool(layer.pool_id, RETAINED_LAYERS)
+        wanted = [(HeldObject(RETAINED_LAYERS, layer.pool_id, layer.ref, layer.epoch),
+                   layer.capacity_bytes if layer.create else None)]
+        wanted += [(HeldObject(VOLUMES, v.pool_id, v.volume_id, v.epoch), None)
+                   for v in spec.volumes]
+        previous = [await self.pool(o.pool_id, o.kind).take(o.object_id, o.epoch,
+                                                            may_create=cap is not None)
+                    for o, cap in wanted]
         deadline = trio.current_time() + layers.receipt_wait
-        opened = await layers.open(
-            layer.ref, layer.epoch, lower=lower, receipt_deadline=deadline,
-            create_capacity=layer.capacity_bytes if layer.create else None)
-        self._hold(inst, HeldObject(RETAINED_LAYERS, layer.pool_id, layer.ref, layer.epoch))
-        volumes = []
-        for vol in spec.volumes:
-            got = await self.pool(vol.pool_id, VOLUMES).open(vol.volume_id, vol.epoch,
-                                                             receipt_deadline=deadline)
-            self._hold(inst, HeldObject(VOLUMES, vol.pool_id, vol.volume_id, vol.epoch))
-            volumes.append(got.path)
-        return opened.path, volumes
+        clean: list[bool | None] = [None] * len(wanted)
+
+        async def wait(i: int, obj: HeldObject) -> None:
+            clean[i] = await self.pool(obj.pool_id, obj.kind).wait_released(
+                obj.object_id, previous[i], deadline)
+
+        async with trio.open_nursery() as nursery:
+            for i, (obj, _) in enumerate(wanted):
+                nursery.start_soon(wait, i, obj)
+        paths = []
+        for i, (obj, cap) in enumerate(wanted):
+            opened = await self.pool(obj.pool_id, obj.kind).finish_open(
+                obj.object_id, obj.epoch, clean[i], create_capacity=cap,
+                lower=lower if obj.kind == RETAINED_LAYERS else None)
+            self._hold(inst, obj)
+            paths.append(opened.path)
+        return paths[0], paths[1:]
 
     @staticmethod
     def _hold(inst: Instance, obj: HeldObject) -> None:

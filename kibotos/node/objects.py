@@ -293,23 +293,36 @@ class PoolObjects:
         self._write("metadata", object_id, meta)
 
     async def open(self, object_id: str, epoch: int, *, create_capacity: int | None = None,
-                   lower: Mapping[str, Any] | None = None,
-                   receipt_deadline: float | None = None) -> Opened:
+                   lower: Mapping[str, Any] | None = None) -> Opened:
         """Take the use right at `epoch` per the takeover table and return the block
         file; with `create_capacity`, make a missing object first (truncate + mkfs).
+        The three steps are public so that a Workspace's objects are all taken before
+        their receipts are awaited together (`kibotos.node.lifecycle`)."""
+        previous = await self.take(object_id, epoch, may_create=create_capacity is not None)
+        clean = await self.wait_released(object_id, previous,
+                                         trio.current_time() + self.receipt_wait)
+        return await self.finish_open(object_id, epoch, clean, create_capacity=create_capacity,
+                                      lower=lower)
 
-        `receipt_deadline` (trio clock) ends the wait for a previous holder's receipt;
-        objects of one Workspace share one, so their receipts are awaited together
-        (spec: at most 15 s for both).  Default: now + `receipt_wait`."""
+    async def take(self, object_id: str, epoch: int, *, may_create: bool) -> Holder | None:
+        """Step 1: the takeover table; writes this node's holder record when taking
+        over.  Returns the previous holder still owed a receipt wait, if any."""
         self._check(object_id)
         self.check_available()
-        if receipt_deadline is None:
-            receipt_deadline = trio.current_time() + self.receipt_wait
-        previous = await trio.to_thread.run_sync(self._take, object_id, epoch,
-                                                 create_capacity is not None)
-        clean: bool | None = None
-        if previous is not None and previous.epoch >= 0:
-            clean = await self._await_receipt(object_id, previous, receipt_deadline)
+        return await trio.to_thread.run_sync(self._take, object_id, epoch, may_create)
+
+    async def wait_released(self, object_id: str, previous: Holder | None, deadline: float
+                            ) -> bool | None:
+        """Step 2: until `deadline` (trio clock, monotonic), whether `previous` stopped
+        writing (its receipt or clean release); None when nobody held it before."""
+        if previous is None or previous.epoch < 0:
+            return None
+        return await self._await_receipt(object_id, previous, deadline)
+
+    async def finish_open(self, object_id: str, epoch: int, clean: bool | None, *,
+                          create_capacity: int | None = None,
+                          lower: Mapping[str, Any] | None = None) -> Opened:
+        """Step 3: make a missing object, record the attach and the handoff."""
         return await trio.to_thread.run_sync(self._finish_open, object_id, epoch, clean,
                                              create_capacity, lower)
 
@@ -362,8 +375,18 @@ class PoolObjects:
                                              f"({path} is missing)")
                 self._create(object_id, create_capacity, lower)
                 created = True
+            self._drop_own_receipt(object_id, epoch)
             self._attach(object_id, epoch, clean)
             return Opened(path, clean, created)
+
+    def _drop_own_receipt(self, object_id: str, epoch: int) -> None:
+        """Reopening at an epoch this node already released: that receipt no longer
+        tells the truth (it would let a successor open without waiting while this
+        node writes), so it goes before the block file is opened again."""
+        if self.release_receipt(object_id) == Holder(self.node_id, epoch):
+            path = self._record("releases", object_id)
+            path.unlink(missing_ok=True)
+            atomicfile.fsync_dir(path.parent)
 
     # ------------------------------------------------------------------ release, delete
 

@@ -15,7 +15,9 @@ processes and syncs/freezes nothing on the host.
 
 Options (``[vmm.testvmm]``): ``python`` (interpreter of the unit; default this one),
 ``hang`` (the agent never starts: readiness times out), ``refuse`` (the agent announces
-protocol version 0), ``probe_error`` (probe raises this message: the backend is unusable).
+protocol version 0), ``probe_error`` (probe raises this message: the backend is unusable),
+``write_records`` (the "VM" keeps appending sequence-numbered records to each writable
+Volume's block file until it is killed: the fencing tests' stand-in for a guest's I/O).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from kibotos.guest import AGENT_PATH, connect_unix_with_retry, open_guest_channe
 from kibotos.hookspecs import Register, hookimpl
 
 GUEST_SCRIPT = Path(__file__).with_name("testvmm_guest.py")
-_OPTIONS = frozenset({"python", "hang", "refuse", "probe_error"})
+_OPTIONS = frozenset({"python", "hang", "refuse", "probe_error", "write_records"})
 
 
 def _first_error(exc: BaseException) -> KibotosError | None:
@@ -64,6 +66,7 @@ class TestVmm:
         self.hang = bool(options.get("hang", False))
         self.refuse = bool(options.get("refuse", False))
         self.probe_error = options.get("probe_error")
+        self.write_records = bool(options.get("write_records", False))
 
     async def probe(self) -> Mapping[str, Any]:
         if self.probe_error:
@@ -79,6 +82,11 @@ class TestVmm:
             argv.append("--hang")
         if self.refuse:
             argv.append("--refuse")
+        if self.write_records:
+            for vol in spec.volumes:
+                if not vol.read_only:
+                    argv += ["--write", str(vol.path)]
+            argv += ["--tag", spec.instance_id]
         return UnitSpec(
             name=spec.unit_name,
             argv=argv,
