@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -97,10 +98,39 @@ class LayerRef(_Args):
         return v
 
 
+#: Guest paths a Volume must never hide (the same list as ctrl's).
+RESERVED_MOUNTS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64",
+                             "/proc", "/run", "/sbin", "/sys", "/usr", "/var"})
+
+
+def check_mount_point(value: str) -> str:
+    """An absolute, normalised guest path (at most 1024 bytes; no control character,
+    backslash, ':' or ','; not a guest system directory)."""
+    parts = value.split("/")[1:]
+    if not value.startswith("/") or len(value.encode()) > 1024 or \
+            any(ord(c) < 0x20 or c in "\\:," for c in value) or \
+            "" in parts or "." in parts or ".." in parts:
+        raise ValueError(f"mount point {value!r} must be an absolute, normalised guest path "
+                         "of at most 1024 bytes without control characters, '\\', ':' or ','")
+    if posixpath.normpath(value) in RESERVED_MOUNTS:
+        raise ValueError(f"mount point {value!r} would hide a guest system directory")
+    return value
+
+
 class VolumeRef(_Args):
     volume_id: VolumeId
     pool_id: PoolId
     epoch: int = Field(ge=0)
+    mount_point: str | None = None  # default /mnt/<volume_id> (`mount`)
+
+    @field_validator("mount_point")
+    @classmethod
+    def _mount(cls, v: str | None) -> str | None:
+        return None if v is None else check_mount_point(v)
+
+    def mount(self) -> str:
+        """Where the guest mounts this Volume."""
+        return self.mount_point or f"/mnt/{self.volume_id}"
 
 
 class LaunchArgs(_Args):
@@ -137,6 +167,9 @@ class CreateSpec(_Args):
             if key in seen:
                 raise ValueError(f"volume {vol.volume_id} of pool {vol.pool_id} is listed twice")
             seen.add(key)
+        mounts = [vol.mount() for vol in v]
+        if len(set(mounts)) != len(mounts):
+            raise ValueError("two volumes share a mount point")
         return v
 
     def digest(self) -> str:
@@ -169,6 +202,46 @@ class DrainArgs(_Args):
     requested: bool
 
 
+def _whole_mib(v: int) -> int:
+    if v % (1 << 20):
+        raise ValueError("must be a whole number of MiB")
+    return v
+
+
+Capacity = Annotated[int, Field(gt=0), AfterValidator(_whole_mib)]
+ObjectId = Annotated[str, _object_id("object ID")]
+ObjectKind = Literal["volume", "retained_layer"]
+
+
+class VolumeCreateArgs(_Args):
+    volume_id: VolumeId
+    pool_id: PoolId
+    capacity_bytes: Capacity
+    epoch: int = Field(ge=0)
+
+
+class VolumeDeleteArgs(_Args):
+    volume_id: VolumeId
+    pool_id: PoolId
+    epoch: int = Field(ge=0)
+
+
+class ObjectExpandArgs(_Args):
+    kind: ObjectKind
+    pool_id: PoolId
+    object_id: ObjectId
+    epoch: int = Field(ge=0)
+    capacity_bytes: Capacity
+
+
+class ObjectCopyArgs(_Args):
+    kind: ObjectKind
+    object_id: ObjectId
+    from_pool_id: PoolId
+    to_pool_id: PoolId
+    epoch: int = Field(ge=0)
+
+
 M = TypeVar("M", bound=_Args)
 
 
@@ -189,6 +262,22 @@ def parse_args(model: type[M], kind: str, args: Any) -> M:
         raise InvalidArgument(f"{kind}: {'; '.join(parts)}") from None
 
 
+class StorageTarget(Protocol):
+    """What the storage handlers call (`kibotos.node.volume_ops.NodeStorage`)."""
+
+    async def volume_create(self, volume_id: str, pool_id: str, capacity: int, epoch: int
+                            ) -> dict[str, Any]: ...
+
+    async def volume_delete(self, volume_id: str, pool_id: str, epoch: int
+                            ) -> dict[str, Any]: ...
+
+    async def object_expand(self, kind: str, pool_id: str, object_id: str, epoch: int,
+                            capacity: int) -> dict[str, Any]: ...
+
+    async def object_copy(self, kind: str, object_id: str, from_pool_id: str,
+                          to_pool_id: str, epoch: int) -> dict[str, Any]: ...
+
+
 class CommandTarget(Protocol):
     """What the handlers call (`kibotos.node.manager.VmInstanceManager`)."""
 
@@ -207,7 +296,9 @@ class CommandTarget(Protocol):
 
 
 def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
-    """The session command handlers of docs/architecture.md, by kind."""
+    """The session command handlers of docs/architecture.md, by kind; a target with a
+    ``storage`` attribute (a `StorageTarget`) also answers the storage commands."""
+    storage: StorageTarget | None = getattr(target, "storage", None)
 
     async def create(args: dict[str, Any]) -> dict[str, Any]:
         return await target.create(parse_args(CreateSpec, "instance.create", args))
@@ -230,4 +321,30 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
         return {"drain_requested": target.drain_requested}
 
     return {"instance.create": create, "instance.stop": stop, "instance.destroy": destroy,
-            "layer.delete": layer_delete, "node.drain": drain}
+            "layer.delete": layer_delete, "node.drain": drain,
+            **(storage_handlers(storage) if storage is not None else {})}
+
+
+def storage_handlers(storage: StorageTarget) -> dict[str, CommandHandler]:
+    """``volume.create``, ``volume.delete``, ``object.expand``, ``object.copy``."""
+
+    async def volume_create(args: dict[str, Any]) -> dict[str, Any]:
+        a = parse_args(VolumeCreateArgs, "volume.create", args)
+        return await storage.volume_create(a.volume_id, a.pool_id, a.capacity_bytes, a.epoch)
+
+    async def volume_delete(args: dict[str, Any]) -> dict[str, Any]:
+        a = parse_args(VolumeDeleteArgs, "volume.delete", args)
+        return await storage.volume_delete(a.volume_id, a.pool_id, a.epoch)
+
+    async def object_expand(args: dict[str, Any]) -> dict[str, Any]:
+        a = parse_args(ObjectExpandArgs, "object.expand", args)
+        return await storage.object_expand(a.kind, a.pool_id, a.object_id, a.epoch,
+                                           a.capacity_bytes)
+
+    async def object_copy(args: dict[str, Any]) -> dict[str, Any]:
+        a = parse_args(ObjectCopyArgs, "object.copy", args)
+        return await storage.object_copy(a.kind, a.object_id, a.from_pool_id, a.to_pool_id,
+                                         a.epoch)
+
+    return {"volume.create": volume_create, "volume.delete": volume_delete,
+            "object.expand": object_expand, "object.copy": object_copy}

@@ -43,6 +43,7 @@ from kibotos.guest import GuestChannel, LaunchConfig, open_guest_channel
 from kibotos.node import records
 from kibotos.node.build_identity import BuildIdentity
 from kibotos.node.build_identity import current as current_build
+from kibotos.node.guest_volumes import guest_volumes
 from kibotos.node.instance_spec import CreateSpec
 from kibotos.node.instances import CREATING, HOLDING_STATES
 from kibotos.node.logs import EventLogger
@@ -320,6 +321,7 @@ class Launcher:
     async def configure_guest(self, inst: Instance) -> None:
         launch = inst.spec.launch
         config = LaunchConfig(hostname=launch.hostname, env=dict(launch.env),
+                              volumes=guest_volumes(self.backend, inst.launch, inst.spec),
                               retained_filesystems=list(self.retained_filesystems()))
         async with self.guest(inst) as channel:
             await channel.configure(config)
