@@ -32,9 +32,9 @@ from kibotos.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from kibotos.node import installations, records
+from kibotos.node import adoption, installations, records
 from kibotos.node.holder_watch import HolderWatch
-from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs, settle
+from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs
 from kibotos.node.instance_spec import CreateSpec, command_handlers
 from kibotos.node.instances import (
     DESTROYED,
@@ -50,6 +50,7 @@ from kibotos.node.instances import (
 from kibotos.node.lifecycle import Instance, Launcher, Settings
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES
+from kibotos.node.takeover import TAKEOVER_POOL_WAIT, Takeover
 from kibotos.node.vmstats import VmUsageMeter
 
 log = EventLogger()
@@ -84,6 +85,9 @@ class VmInstanceManager:
         self._probed = trio.Event()
         self._meter = VmUsageMeter()
         self._started_vm = False
+        #: Adoption's background half (`kibotos.node.takeover`); tests shorten its waits.
+        self.takeover = Takeover(root=root, launcher=launcher, set_state=self._set_state,
+                                 publish=self._publish, pool_wait=TAKEOVER_POOL_WAIT)
 
     # ------------------------------------------------------------------ the protocol
 
@@ -264,6 +268,8 @@ class VmInstanceManager:
         async with inst.lock:
             if inst.state in (STOPPED, DESTROYED):  # a concurrent stop or destroy ended it
                 return {"confirmed_on_disk": bool(inst.confirmed_on_disk)}
+            if instance_id in self.takeover.not_taken_over:  # left running, not adopted
+                await adoption.check_ownership(inst, self.launcher.supervisor)
             await self._set_state(inst, STOPPING)
             try:
                 active = await self.launcher.unit_active(inst)
@@ -303,6 +309,8 @@ class VmInstanceManager:
         async with inst.lock:
             if self._instances.get(instance_id) is not inst:
                 return {"destroyed": True}  # a concurrent destroy finished it
+            if instance_id in self.takeover.not_taken_over:  # left running, not adopted
+                await adoption.check_ownership(inst, self.launcher.supervisor)
             await self.launcher.stop_unit(inst)
             await self.launcher.release_objects(inst, confirmed_on_disk=False)
             self._after_release(inst)
@@ -405,20 +413,24 @@ class VmInstanceManager:
 
     async def _restore(self) -> None:
         """What a previous node process left: the objects this node holds in its
-        private pools, and its Instances (`kibotos.node.instance_dirs`)."""
+        private pools, and its Instances, adopted (`kibotos.node.adoption`: a record
+        that does not match the running units refuses the start)."""
         for pool_id, shared in self.shared_pools.items():
             for kind in () if shared else (RETAINED_LAYERS, VOLUMES):
                 objects = self.launcher.pool(pool_id, kind)
                 held = await trio.to_thread.run_sync(objects.held_by_me)
                 self._retained.update((pool_id, kind, ref) for ref in held)
-        for inst in await trio.to_thread.run_sync(self.dirs.read_all):
-            if await settle(inst, self.launcher.supervisor):
-                self._started_vm = True
-            else:
-                await self._persist(inst)
-            self._instances[inst.instance_id] = inst
-        if self._instances:
-            log.info("instances reloaded", count=len(self._instances))
+        loaded = await trio.to_thread.run_sync(self.dirs.read_all)
+        verdicts, leftovers = await adoption.examine(loaded, self.launcher.supervisor,
+                                                     self.dirs.instances)
+        for verdict in verdicts:
+            self._instances[verdict.inst.instance_id] = verdict.inst
+        assert self._nursery is not None
+        if await adoption.carry_out(verdicts, leftovers, supervisor=self.launcher.supervisor,
+                                    takeover=self.takeover, nursery=self._nursery,
+                                    set_state=self._set_state, publish=self._publish,
+                                    boot=self._boot):
+            self._started_vm = True
         # after the takeover: installations of failed adoptions are still recorded
         pinned = self.launcher.installation or {}
         await trio.to_thread.run_sync(installations.prune, self.dirs.machine_logs.parent,
