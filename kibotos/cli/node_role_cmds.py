@@ -8,6 +8,7 @@ isolated, so that systemd restarts it with a new incarnation.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 from pathlib import Path
@@ -117,3 +118,65 @@ def storage_pool_init_command(pool_id: str, path: Path, adopt: bool) -> None:
     state = "initialized" if result.created else "already initialized"
     click.echo(f"storage pool {result.marker.pool_id} {state} at {result.path} "
                f"(instance {result.marker.instance})")
+
+
+def _print_report(report: object, title: str) -> NoReturn:
+    """Print the report's lines, a summary, and exit with its status."""
+    from kibotos.node.check_report import BLOCKED, Report
+
+    assert isinstance(report, Report)
+    click.echo(report.render(), nl=False)
+    blocked = len(report.of(BLOCKED))
+    if blocked:
+        click.echo(f"{title}: {blocked} blocking item(s)")
+    else:
+        click.echo(f"{title}: passed")
+    sys.exit(report.exit_code)
+
+
+@node_role_group.command("check-maintenance")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The node's configuration file (node.toml).")
+@click.option("--operation", required=True, type=click.Choice(["upgrade", "remove"]),
+              help="upgrade: Instances may keep running; remove: nothing may remain.")
+def check_maintenance_command(config_path: Path, operation: str) -> None:
+    """Before replacing or removing the node binary, with the node service stopped: are
+    this node's resources quiescent and owned?  Read-only (docs/upgrades.md).
+
+    Prints ok:/blocked: lines; exits 0 when nothing blocks, 13 when something does, 10
+    when the configuration cannot be read."""
+    from kibotos.node import maintenance_check
+
+    try:
+        cfg = config_mod.load(NodeConfig, config_path)
+        report = trio.run(maintenance_check.run, cfg, operation)
+    except KibotosError as exc:
+        _fail(exc)
+    _print_report(report, f"check-maintenance --operation {operation}")
+
+
+@node_role_group.command("check-upgrade")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The node's configuration file (node.toml).")
+@click.option("--runtime-dir", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The target version's runtime directory (extracted, not installed).")
+@click.option("--preview", is_flag=True,
+              help="Run on a live node: no owner lock, no quiescence rules.")
+def check_upgrade_command(config_path: Path, runtime_dir: Path, preview: bool) -> None:
+    """Run with the *target* version's binary: can it take over what is on disk and
+    running?  Read-only (docs/upgrades.md).
+
+    Prints ok:/blocked:/pending: lines; exits 0 when nothing blocks (pending lines do
+    not count), 13 when something does, 10 when the configuration cannot be read."""
+    from kibotos.node import upgrade_check
+
+    try:
+        cfg = config_mod.load(NodeConfig, config_path)
+        report = trio.run(functools.partial(upgrade_check.run, cfg, runtime_dir,
+                                            preview=preview))
+    except KibotosError as exc:
+        _fail(exc)
+    _print_report(report, "check-upgrade --preview" if preview else "check-upgrade")

@@ -2,9 +2,10 @@
 lines the spec's upgrade rules are written in.
 
 A build is its release version (`kibotos._version.__version__`), the guest protocol
-versions it accepts (`kibotos.guest.ACCEPTED_PROTOCOL_VERSIONS`) and the record format
-versions it reads.  Every upgrade decision (which runtime installations a node can
-still drive, what `check-upgrade` reports) takes a `BuildIdentity` instead of reading
+versions it accepts (`kibotos.guest.ACCEPTED_PROTOCOL_VERSIONS`), the guest
+capabilities its agent declares and the record format versions it reads.  Every
+upgrade decision (which runtime installations a node can still drive, what
+`check-upgrade` reports) takes a `BuildIdentity` instead of reading
 those constants, so a test can stand for release N and then N+1 in one process
 (``BuildIdentity(release="0.4.0")``, then ``"0.4.1"``) while production code only ever
 uses `current()`, which is the constants of the installed build: there is no switch a
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from kibotos import _version
 from kibotos.guest import ACCEPTED_PROTOCOL_VERSIONS
+from kibotos.guest.kibotos_guest import CAPABILITIES
 from kibotos.node import records
 
 _FINAL = re.compile(r"(\d+)\.(\d+)\.(\d+)")
@@ -39,6 +41,9 @@ class BuildIdentity:
     guest_protocols: tuple[int, int] = ACCEPTED_PROTOCOL_VERSIONS
     record_formats: tuple[int, int] = (records.FORMAT, records.FORMAT)
     identity_formats: tuple[int, int] = (IDENTITY_FORMAT, IDENTITY_FORMAT)
+    #: What a guest of this build's agent declares; a running guest without some of
+    #: them is adopted, and only the operations that need them fail.
+    guest_capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
 
 def current() -> BuildIdentity:

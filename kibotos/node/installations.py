@@ -71,12 +71,14 @@ def default_runtime_dir() -> Path:
 
 def required_files(backend: object | None = None) -> list[str]:
     """The relative names this build needs in a runtime directory: the guest agent and
-    its package (as this build has them), and what `backend` declares."""
+    its package (as this build has them), and what `backend` (a VMM backend or its
+    class) declares."""
     guest = Path(kibotos.__file__).resolve().parent / "guest"
     names = ["kibotos/guest/agent.py"]
     names += sorted(f"kibotos/guest/kibotos_guest/{p.name}"
                     for p in (guest / "kibotos_guest").glob("*.py"))
-    declared = getattr(type(backend), "RUNTIME_FILES", ()) if backend is not None else ()
+    cls = backend if isinstance(backend, type) else type(backend)
+    declared = getattr(cls, "RUNTIME_FILES", ()) if backend is not None else ()
     names += [str(n) for n in declared]
     return names
 

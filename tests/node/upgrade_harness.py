@@ -1,0 +1,78 @@
+"""A node (Instance manager, ``direct`` supervisor, ``testvmm`` backend) that stands for
+a given release (`kibotos.node.build_identity.BuildIdentity`), for the installation,
+check-maintenance, check-upgrade and upgrade tests; and a snapshot of a storage root
+to prove a check wrote nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+from instance_harness import (
+    DEADLINE,
+    FAST,
+    Node,
+    node_config,
+    registries,
+    stop_all_units,
+    write_template,
+)
+
+from kibotos.node.build_identity import BuildIdentity
+from kibotos.node.instances import FAILED, RUNNING
+from kibotos.node.vmsetup import build_instance_manager
+
+
+@asynccontextmanager
+async def node_at(base: Path, build: BuildIdentity, *, runtime_dir: Path | None = None,
+                  backend_options: str = "") -> AsyncIterator[Node]:
+    """A running manager on `base` (a restart when `base` has state) as `build`."""
+    config = node_config(base, backend_options=backend_options)
+    for sub in ("runtime", "template-cache", "machine-logs"):
+        (config.storage.root / sub).mkdir(parents=True, exist_ok=True)
+    template = write_template(base)
+    tight = [False]
+    manager = build_instance_manager(config, memory_tight=lambda: tight[0],
+                                     registries=registries(), settings=FAST,
+                                     receipt_wait=1.0, build=build, runtime_dir=runtime_dir)
+    node = Node(base, config, manager, template, tight)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        yield node
+        nursery.cancel_scope.cancel()
+
+
+async def start(node: Node, instance_id: str, workspace_id: str) -> dict[str, Any]:
+    args = node.create_args(instance_id, workspace_id=workspace_id)
+    assert await node.command("instance.create", args) == {"accepted": True}
+    frame = await node.wait_state(instance_id, RUNNING, FAILED)
+    assert frame["state"] == RUNNING, frame
+    return frame
+
+
+async def stop_units(base: Path) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(DEADLINE):
+        await stop_all_units(node_config(base))
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[Any, ...]]:
+    """Every path under `roots` with its type, mode, size, mtime and content digest."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                path = Path(dirpath) / name
+                st = path.lstat()
+                digest = ""
+                if path.is_file() and not path.is_symlink():
+                    try:
+                        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    except OSError:
+                        digest = "unreadable"
+                out[str(path)] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
