@@ -31,6 +31,8 @@ KNOWN: dict[str, str] = {
     "atomic.after-rename": "an atomic file write, after the rename and before the dir fsync",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
+    "node.instance.after-objects-open": "Instance launch, after the writable layer and Volumes "
+                                        "are opened and before the launch record",
     "node.instance.after-launch-record": "Instance launch, after systemd.json is written and "
                                          "before the unit starts",
     "node.instance.after-unit-start": "Instance launch, after the VMM unit started and before "
@@ -40,6 +42,8 @@ KNOWN: dict[str, str] = {
     "node.instance.after-stop": "Instance stop or destroy, after the VMM unit is gone",
     "node.instance.before-object-release": "Instance stop or destroy, before the writable layer "
                                            "and Volumes are released",
+    "node.instance.after-object-release": "Instance stop or destroy, after the objects are "
+                                          "released and before the Instance ends",
     "objects.take.after-holder": "pool object takeover, after this node's holder record is "
                                  "written and before the block file is opened",
     "objects.create.after-metadata": "pool object creation, after the metadata record and "

@@ -216,6 +216,7 @@ class Launcher:
                 lower=lower if obj.kind == RETAINED_LAYERS else None)
             self._hold(inst, obj)
             paths.append(opened.path)
+        failpoints.hit("node.instance.after-objects-open")
         return paths[0], paths[1:]
 
     @staticmethod
@@ -393,6 +394,7 @@ class Launcher:
                             instance=inst.instance_id, kind=obj.kind, pool=obj.pool_id,
                             object=obj.object_id, epoch=obj.epoch)
         inst.released = True
+        failpoints.hit("node.instance.after-object-release")
 
 
 def log_tail(path: Path, limit: int = _LOG_TAIL) -> str:
