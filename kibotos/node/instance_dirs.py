@@ -24,27 +24,29 @@ import trio
 
 from kibotos.backends import Supervisor
 from kibotos.errors import FailedPrecondition, KibotosError
-from kibotos.node import records
+from kibotos.node import machine_logs, records
 from kibotos.node.instances import CREATING, DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
-from kibotos.node.lifecycle import Instance, log_tail
+from kibotos.node.lifecycle import Instance
 from kibotos.node.logs import EventLogger
+from kibotos.node.registry import Registry, cleanup_result
 
 log = EventLogger()
 
 #: The reason the spec and docs/architecture.md give for a VMM that ended on its own.
 EXITED_REASON = "node reports the Instance as no longer running"
-#: How much of each log an ended Instance leaves in ``machine-logs/<id>/``.
-LOG_KEEP = 256 * 1024
 
 
 class InstanceDirs:
     """Where the node keeps its Instances; every method is blocking (call it in a
     worker thread) except `persist`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, machine_logs_limit: int = machine_logs.DEFAULT_LIMIT
+                 ) -> None:
         self.instances = root / "runtime" / "instances"
         self.registry = root / "runtime" / "registry"
+        self.records = Registry(self.registry)
         self.machine_logs = root / "machine-logs"
+        self.machine_logs_limit = machine_logs_limit
 
     def dir_for(self, instance_id: str) -> Path:
         return self.instances / instance_id
@@ -63,26 +65,31 @@ class InstanceDirs:
 
     def ended(self, instance_id: str) -> dict[str, Any] | None:
         """The registry entry of an Instance that ended here, if any."""
-        return records.read_registry_entry(self.registry, instance_id)
+        return self.records.read(instance_id)
 
     def remove(self, inst: Instance) -> None:
-        """Keep the log tails, leave the registry entry, delete the directory.  The
-        block files live in the pools: they stay."""
+        """Keep the log tails (one ``instance machine exited`` line), write the registry
+        entry with the cleanup result observed now, delete the directory.  The block
+        files live in the pools: they stay.  A repeat after a node restart (the
+        directory outlived its entry) keeps what the first pass wrote."""
         kept = self.machine_logs / inst.instance_id
-        for name in ("console.log", "vmm.log"):
-            src = inst.dir / name
-            if src.is_file():
-                kept.mkdir(parents=True, exist_ok=True)
-                with open(src, "rb") as f:
-                    f.seek(max(0, src.stat().st_size - LOG_KEEP))
-                    (kept / name).write_bytes(f.read())
-        if kept.exists():
+        sizes = machine_logs.keep_tails(inst.dir, kept)
+        if sizes is not None:
+            removed = machine_logs.enforce_quota(self.machine_logs, self.machine_logs_limit,
+                                                 keep=inst.instance_id)
             log.info("instance machine exited", instance=inst.instance_id,
-                     tail=log_tail(kept / "console.log", 200))
-        records.write_registry_entry(self.registry, inst.instance_id, {
-            "workspace_id": inst.spec.workspace_id, "state": inst.state,
-            "reason": inst.reason, "confirmed_on_disk": bool(inst.confirmed_on_disk),
-            "released": [h.to_json() for h in inst.held], "ended_at": records.now_iso()})
+                     workspace=inst.spec.workspace_id, state=inst.state,
+                     unit=inst.unit_name, logs=kept,
+                     console_bytes=sizes.get("console.log", 0),
+                     vmm_bytes=sizes.get("vmm.log", 0),
+                     quota_removed=len(removed) or None)
+        if self.records.read(inst.instance_id) is None:
+            ended = records.now_iso()
+            self.records.write(inst.instance_id, {
+                "workspace_id": inst.spec.workspace_id, "state": inst.state,
+                "reason": inst.reason, "confirmed_on_disk": bool(inst.confirmed_on_disk),
+                "released": [h.to_json() for h in inst.held], "ended_at": ended,
+                "cleanup": cleanup_result(ended)})
         shutil.rmtree(inst.dir)
 
     def read_all(self) -> list[Instance]:

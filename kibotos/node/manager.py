@@ -32,7 +32,8 @@ from kibotos.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from kibotos.node import adoption, installations, records
+from kibotos.node import adoption, installations, machine_logs, records
+from kibotos.node.cleanup import STUCK_ERRORS, PendingCleanups
 from kibotos.node.holder_watch import HolderWatch
 from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs
 from kibotos.node.instance_spec import CreateSpec, command_handlers
@@ -50,8 +51,10 @@ from kibotos.node.instances import (
 from kibotos.node.lifecycle import Instance, Launcher, Settings
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES
+from kibotos.node.registry import prune_loop, registry_handlers
 from kibotos.node.takeover import TAKEOVER_POOL_WAIT, Takeover
 from kibotos.node.vmstats import VmUsageMeter
+from kibotos.node.volume_ops import NodeStorage
 
 log = EventLogger()
 
@@ -67,9 +70,10 @@ class VmInstanceManager:
 
     def __init__(self, *, node_id: str, root: Path, launcher: Launcher,
                  shared_pools: Mapping[str, bool], memory_tight: Callable[[], bool],
-                 settings: Settings) -> None:
+                 settings: Settings, machine_logs_limit: int = machine_logs.DEFAULT_LIMIT
+                 ) -> None:
         self.node_id = node_id
-        self.dirs = InstanceDirs(root)
+        self.dirs = InstanceDirs(root, machine_logs_limit=machine_logs_limit)
         self.launcher = launcher
         self.shared_pools = dict(shared_pools)
         self.memory_tight = memory_tight
@@ -88,6 +92,13 @@ class VmInstanceManager:
         #: Adoption's background half (`kibotos.node.takeover`); tests shorten its waits.
         self.takeover = Takeover(root=root, launcher=launcher, set_state=self._set_state,
                                  publish=self._publish, pool_wait=TAKEOVER_POOL_WAIT)
+        #: volume.create/delete, object.expand/copy (`kibotos.node.volume_ops`)
+        self.storage = NodeStorage(node_id=node_id, pool=launcher.pool,
+                                   instances=lambda: list(self._instances.values()),
+                                   shared_pools=self.shared_pools, retained=self._retained,
+                                   changed=lambda: self._changed())
+        self.cleanups = PendingCleanups(launcher, finish=self._finish_release,
+                                        publish=self._publish)
 
     # ------------------------------------------------------------------ the protocol
 
@@ -126,7 +137,7 @@ class VmInstanceManager:
         return self._meter.measure(processes)
 
     def command_handlers(self) -> Mapping[str, CommandHandler]:
-        return command_handlers(self)
+        return {**command_handlers(self), **registry_handlers(self.dirs.records)}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -137,6 +148,7 @@ class VmInstanceManager:
                 nursery.start_soon(self._probe)
                 nursery.start_soon(self._watch)
                 nursery.start_soon(HolderWatch(self).run)
+                nursery.start_soon(prune_loop, self.dirs.records)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
@@ -194,8 +206,10 @@ class VmInstanceManager:
             raise FailedPrecondition(f"node {self.node_id} cannot run VMs: "
                                      f"{self.backend_error}", details={"reason": "vmm_unusable"})
         self.launcher.pool(spec.layer.pool_id, RETAINED_LAYERS)
+        self.storage.check_idle((RETAINED_LAYERS, spec.layer.pool_id, spec.layer.ref))
         for vol in spec.volumes:
             self.launcher.pool(vol.pool_id, VOLUMES)
+            self.storage.check_idle((VOLUMES, vol.pool_id, vol.volume_id))
         for other in self._instances.values():
             if other.holding and other.spec.layer.pool_id == spec.layer.pool_id and \
                     other.spec.layer.ref == spec.layer.ref:
@@ -263,6 +277,8 @@ class VmInstanceManager:
             if ended is not None:
                 return {"confirmed_on_disk": bool(ended.get("confirmed_on_disk"))}
             raise NotFound(f"Instance {instance_id} is not on node {self.node_id}")
+        if (pending := self.cleanups.get(instance_id)) is not None:
+            return await self.cleanups.wait(pending, STOPPED)
         if force and inst.boot_scope is not None:
             inst.boot_scope.cancel()
         async with inst.lock:
@@ -282,11 +298,8 @@ class VmInstanceManager:
                     confirmed = True
                 else:
                     confirmed = False  # the VMM already ended: nothing could be flushed
-                await self.launcher.stop_unit(inst)
-                await self.launcher.release_objects(inst, confirmed_on_disk=confirmed)
-            except Unavailable as exc:  # cleanup pending: stays STOPPING, ctrl retries
-                log.warning("instance cleanup pending", instance=instance_id,
-                            error=exc.message)
+                await self._release(inst, STOPPED, confirmed)
+            except Unavailable:  # cleanup pending: stays STOPPING, retried in the background
                 raise
             except (KibotosError, OSError) as exc:
                 reason = exc.message if isinstance(exc, KibotosError) else str(exc)
@@ -304,6 +317,8 @@ class VmInstanceManager:
         inst = self._instances.get(instance_id)
         if inst is None:
             return {"destroyed": True}
+        if (pending := self.cleanups.get(instance_id)) is not None:
+            return await self.cleanups.wait(pending, DESTROYED)
         if inst.boot_scope is not None:
             inst.boot_scope.cancel()
         async with inst.lock:
@@ -311,12 +326,34 @@ class VmInstanceManager:
                 return {"destroyed": True}  # a concurrent destroy finished it
             if instance_id in self.takeover.not_taken_over:  # left running, not adopted
                 await adoption.check_ownership(inst, self.launcher.supervisor)
-            await self.launcher.stop_unit(inst)
-            await self.launcher.release_objects(inst, confirmed_on_disk=False)
+            await self._release(inst, DESTROYED, False)
             self._after_release(inst)
             log.info("instance destroyed", instance=instance_id)
             await self._end(inst, DESTROYED)
             return {"destroyed": True}
+
+    async def _release(self, inst: Instance, final: str, confirmed: bool) -> None:
+        """Stop the unit, then release the objects.  Processes left behind make the
+        release pending (`kibotos.node.cleanup`): STOPPING, retried in the background
+        until it reaches `final`; the command answers ``unavailable``."""
+        try:
+            await self.launcher.stop_unit(inst)
+            await self.launcher.release_objects(inst, confirmed_on_disk=confirmed)
+        except STUCK_ERRORS as exc:
+            if inst.state != STOPPING:
+                inst.state, inst.reason = STOPPING, None
+                await self._persist(inst)
+            assert self._nursery is not None
+            raise self.cleanups.begin(self._nursery, inst, final=final,
+                                      confirmed=confirmed, error=exc) from None
+
+    async def _finish_release(self, inst: Instance, final: str, confirmed: bool) -> None:
+        """A pending release finished: the Instance ends as the command asked."""
+        self._after_release(inst)
+        inst.confirmed_on_disk = confirmed
+        log.info("instance stopped" if final == STOPPED else "instance destroyed",
+                 instance=inst.instance_id, confirmed_on_disk=confirmed, after_pending=True)
+        await self._end(inst, final)
 
     async def _end(self, inst: Instance, state: str) -> None:
         """The Instance ended (stopped or destroyed; a new start is a new Instance):
@@ -345,6 +382,8 @@ class VmInstanceManager:
                 raise FailedPrecondition(f"retained layer {ref} of pool {pool_id} is in use "
                                          f"by Instance {inst.instance_id} ({inst.state})")
         existed = await trio.to_thread.run_sync(pool.delete, ref, epoch)
+        await trio.to_thread.run_sync(lambda: self.dirs.records.record_volume_command(
+            "layer.delete", f"{pool_id}/{ref}", {"deleted": True, "epoch": epoch}))
         self._retained.discard((pool_id, RETAINED_LAYERS, ref))
         log.info("retained layer deleted", pool=pool_id, ref=ref, epoch=epoch, existed=existed)
         self._changed()
@@ -360,10 +399,10 @@ class VmInstanceManager:
         await self._persist(inst)
         self._publish(inst)
 
-    def _publish(self, inst: Instance) -> None:
+    def _publish(self, inst: Instance, extra: dict[str, Any] | None = None) -> None:
         frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
                                  "workspace_id": inst.spec.workspace_id, "state": inst.state,
-                                 "reason": inst.reason, "at": records.now_iso()}
+                                 "reason": inst.reason, "at": records.now_iso(), **(extra or {})}
         if inst.state == RUNNING and inst.guest is not None:
             frame["guest"] = inst.guest
         self._feed.publish(frame)
