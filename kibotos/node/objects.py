@@ -344,7 +344,7 @@ class PoolObjects:
         a takeover was interrupted (crash) before it opened.  Its previous holder is
         still owed the receipt wait."""
         meta = self.metadata(object_id)
-        if meta is None or meta.get("state") != "attached":
+        if meta is None:
             return None
         old_epoch, old_node = meta.get("epoch"), meta.get("holder")
         if isinstance(old_epoch, int) and old_epoch < epoch and isinstance(old_node, str):
