@@ -153,12 +153,19 @@ class PoolSection(_Strict):
 class StorageSection(_Strict):
     root: Path
     template_cache_limit: int = 100 * 2**30
+    #: Total size of ``machine-logs/`` (log tails of ended Instances); oldest go first.
+    machine_logs_limit: int = 2**30
     pool: list[PoolSection] = Field(default_factory=list)
 
     @field_validator("template_cache_limit", mode="before")
     @classmethod
     def _size(cls, v: Any) -> int:
         return units.parse_size(v, "template_cache_limit")
+
+    @field_validator("machine_logs_limit", mode="before")
+    @classmethod
+    def _logs_size(cls, v: Any) -> int:
+        return units.parse_size(v, "machine_logs_limit")
 
     @model_validator(mode="after")
     def _defaults(self) -> StorageSection:

@@ -99,4 +99,5 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     launcher.installation = pinned.launch_fields()
     return VmInstanceManager(node_id=node_id, root=root, launcher=launcher,
                              shared_pools={p.id: p.shared for p in config.storage.pool},
-                             memory_tight=memory_tight, settings=launcher.settings)
+                             memory_tight=memory_tight, settings=launcher.settings,
+                             machine_logs_limit=config.storage.machine_logs_limit)

@@ -242,6 +242,13 @@ class Instance(Base):
     residual_status: Mapped[str] = mapped_column(String(16))
     cleanup_source: Mapped[str] = mapped_column(String(16))
     cleanup_at: Mapped[datetime]
+    #: A stuck release on the node: since when, and what it still holds
+    #: (``[{item, part}]``); NULL when none is pending.
+    cleanup_pending_since: Mapped[datetime | None]
+    cleanup_held: Mapped[list[Any] | None] = mapped_column(JSON)
+    #: When ctrl stored the cleanup result from the node's record of the ended Instance
+    #: (then had the node delete the record), or decided it was unknown.
+    cleanup_stored_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
