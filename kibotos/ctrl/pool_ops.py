@@ -150,6 +150,19 @@ def declare_lost(session: Session, pool_id: str, expected: int | None, now: date
             "forgotten_objects": forgotten}
 
 
+def refuse_lost(session: Session, workspace_id: str, pool_ids: set[str]) -> None:
+    """A Workspace with an object in a lost pool cannot start: say so, rather than
+    "no node can take it"."""
+    lost = session.scalars(select(StoragePool).where(StoragePool.pool_id.in_(pool_ids),
+                                                     StoragePool.lost_at.is_not(None))
+                           .order_by(StoragePool.pool_id)).first()
+    if lost is not None:
+        raise FailedPrecondition(
+            f"workspace {workspace_id} cannot start: storage pool {lost.pool_id} was "
+            "declared lost and its objects are gone; delete the Workspace",
+            details={"workspace_id": workspace_id, "pool_id": lost.pool_id})
+
+
 def forget_lost_object(session: Session, kind: str, object_id: str) -> bool:
     """Drop the use right of an object whose pool was declared lost (nothing is left
     on any node to delete); False when its pool is not lost."""

@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl import instances as inst_mod
-from kibotos.ctrl import nodes, overcommit, pool_capacity, store_watch, use_rights
+from kibotos.ctrl import nodes, overcommit, pool_capacity, pool_ops, store_watch, use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.store.models import (
     Allocation,
@@ -160,6 +160,7 @@ def start_plan(session: Session, workspace_id: str, expected: int | None) -> Sta
     w.check_revision(ws, expected)
     _startable(session, ws)
     rights = list(use_rights.rights_of(session, workspace_id))
+    pool_ops.refuse_lost(session, workspace_id, {r.pool_id for r in rights})
     return StartPlan(ws.workspace_id, ws.revision,
                      {"name": ws.template_name, "image_digest": ws.image_digest,
                       "kernel_digest": ws.kernel_digest,
