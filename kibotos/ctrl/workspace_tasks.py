@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from kibotos.ctrl import instances as inst_mod
-from kibotos.ctrl import use_rights
+from kibotos.ctrl import pool_ops, use_rights
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
@@ -181,7 +181,9 @@ class Tasks:
             return True
         node_id = self._node_for(right)
         if node_id is None:
-            return False
+            # Nothing to delete on a node when the pool was declared lost.
+            return bool(await store.write(partial(
+                pool_ops.forget_lost_object, kind=right.kind, object_id=right.object_id)))
         epoch = await store.write(partial(tx.grant_for_delete, kind=right.kind,
                                           object_id=right.object_id, node_id=node_id,
                                           now=now()))
