@@ -215,14 +215,14 @@ class NodeStorage:
             size = (await run(os.stat, path)).st_size
             current = max(size, int(meta.get("capacity_bytes") or 0))
             pending = meta.get("expansion") or {}
-            if capacity < current:
-                raise InvalidArgument(f"{_label(key)} has {current} bytes; it cannot shrink "
-                                      f"to {capacity} (block files only grow)")
             unfinished = pending.get("target_bytes")
             if isinstance(unfinished, int) and capacity < unfinished:
                 raise InvalidArgument(
                     f"{_label(key)} has an unfinished expansion to {unfinished} bytes: "
                     f"expand again to a capacity no smaller than that, not {capacity}")
+            if capacity < current:
+                raise InvalidArgument(f"{_label(key)} has {current} bytes; it cannot shrink "
+                                      f"to {capacity} (block files only grow)")
             if capacity == current == size and not pending:
                 return {"capacity_bytes": capacity}
             await pool.open(object_id, epoch)
