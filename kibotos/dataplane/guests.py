@@ -19,6 +19,7 @@ import trio
 from kibotos.dataplane.groups import kibotos_leaf
 from kibotos.errors import KibotosError, Unavailable
 from kibotos.guest import GuestChannel, connect_unix_with_retry, open_guest_channel
+from kibotos.guest.vsock import connect_vsock
 from kibotos.node.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
@@ -30,9 +31,11 @@ CONNECT_TIMEOUT = 10.0
 class _Holder:
     """Holds one channel open in a background task until it ends or is retired."""
 
-    def __init__(self, instance_id: str, agent_socket: Path, timeout: float) -> None:
+    def __init__(self, instance_id: str, agent_socket: Path, timeout: float,
+                 vsock_port: int | None = None) -> None:
         self.instance_id = instance_id
         self.agent_socket = agent_socket
+        self.vsock_port = vsock_port
         self.timeout = timeout
         self.channel: GuestChannel | None = None
         self.error: KibotosError | None = None
@@ -44,7 +47,11 @@ class _Holder:
         with self.scope:
             try:
                 deadline = trio.current_time() + self.timeout
-                stream = await connect_unix_with_retry(self.agent_socket, deadline)
+                if self.vsock_port is None:
+                    stream = await connect_unix_with_retry(self.agent_socket, deadline)
+                else:
+                    stream = await connect_vsock(self.agent_socket, self.vsock_port,
+                                                 deadline)
                 async with open_guest_channel(stream) as channel:
                     await channel.wait_hello(deadline)
                     self.channel = channel
@@ -68,8 +75,9 @@ class _Holder:
             self.error = self.error or Unavailable(
                 f"Instance {self.instance_id} is no longer served by this data plane")
 
-    def usable(self, agent_socket: Path) -> bool:
-        return not self.ended and agent_socket == self.agent_socket and (
+    def usable(self, agent_socket: Path, vsock_port: int | None) -> bool:
+        return not self.ended and (agent_socket, vsock_port) == (
+            self.agent_socket, self.vsock_port) and (
             self.channel is None or self.channel.error is None)
 
 
@@ -88,15 +96,17 @@ class GuestPool:
             task_status.started()
             await trio.sleep_forever()
 
-    async def channel(self, instance_id: str, agent_socket: Path) -> GuestChannel:
-        """The open channel to this guest, opening one if needed; `Unavailable` when the
-        guest cannot be reached within the connect timeout."""
+    async def channel(self, instance_id: str, agent_socket: Path,
+                      vsock_port: int | None = None) -> GuestChannel:
+        """The open channel to this guest, opening one if needed (through the vsock
+        handshake when `vsock_port` is set); `Unavailable` when the guest cannot be
+        reached within the connect timeout."""
         assert self._nursery is not None, "GuestPool.run is not running"
         holder = self._holders.get(instance_id)
-        if holder is None or not holder.usable(agent_socket):
+        if holder is None or not holder.usable(agent_socket, vsock_port):
             if holder is not None:
                 holder.scope.cancel()
-            holder = _Holder(instance_id, agent_socket, self.connect_timeout)
+            holder = _Holder(instance_id, agent_socket, self.connect_timeout, vsock_port)
             self._holders[instance_id] = holder
             self._nursery.start_soon(holder.run)
         await holder.settled.wait()

@@ -195,7 +195,8 @@ class DataplaneServer:
             if path != EXEC_PATH:
                 raise NotFound(f"no such data-plane endpoint: {path}")
             claims, target = self.authorize(request, "exec")
-            channel = await self.guests.channel(claims.instance_id, target.agent_socket)
+            channel = await self.guests.channel(claims.instance_id, target.agent_socket,
+                                                target.vsock_port)
         except KibotosError as exc:
             self.metrics.rejected.labels(exc.code).inc()
             log.info("connection refused", path=path, code=exc.code, error=exc.message,

@@ -25,16 +25,21 @@ _MAX_TARGETS = 100_000
 
 @dataclass(frozen=True)
 class Target:
-    """One Instance the data plane may reach: its guest's data-plane agent socket."""
+    """One Instance the data plane may reach: its guest's data-plane agent socket, and
+    for a VMM whose socket is a vsock multiplexer (Firecracker) the guest port every
+    connection must ``CONNECT`` to first."""
 
     instance_id: str
     agent_socket: Path
     workspace_id: str | None = None
+    vsock_port: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"agent_socket": str(self.agent_socket)}
         if self.workspace_id is not None:
             body["workspace_id"] = self.workspace_id
+        if self.vsock_port is not None:
+            body["vsock_port"] = self.vsock_port
         return body
 
 
@@ -72,7 +77,7 @@ def _target(instance_id: object, body: object) -> Target:
         raise InvalidArgument(f"state: {where}: {exc.message}") from None
     if not isinstance(body, dict):
         raise InvalidArgument(f"state: {where} must be an object")
-    unknown = sorted(set(body) - {"agent_socket", "workspace_id"})
+    unknown = sorted(set(body) - {"agent_socket", "workspace_id", "vsock_port"})
     if unknown:
         raise InvalidArgument(f"state: {where} has unknown keys {unknown}")
     sock = body.get("agent_socket")
@@ -84,7 +89,11 @@ def _target(instance_id: object, body: object) -> Target:
     ws = body.get("workspace_id")
     if ws is not None and not isinstance(ws, str):
         raise InvalidArgument(f"state: {where}.workspace_id must be a string")
-    return Target(iid, Path(sock), ws)
+    port = body.get("vsock_port")
+    if port is not None and (type(port) is not int or not 0 < port < 2**32 - 1):
+        raise InvalidArgument(f"state: {where}.vsock_port must be a port number "
+                              f"(1 to {2**32 - 2}), got {port!r}")
+    return Target(iid, Path(sock), ws, port)
 
 
 def parse_state(message: Mapping[str, Any], *, generation: int, version: int) -> DataplaneState:

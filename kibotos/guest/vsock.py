@@ -7,6 +7,10 @@ and from then on the connection is the byte stream to the guest.  When nothing l
 on that port in the guest yet (the agent is still starting) Firecracker closes the
 connection instead, so the handshake is retried until the deadline
 (docs/vsock.md in Firecracker's repository, "Host-Initiated Connections").
+
+Used by the ``firecracker`` backend (its own agent connection) and by the data plane
+(a target with a ``vsock_port``: the Instance's ``agent-dp.sock`` is then the VMM's
+vsock socket, and every connection must start with the handshake).
 """
 
 from __future__ import annotations

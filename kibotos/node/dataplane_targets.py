@@ -15,7 +15,11 @@ session knowing about the data plane:
   report goes out anyway).
 
 The agent socket of an Instance is ``agent-dp.sock`` in its directory
-(``<storage.root>/runtime/instances/<id>/``), which every VMM backend offers there.
+(``<storage.root>/runtime/instances/<id>/``), which every VMM backend offers there: the
+``qemu`` backend as the socket of the guest's second virtio-serial port, the
+``firecracker`` backend as a link to its vsock socket, which also needs the guest port
+every connection ``CONNECT``s to first (the backend's ``dataplane_vsock_port``; None or
+absent for a socket that leads straight to the agent).
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ class DataplaneTargets:
     """Follows the manager's states into the data plane; see the module docstring."""
 
     def __init__(self, manager: InstanceManager, dataplane: DataplaneSupervisor,
-                 root: Path) -> None:
+                 root: Path, *, vsock_port: int | None = None) -> None:
         self.manager = manager
         self.dataplane = dataplane
         self.root = root
+        self.vsock_port = vsock_port
         self._running: dict[str, str | None] = {}  # instance_id -> workspace_id
         self._synced = 0
         self._synced_changed = trio.Event()
@@ -72,7 +77,10 @@ class DataplaneTargets:
             node_id=config.node.id, listen=config.node.dataplane_listen,
             socket_dir=config.node.socket_dir, state_dir=config.storage.root / "state",
             supervisor=supervisor)
-        return cls(manager, dataplane, config.storage.root)
+        backend = regs.vmm.get(config.vmm.backend)(config.vmm.options())
+        port = getattr(backend, "dataplane_vsock_port", None)
+        return cls(manager, dataplane, config.storage.root,
+                   vsock_port=port if isinstance(port, int) else None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -108,7 +116,7 @@ class DataplaneTargets:
         self.dataplane.preload(self._targets())
 
     def _targets(self) -> list[Target]:
-        return [Target(iid, agent_socket(self.root, iid), ws)
+        return [Target(iid, agent_socket(self.root, iid), ws, self.vsock_port)
                 for iid, ws in sorted(self._running.items())]
 
     async def follow(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -359,3 +359,25 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_a_target_with_a_vsock_port_round_trips_and_a_bad_port_is_refused(
+        tmp_path: Path) -> None:
+    from kibotos.credentials import SigningKey as Key
+    from kibotos.dataplane.state import parse_state
+
+    key = Key.generate().public_key
+    sock = tmp_path / "agent-dp.sock"
+    vsock = Target(INSTANCE_ID, sock, "ws-1", 1024)
+    plain = Target("inst-2", sock)
+    message = state_message(1, NODE_ID, key, [vsock, plain])
+    assert message["targets"][INSTANCE_ID] == {"agent_socket": str(sock),
+                                               "workspace_id": "ws-1", "vsock_port": 1024}
+    state = parse_state(message, generation=1, version=1)
+    assert state.targets[INSTANCE_ID] == vsock
+    assert state.targets["inst-2"] == plain
+    for bad in (0, -1, 2**32 - 1, "1024", True):
+        body = state_message(1, NODE_ID, key, [plain])
+        body["targets"]["inst-2"]["vsock_port"] = bad
+        with pytest.raises(InvalidArgument, match="vsock_port must be a port number"):
+            parse_state(body, generation=1, version=1)

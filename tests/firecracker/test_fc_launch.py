@@ -28,7 +28,7 @@ from kibotos_firecracker.api import ApiCall, FirecrackerApi
 from kibotos_firecracker.launch import parse_launch
 from kibotos_firecracker.vsock import connect_vsock
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, Internal
+from kibotos.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from kibotos.guest import open_guest_channel
 
 
@@ -227,3 +227,31 @@ async def test_through_the_direct_supervisor_a_command_runs_in_the_guest(agent_e
     await vmm.release(env.launch)
     assert not vmm.jail_for(parse_launch(env.launch)).instance_dir.exists()
     assert jailmod.mounts_under(env.base) == []
+
+
+async def test_the_data_plane_reaches_the_guest_through_agent_dp_sock(agent_env: FcEnv):
+    """As for every backend, the data plane's socket is ``agent-dp.sock`` in the
+    Instance directory: here a link to Firecracker's vsock socket, reached with the
+    ``CONNECT <dataplane_vsock_port>`` handshake (a `Target` with `vsock_port`)."""
+    from kibotos.dataplane.guests import GuestPool
+
+    env = agent_env
+    vmm = env.backend()
+    assert vmm.dataplane_vsock_port == AGENT_PORT
+    spec = parse_launch(env.launch)
+    link = spec.runtime_dir / "agent-dp.sock"
+    with running(vmm.unit_for(env.launch)):
+        assert link.is_symlink()
+        assert link.resolve() == vmm.jail_for(spec).vsock_socket.resolve()
+        await vmm.wait_ready(env.launch, timeout=TIMEOUT)
+        pool = GuestPool(connect_timeout=TIMEOUT)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            guest = await pool.channel("inst-1", link, vmm.dataplane_vsock_port)
+            status, out, _ = await guest.run(["echo", "via the data plane"])
+            assert (status.exit_code, out) == (0, b"via the data plane\n")
+            # Without the handshake the socket is not the agent: no hello comes.
+            pool.connect_timeout = 1.0
+            with pytest.raises(Unavailable, match="cannot be reached"):
+                await pool.channel("inst-2", link)
+            nursery.cancel_scope.cancel()

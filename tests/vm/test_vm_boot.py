@@ -182,10 +182,14 @@ async def test_the_platform_answers_the_probe_and_kvm_is_judged_by_a_real_boot(
     assert again["accelerator"] == facts["accelerator"]
 
 
+def _read_console(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 async def _console_shows(path: Path, text: str, timeout: float) -> str:
     with trio.fail_after(timeout):
         while True:
-            console = path.read_text(errors="replace") if path.exists() else ""
+            console = await trio.to_thread.run_sync(_read_console, path)
             if text in console:
                 return console
             await trio.sleep(0.2)
@@ -216,6 +220,6 @@ async def test_a_bad_kibotos_vsock_port_fails_the_boot_with_the_reason(
     vmm = await _backend()
     async with running_unit(vmm.unit_for(launch)) as proc:
         with pytest.raises(FailedPrecondition,
-                           match="kibotos.vsock=12ab is not a port number"):
+                           match=r"kibotos\.vsock=12ab is not a port number"):
             await vmm.wait_ready(launch, timeout=BOOT_TIMEOUT)
         assert await wait_exit(proc, BOOT_TIMEOUT) == 0

@@ -46,7 +46,8 @@ class Options:
 
 
 _VALUED = {"--port-name": "port_name", "--device": "device", "--socket": "socket",
-           "--vsock": "vsock", "--fd": "fd", "--root": "root", "--sysfs": "sysfs", "--dev-dir": "dev_dir",
+           "--vsock": "vsock", "--fd": "fd", "--root": "root", "--sysfs": "sysfs",
+           "--dev-dir": "dev_dir",
            "--advertise-protocol-version": "advertise_protocol_version",
            "--log-level": "log_level"}
 _INTEGERS = ("fd", "vsock", "advertise_protocol_version")

@@ -42,6 +42,9 @@ from kibotos_firecracker.launch import Launch, parse_launch
 from kibotos_firecracker.ready import wait_hello
 from kibotos_firecracker.vsock import connect_vsock
 
+#: The data plane's agent socket in the Instance directory (kibotos.node.dataplane_targets).
+DATAPLANE_SOCKET = "agent-dp.sock"
+
 #: systemd properties of the VMM service (spec, "VMM service"): runs as root (the
 #: jailer drops privileges itself), and keeps the default LimitMEMLOCK, since
 #: Firecracker does not use io_uring (its drives are io_engine Sync).
@@ -234,8 +237,16 @@ class FirecrackerVmm:
         Firecracker still answers is refused."""
         spec = parse_launch(launch)
         argv = self.argv_for(spec)
-        jailmod.stage(self.jail_for(spec), jailmod.jail_files(spec), uid=self.uid,
-                      gid=self.gid)
+        jail = self.jail_for(spec)
+        jailmod.stage(jail, jailmod.jail_files(spec), uid=self.uid, gid=self.gid)
+        # The data plane reaches the guest through the Instance's agent-dp.sock, as with
+        # every backend: here a link to the vsock socket (it then sends CONNECT
+        # <dataplane_vsock_port> on each connection).
+        link = spec.runtime_dir / DATAPLANE_SOCKET
+        tmp = link.with_name(f".{DATAPLANE_SOCKET}.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(jail.vsock_socket)
+        tmp.replace(link)
         props = dict(UNIT_PROPERTIES)
         props["Description"] = f"kibotos VMM (firecracker) for {spec.instance_id}"
         if spec.netns_path is not None:
@@ -280,6 +291,11 @@ class FirecrackerVmm:
             if state == "Not started":
                 await api.run(calls)
         return state
+
+    @property
+    def dataplane_vsock_port(self) -> int:
+        """The guest port the data plane connects to through ``agent-dp.sock``."""
+        return self.vsock_port
 
     async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
                             ) -> trio.SocketStream:
