@@ -11,7 +11,13 @@ import trio
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects, UseRightTakenOver
+from kibotos.node.objects import (
+    RETAINED_LAYERS,
+    VOLUMES,
+    Holder,
+    PoolObjects,
+    UseRightTakenOver,
+)
 from kibotos.node.pools.dirs import prepare_pool_dirs
 
 MIB = 1 << 20
@@ -214,3 +220,64 @@ async def test_a_pool_without_its_layout_is_not_recreated(tmp_path: Path) -> Non
     with pytest.raises(Unavailable, match="pool layout the node prepared at start is gone"):
         await objs.open("ws-1", 1, create_capacity=16 * MIB)
     assert os.listdir(tmp_path) == []
+
+
+async def test_reopen_at_a_released_epoch_drops_the_stale_receipt(tmp_path: Path) -> None:
+    """A receipt says its holder stopped writing.  Reopened at the same epoch, that is
+    no longer true: a successor must wait again, not open at once."""
+    a = layers(tmp_path)
+    await a.open("ws-1", 1, create_capacity=8 * MIB)
+    assert a.release("ws-1", 1, confirmed_on_disk=True)
+    assert rec(tmp_path, "releases")["epoch"] == 1
+    await a.open("ws-1", 1)  # the same node starts it again at the same epoch
+    assert not (tmp_path / "retained-layers" / "releases" / "ws-1.json").exists()
+    b = layers(tmp_path, "node-b", wait=0.3)
+    assert (await b.open("ws-1", 2)).handoff_clean is False  # node-a never stopped
+
+
+async def test_takeover_of_this_nodes_own_older_epoch(tmp_path: Path) -> None:
+    """Takeover row, 'epoch older than the command's': also when the record is this
+    node's own (ctrl granted it again after an isolate): holder record first, then open;
+    its own earlier release counts as the receipt."""
+    a = layers(tmp_path, wait=60)
+    await a.open("ws-1", 1, create_capacity=8 * MIB)
+    assert a.release("ws-1", 1, confirmed_on_disk=True)
+    opened = await a.open("ws-1", 2)
+    assert opened.handoff_clean is True
+    assert rec(tmp_path, "holders")["epoch"] == 2
+    assert rec(tmp_path, "metadata")["epoch"] == 2
+
+
+async def test_retry_of_an_interrupted_takeover_still_waits(tmp_path: Path) -> None:
+    """The node died after writing its holder record (epoch 2) but before opening: the
+    retry at epoch 2 is 'same epoch, this node', yet the metadata still names node-b's
+    epoch 1 as attached, so the receipt wait is still owed."""
+    b = layers(tmp_path, "node-b")
+    await b.open("ws-1", 1, create_capacity=8 * MIB)  # node-b never releases
+    a = layers(tmp_path, wait=0.3)
+    assert await a.take("ws-1", 2, may_create=False) == Holder("node-b", 1)
+    # ... crash here; the retry:
+    assert (await a.open("ws-1", 2)).handoff_clean is False
+    assert rec(tmp_path, "metadata")["released_cleanly"] is False
+
+
+async def test_fence_writes_the_receipt_and_leaves_the_metadata(tmp_path: Path) -> None:
+    a = layers(tmp_path)
+    await a.open("ws-1", 1, create_capacity=8 * MIB)
+    assert a.taken_over("ws-1", 1) is None
+    b = layers(tmp_path, "node-b", wait=60)
+    await b.take("ws-1", 2, may_create=False)
+    successor = a.taken_over("ws-1", 1)
+    assert successor == Holder("node-b", 2)
+    meta = rec(tmp_path, "metadata")
+    assert a.fence("ws-1", 1, successor=successor)
+    assert rec(tmp_path, "metadata") == meta
+    receipt = rec(tmp_path, "releases")
+    assert (receipt["node_id"], receipt["epoch"], receipt["reason"]) == ("node-a", 1,
+                                                                         "taken_over")
+    assert a.fence("ws-1", 1, successor=successor)  # idempotent
+    assert (await b.open("ws-1", 2)).handoff_clean is True
+    # An old holder's late receipt never replaces a newer one.
+    assert b.release("ws-1", 2, confirmed_on_disk=True)
+    assert not a.fence("ws-1", 1, successor=successor)
+    assert rec(tmp_path, "releases")["node_id"] == "node-b"
