@@ -54,6 +54,16 @@ KNOWN: dict[str, str] = {
                                       "recorded in the metadata and before the receipt",
     "objects.fence.before-receipt": "holder check, after the taken-over Instance's VMM is "
                                     "stopped and its block files flushed, before the receipt",
+    "node.expand.after-check": "object.expand, after the first e2fsck",
+    "node.expand.after-tune2fs": "object.expand, after resize_inode was removed, before the "
+                                 "second e2fsck",
+    "node.expand.after-recheck": "object.expand, after the e2fsck that follows tune2fs",
+    "node.expand.after-grow-file": "object.expand, after the block file grew, before resize2fs",
+    "node.expand.after-resize": "object.expand, after resize2fs, before the metadata records "
+                                "the new capacity",
+    "node.copy.before-rename": "object.copy, after the copy is fsynced, before its rename",
+    "node.copy.after-data": "object.copy, after the target block file has its name, before "
+                            "its metadata",
 }
 
 
