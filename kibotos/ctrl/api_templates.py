@@ -1,7 +1,8 @@
 """HTTP API of the artifact store and of Templates (docs/templates.md).
 
-Artifacts: ``PUT /v1/artifacts/sha256/{hex}`` (operator; the body is the blob, checked
-against the digest in the path), ``GET``/``HEAD`` (operator or node; streamed from the
+Artifacts: ``PUT /v1/artifacts/sha256/{hex}`` (operator or node: a node uploads the
+Transfer archives it exports; the body is the blob, checked against the digest in the
+path, so no caller can store anything under a name it does not hash to), ``GET``/``HEAD`` (operator or node; streamed from the
 file, byte ranges allowed).  An upload is idempotent by nature, so it does not go
 through the command journal.
 
@@ -196,9 +197,10 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         return outcome.result
 
     return [
-        Route("PUT", "/v1/artifacts/sha256/{hex}", put_artifact, "operator",
+        Route("PUT", "/v1/artifacts/sha256/{hex}", put_artifact, "identity",
               "Upload a blob (the request body, application/octet-stream); stored only "
-              "if its sha256 is the one in the path", result=ArtifactOut),
+              "if its sha256 is the one in the path (nodes upload Transfer archives)",
+              result=ArtifactOut),
         Route("GET", "/v1/artifacts/sha256/{hex}", get_artifact, "identity",
               "Download a blob (also HEAD; byte ranges allowed)"),
         Route("PUT", "/v1/templates/{name}", put_template_route, "operator",
