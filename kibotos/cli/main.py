@@ -26,6 +26,7 @@ _KIBO_GROUPS = {
     "enroll": "kibotos.cli.enrollment_cmds:enroll_command",
     "enrollment": "kibotos.cli.enrollment_cmds:enrollment_group",
     "node": "kibotos.cli.node_cmds:node_group",
+    "storage-pool": "kibotos.cli.pool_cmds:pool_group",
     "template": "kibotos.cli.template_cmds:template_group",
     "workspace": "kibotos.cli.workspace_cmds:workspace_group",
 }
