@@ -29,6 +29,7 @@ _KIBO_GROUPS = {
     "storage-pool": "kibotos.cli.pool_cmds:pool_group",
     "template": "kibotos.cli.template_cmds:template_group",
     "workspace": "kibotos.cli.workspace_cmds:workspace_group",
+    "volume": "kibotos.cli.volume_cmds:volume_group",
 }
 
 

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import click
 
 from kibotos import ids
+from kibotos.cli import volume_cmds
 from kibotos.cli import workspace_render as render
 from kibotos.cli.exec_cmds import exec_command
 from kibotos.cli.options import (
@@ -38,7 +39,7 @@ from kibotos.errors import (
     NotFound,
     Unavailable,
 )
-from kibotos.units import parse_size
+from kibotos.units import format_bytes, parse_size
 
 SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
 #: The longest one wait request asks ctrl to hold (ctrl's limit is 60 s).
@@ -181,14 +182,18 @@ def no_wait_option(fn: Any) -> Any:
 @click.option("--cpu", metavar="CORES", help="CPU cores (decimal), default 1.")
 @click.option("--memory", metavar="SIZE", help="Memory, e.g. 2G (default 1G).")
 @click.option("--layer-size", metavar="SIZE", help="Writable layer capacity (default 10G).")
+@click.option("--volume", "volume_items", multiple=True, metavar="VOL[:MOUNTPOINT]",
+              help="Attach a Volume, mounted at MOUNTPOINT in the guest (default "
+                   "/mnt/VOL; repeatable).")
 @no_wait_option
 @command_id_option
 @kibo_options
 def create(inv: Invocation, template: str, label_items: tuple[str, ...], node_id: str | None,
-           cpu: str | None, memory: str | None, layer_size: str | None, no_wait: bool,
-           command_id: str | None) -> None:
+           cpu: str | None, memory: str | None, layer_size: str | None,
+           volume_items: tuple[str, ...], no_wait: bool, command_id: str | None) -> None:
     """Create a Workspace and, by default, wait until it is AVAILABLE."""
     body = {"template": template, "labels": parse_labels(label_items),
+            "volumes": volume_cmds.parse_attachments(volume_items) or None,
             "node_id": None if node_id is None else node_id_argument(node_id),
             "cpu_millis": parse_cpu(cpu), "memory_bytes": _size(memory, "--memory"),
             "layer_size_bytes": _size(layer_size, "--layer-size"),
@@ -409,6 +414,63 @@ def _moved(inv: Invocation, ws: dict[str, Any], line: str) -> None:
         inv.out.json_result(ws)
     else:
         inv.out.line(line)
+
+
+# ------------------------------------------------------------------------ writable layer
+
+
+def _layer_done(inv: Invocation, workspace_id: str, status: dict[str, Any], verb: str,
+                wait: bool) -> None:
+    what = f"the writable layer of workspace {workspace_id}"
+    if wait:
+        status = volume_cmds.check_outcome(volume_cmds.follow(
+            inv, status, ws_path(workspace_id, "layer"), what, verb, settled=None,
+            holds=False), what, verb)
+    if inv.as_json:
+        inv.out.json_result(status)
+        return
+    size = status.get("size_bytes")
+    line = (f"workspace {workspace_id}: writable layer "
+            f"{format_bytes(size) if isinstance(size, int) else '-'} in pool "
+            f"{status.get('pool_id')}")
+    if status.get("operation"):
+        line += f"; {volume_cmds.operation_text(status['operation'])}"
+    inv.out.line(line)
+
+
+@workspace_group.command("expand-layer")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--size", required=True, metavar="SIZE",
+              help="The new capacity (never smaller than the current one).")
+@no_wait_option
+@command_id_option
+@expected_version_option
+@kibo_options
+def expand_layer(inv: Invocation, workspace_id: str, size: str, no_wait: bool,
+                 command_id: str | None, expected_version: int | None) -> None:
+    """Expand a stopped Workspace's writable layer (e2fsck and resize2fs on the node)."""
+    workspace_argument(workspace_id)
+    status = inv.client().post(ws_path(workspace_id, "expand-layer"), {
+        "capacity_bytes": parse_size(size, "--size"),
+        "command_id": check_command_id(command_id), "expected_version": expected_version})
+    _layer_done(inv, workspace_id, status, "expansion", not no_wait)
+
+
+@workspace_group.command("move-layer")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.option("--pool", "pool_id", required=True, metavar="POOL", help="The target pool.")
+@no_wait_option
+@command_id_option
+@expected_version_option
+@kibo_options
+def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
+               command_id: str | None, expected_version: int | None) -> None:
+    """Copy a stopped Workspace's writable layer into another pool."""
+    workspace_argument(workspace_id)
+    status = inv.client().post(ws_path(workspace_id, "move-layer"), {
+        "pool_id": ids.check_pool_id(pool_id), "command_id": check_command_id(command_id),
+        "expected_version": expected_version})
+    _layer_done(inv, workspace_id, status, "move", not no_wait)
 
 
 # ``kibo workspace exec``: in its own module, with the data plane's client.

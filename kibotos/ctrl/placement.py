@@ -53,13 +53,15 @@ MEMORY_TIGHT = "host memory tight"
 
 @dataclass(frozen=True)
 class Demand:
-    """What one placement needs.  `pools` None is a create: the node's default pool;
-    otherwise every pool that holds the Workspace's objects."""
+    """What one placement needs.  `pools` None is a create: the node's default pool
+    (plus `extra_pools`, those of the Volumes it attaches); otherwise every pool that
+    holds the Workspace's objects."""
 
     cpu_millis: int
     memory_bytes: int
     pools: frozenset[str] | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    extra_pools: frozenset[str] = frozenset()
 
     def request(self) -> PlacementRequest:
         return PlacementRequest(self.cpu_millis, self.memory_bytes, dict(self.labels))
@@ -174,8 +176,7 @@ def admit(entry: NodeEntry, demand: Demand) -> Refusal | None:
             return Refusal("failed_precondition",
                            f"its default pool {pool.pool_id} is not available"
                            + (f": {pool.reason}" if pool.reason else ""))
-        return None
-    for pool_id in sorted(demand.pools):
+    for pool_id in sorted(demand.extra_pools if demand.pools is None else demand.pools):
         fact = entry.pools.get(pool_id)
         if fact is None:
             return Refusal("failed_precondition", f"not attached to pool {pool_id}")
@@ -341,7 +342,7 @@ class CapacityIndex:
 
     def best(self, demand: Demand, exclude: Collection[str] = ()) -> str | None:
         """The best admitted node for `demand` that is not in `exclude`, or None."""
-        if self._sort_key is not None and demand.pools is None:
+        if self._sort_key is not None and demand.pools is None and not demand.extra_pools:
             cache = self._shape_cache(demand)
             if not exclude:
                 return str(min(cache.values())[-1]) if cache else None

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl import nodes, use_rights
+from kibotos.ctrl import nodes, use_rights, volume_pools
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
 from kibotos.errors import ResourceExhausted
@@ -47,7 +47,7 @@ def reserved_bytes(session: Session, pool_id: str) -> int:
     layers = session.scalar(
         select(func.coalesce(func.sum(Workspace.layer_size_bytes), 0))
         .where(Workspace.layer_pool_id == pool_id, Workspace.state != w.DELETED))
-    return int(layers or 0)
+    return int(layers or 0) + volume_pools.reserved_bytes(session, pool_id)
 
 
 def objects(session: Session, pool_id: str) -> list[dict[str, Any]]:
@@ -68,7 +68,7 @@ def objects(session: Session, pool_id: str) -> list[dict[str, Any]]:
             "holder_node_id": right.holder_node_id if right is not None else None,
             "last_holder_node_id": right.last_holder_node_id if right is not None else None,
             "epoch": right.epoch if right is not None else None})
-    return out
+    return out + volume_pools.objects(session, pool_id)
 
 
 def snapshot(session: Session) -> dict[str, Room]:

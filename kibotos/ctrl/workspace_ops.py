@@ -31,10 +31,12 @@ from sqlalchemy.orm import Session
 from kibotos import ids
 from kibotos.ctrl import instances as inst_mod
 from kibotos.ctrl import pool_capacity
+from kibotos.ctrl import volume_txns as vt
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.context import CtrlContext
 from kibotos.ctrl.journal import STORED_ERRORS, Journal
+from kibotos.ctrl.object_ops import ObjectOps
 from kibotos.ctrl.placement import CapacityIndex, Demand, NodeEntry
 from kibotos.ctrl.placing import Args, Commit, place
 from kibotos.ctrl.session_proto import Hello, InstanceState, Report
@@ -46,6 +48,7 @@ from kibotos.ctrl.store_watch import (
     TemplateSnapshot,
     WorkspaceSnapshot,
 )
+from kibotos.ctrl.volumes import VolumeService
 from kibotos.ctrl.wire import VersionedWrite
 from kibotos.ctrl.workspace_feed import NodeFeed
 from kibotos.ctrl.workspace_tasks import Tasks
@@ -54,6 +57,7 @@ from kibotos.errors import (
     KibotosError,
     Unavailable,
 )
+from kibotos.volume_mounts import default_mount_point
 
 log = logging.getLogger("kibotos.ctrl.workspaces")
 
@@ -87,6 +91,8 @@ class WorkspaceService:
         self._loading: list[list[Change]] | None = None
         self._drain_known: dict[str, bool] = {}
         self.feed = NodeFeed(self)
+        self.volumes = VolumeService(self)
+        self.objects = ObjectOps(self, self.volumes)
         self._templates: dict[str, dict[str, str]] = {}
         ctx.isolate_releasers.append(inst_mod.release_for_isolate)
 
@@ -183,10 +189,13 @@ class WorkspaceService:
         if replay is not None:
             return replay.result
         workspace_id, layer_ref = ids.new_id("ws"), ids.new_id("lay")
-        demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels)
 
         async def attempt() -> dict[str, Any]:
             template = await self.template(body.template)
+            volumes = await self.store.run(partial(
+                vt.attach_plans, wanted=[(v.volume_id, v.mount()) for v in body.volumes]))
+            demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels,
+                            frozenset(v.right.pool_id for v in volumes))
             rooms = await self.store.run(pool_capacity.snapshot)
             default_capacity = self.ctx.config.testing.pool_capacity
 
@@ -203,12 +212,15 @@ class WorkspaceService:
                     "layer": {"pool_id": entry.default_pool.pool_id, "ref": layer_ref,
                               "capacity_bytes": body.layer_size_bytes, "epoch": 1,
                               "create": True},
-                    "volumes": [], "launch": {"hostname": workspace_id, "env": {}}}
+                    "volumes": [{"volume_id": v.volume_id, "pool_id": v.right.pool_id,
+                                 "epoch": v.right.epoch_for(entry.node_id),
+                                 "mount_point": v.mount_point} for v in volumes],
+                    "launch": {"hostname": workspace_id, "env": {}}}
 
             def commit(node_id: str, instance_id: str) -> Callable[[Session], dict[str, Any]]:
                 pool = self.index.nodes[node_id].default_pool
                 assert pool is not None
-                return partial(tx.commit_create, workspace_id=workspace_id,
+                return partial(vt.commit_create, plans=volumes, workspace_id=workspace_id,
                                template=template, labels=body.labels,
                                cpu_millis=body.cpu_millis, memory_bytes=body.memory_bytes,
                                layer_size_bytes=body.layer_size_bytes, layer_ref=layer_ref,
@@ -233,8 +245,8 @@ class WorkspaceService:
 
         async def attempt() -> dict[str, Any]:
             async with self.lock(workspace_id):
-                plan = await self.store.run(partial(tx.start_plan, workspace_id=workspace_id,
-                                                    expected=body.expected_version))
+                plan, mounts = await self.store.run(partial(
+                    vt.start_plan, workspace_id=workspace_id, expected=body.expected_version))
                 demand = Demand(plan.cpu_millis, plan.memory_bytes,
                                 frozenset(r.pool_id for r in plan.rights), plan.labels)
 
@@ -249,13 +261,15 @@ class WorkspaceService:
                                   "capacity_bytes": plan.layer_size_bytes,
                                   "epoch": layer.epoch_for(entry.node_id), "create": False},
                         "volumes": [{"volume_id": r.object_id, "pool_id": r.pool_id,
-                                     "epoch": r.epoch_for(entry.node_id)}
+                                     "epoch": r.epoch_for(entry.node_id),
+                                     "mount_point": mounts.get(
+                                         r.object_id, default_mount_point(r.object_id))}
                                     for r in plan.rights if r.kind == "volume"],
                         "launch": {"hostname": workspace_id, "env": {}}}
 
                 def commit(node_id: str,
                            instance_id: str) -> Callable[[Session], dict[str, Any]]:
-                    return partial(tx.commit_start, plan=plan, expected=body.expected_version,
+                    return partial(vt.commit_start, plan=plan, expected=body.expected_version,
                                    node_id=node_id, instance_id=instance_id,
                                    now=self.ctx.now(), verify=self.verify_in_store)
 

@@ -19,6 +19,7 @@ import trio
 
 from kibotos.ctrl import instances as inst_mod
 from kibotos.ctrl import pool_ops, use_rights
+from kibotos.ctrl import volume_txns as vt
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
@@ -43,6 +44,8 @@ class Tasks:
         self.service = service
         self.nursery: trio.Nursery | None = None
         self._active: set[str] = set()
+        #: Other parts' resumptions (Volumes, object operations), run with the sweep.
+        self.sweepers: list[Callable[[], Awaitable[None]]] = []
 
     @property
     def ctx(self) -> Any:
@@ -79,6 +82,8 @@ class Tasks:
         for workspace_id, state in await self.service.store.run(tx.pending_operations):
             if workspace_id not in self._active:
                 self.spawn(self.stop if state == w.STOPPING else self.delete, workspace_id)
+        for sweeper in self.sweepers:
+            await sweeper()
 
     async def _call(self, node_id: str, kind: str, args: dict[str, object],
                     timeout: float) -> dict[str, object] | None:
@@ -175,9 +180,8 @@ class Tasks:
         """Delete one object on a node that can reach its pool; False if none can now."""
         store, now = self.service.store, self.ctx.now
         if right.kind != use_rights.RETAINED_LAYER:
-            # Volumes come with the storage issue; nothing on a node to delete here.
-            await store.write(partial(tx.object_deleted, kind=right.kind,
-                                      object_id=right.object_id))
+            # A Volume outlives its Workspace: it is detached, not deleted.
+            await store.write(partial(vt.detach, volume_id=right.object_id, now=now()))
             return True
         node_id = self._node_for(right)
         if node_id is None:

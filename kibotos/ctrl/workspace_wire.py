@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kibotos import ids
 from kibotos.ctrl import workspaces
+from kibotos.ctrl.volume_wire import VolumeAttachIn, check_attachments
 from kibotos.ctrl.wire import Request, Result, VersionedWrite, WriteRequest, _as_value_error
 from kibotos.errors import InvalidArgument
 
@@ -56,6 +57,8 @@ class WorkspaceCreateIn(WriteRequest):
     cpu_millis: int = Field(default=DEFAULT_CPU_MILLIS, ge=1, le=MAX_CPU_MILLIS)
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     layer_size_bytes: int = DEFAULT_LAYER_SIZE_BYTES
+    #: Volumes to attach, each with its guest mount point (docs/storage.md, "Volumes").
+    volumes: list[VolumeAttachIn] = Field(default_factory=list, max_length=16)
 
     _template = field_validator("template")(
         lambda v: _as_value_error(check_template_name, v))
@@ -76,6 +79,11 @@ class WorkspaceCreateIn(WriteRequest):
     @classmethod
     def _layer(cls, v: int) -> int:
         return _whole_mib(v, "layer_size_bytes", MIN_LAYER_SIZE_BYTES)
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: list[VolumeAttachIn]) -> list[VolumeAttachIn]:
+        return check_attachments(v)
 
 
 class WorkspaceStartIn(VersionedWrite):

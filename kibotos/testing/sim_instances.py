@@ -9,15 +9,21 @@ benchmarked with a thousand nodes) against real sessions.
   `fail_boot`), each an ``instance_state`` frame, each followed by a report;
 * ``instance.stop`` → STOPPING, STOPPED, ``{confirmed_on_disk: not force}``;
 * ``instance.destroy`` → DESTROYED, the Instance forgotten;
-* ``layer.delete`` and ``node.drain`` are recorded.
+* ``layer.delete`` and ``node.drain`` are recorded;
+* the pool object commands (``volume.create``, ``volume.delete``, ``object.expand``,
+  ``object.copy``) work on `objects`, a simulated pool content keyed by (kind, pool,
+  object ID) with each object's capacity and holder epoch; an older epoch than the
+  recorded one is refused as the node refuses a taken-over use right.  Nodes attached
+  to one shared pool can be given the same `objects` dict.
 
 Other command kinds are left unanswered, for a test to answer by hand.
 
 Knobs a test turns: `drain_requested`, `memory_tight`, `boot_delay`, `hold_boots`,
-`fail_boot`, `refuse_stop`; `exit(instance_id, reason)` plays a VMM that ended on its own
-(reason ``oom_killed`` for the OOM killer).  Every command received is kept in
-`commands`.  One object can outlive a session: pass it to the next `open_sim_node` and
-the node "restarts" with its Instances.
+`fail_boot`, `refuse_stop`, `fail_objects` (the error of the next pool object command),
+`hold_objects` (pool object commands wait for it); `exit(instance_id, reason)` plays a
+VMM that ended on its own (reason ``oom_killed`` for the OOM killer).  Every command
+received is kept in `commands`.  One object can outlive a session: pass it to the next
+`open_sim_node` and the node "restarts" with its Instances.
 """
 
 from __future__ import annotations
@@ -62,6 +68,17 @@ class SimInstance:
 
 
 @dataclass
+class SimObject:
+    """A block file in a simulated pool."""
+
+    capacity_bytes: int
+    epoch: int
+
+
+TAKEN_OVER = "the use right was taken over by a newer epoch; retrying will not succeed"
+
+
+@dataclass
 class SimInstances:
     drain_requested: bool = False
     memory_tight: bool = False
@@ -74,6 +91,9 @@ class SimInstances:
     instances: dict[str, SimInstance] = field(default_factory=dict)
     destroyed: set[str] = field(default_factory=set)
     deleted_layers: list[tuple[str, str, int]] = field(default_factory=list)
+    objects: dict[tuple[str, str, str], SimObject] = field(default_factory=dict)
+    fail_objects: KibotosError | None = None
+    hold_objects: trio.Event | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)
     _send: Send | None = None
     _nursery: trio.Nursery | None = None
@@ -147,7 +167,8 @@ class SimInstances:
     # ------------------------------------------------------------------ commands
 
     KINDS = ("instance.create", "instance.stop", "instance.destroy", "layer.delete",
-             "node.drain")
+             "node.drain", "volume.create", "volume.delete", "object.expand",
+             "object.copy")
 
     def handles(self, kind: str) -> bool:
         return kind in self.KINDS
@@ -156,7 +177,9 @@ class SimInstances:
         self.commands.append({"kind": kind, "args": args})
         handler = {"instance.create": self._create, "instance.stop": self._stop,
                    "instance.destroy": self._destroy, "layer.delete": self._layer_delete,
-                   "node.drain": self._drain}.get(kind)
+                   "node.drain": self._drain, "volume.create": self._volume_create,
+                   "volume.delete": self._volume_delete, "object.expand": self._expand,
+                   "object.copy": self._copy}.get(kind)
         if handler is None:
             raise InvalidArgument(f"unknown command kind {kind!r} for this node")
         return await handler(args)
@@ -183,6 +206,10 @@ class SimInstances:
                                          f"Instance {other.instance_id}")
         inst = SimInstance(instance_id, str(args["workspace_id"]), int(args["cpu_millis"]),
                            int(args["memory_bytes"]), layer, dict(args))
+        key = ("retained_layer", str(layer.get("pool_id")), str(layer["ref"]))
+        if layer.get("create") and key not in self.objects:
+            self.objects[key] = SimObject(int(layer.get("capacity_bytes", 0)),
+                                          int(layer.get("epoch", 0)))
         self.instances[instance_id] = inst
         if self._nursery is not None:
             self._nursery.start_soon(self._boot, inst)
@@ -224,9 +251,96 @@ class SimInstances:
         return {"destroyed": True}
 
     async def _layer_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        await self._object_gate()
+        key = ("retained_layer", str(args["pool_id"]), str(args["ref"]))
+        self._check_epoch(key, int(args["epoch"]))
+        self.objects.pop(key, None)
         self.deleted_layers.append((str(args["pool_id"]), str(args["ref"]),
                                     int(args["epoch"])))
         return {"deleted": True}
+
+    # ------------------------------------------------------------------ pool objects
+
+    async def _object_gate(self) -> None:
+        if self.hold_objects is not None:
+            await self.hold_objects.wait()
+        if self.fail_objects is not None:
+            error, self.fail_objects = self.fail_objects, None
+            raise error
+
+    def _check_epoch(self, key: tuple[str, str, str], epoch: int) -> None:
+        found = self.objects.get(key)
+        if found is not None and found.epoch > epoch:
+            raise FailedPrecondition(f"{key[0]} {key[2]}: {TAKEN_OVER}",
+                                     details={"reason": "taken_over"})
+        if found is not None:
+            found.epoch = epoch
+
+    def _in_use(self, kind: str, pool_id: str, object_id: str) -> str | None:
+        for inst in self.instances.values():
+            if inst.state not in HOLDING:
+                continue
+            if kind == "retained_layer" and inst.layer["ref"] == object_id \
+                    and inst.layer["pool_id"] == pool_id:
+                return inst.instance_id
+            for vol in inst.args.get("volumes") or ():
+                if vol["volume_id"] == object_id and vol["pool_id"] == pool_id:
+                    return inst.instance_id
+        return None
+
+    def _object(self, kind: str, pool_id: str, object_id: str) -> SimObject:
+        found = self.objects.get((kind, pool_id, object_id))
+        if found is None:
+            raise NotFound(f"{kind} {object_id} is not in pool {pool_id}")
+        return found
+
+    async def _volume_create(self, args: dict[str, Any]) -> dict[str, Any]:
+        await self._object_gate()
+        key = ("volume", str(args["pool_id"]), str(args["volume_id"]))
+        capacity, epoch = int(args["capacity_bytes"]), int(args["epoch"])
+        existing = self.objects.get(key)
+        if existing is not None:
+            self._check_epoch(key, epoch)
+            if existing.capacity_bytes != capacity:
+                raise AlreadyExists(f"volume {key[2]} exists with another capacity")
+            return {"created": True}
+        self.objects[key] = SimObject(capacity, epoch)
+        return {"created": True}
+
+    async def _volume_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        await self._object_gate()
+        pool_id, volume_id = str(args["pool_id"]), str(args["volume_id"])
+        holder = self._in_use("volume", pool_id, volume_id)
+        if holder is not None:
+            raise FailedPrecondition(f"volume {volume_id} is open in Instance {holder}")
+        key = ("volume", pool_id, volume_id)
+        self._check_epoch(key, int(args["epoch"]))
+        self.objects.pop(key, None)
+        return {"deleted": True}
+
+    async def _expand(self, args: dict[str, Any]) -> dict[str, Any]:
+        await self._object_gate()
+        kind, pool_id, object_id = str(args["kind"]), str(args["pool_id"]), \
+            str(args["object_id"])
+        found = self._object(kind, pool_id, object_id)
+        self._check_epoch((kind, pool_id, object_id), int(args["epoch"]))
+        if self._in_use(kind, pool_id, object_id) is not None:
+            raise FailedPrecondition(f"{kind} {object_id} is open in an Instance")
+        capacity = int(args["capacity_bytes"])
+        if capacity < found.capacity_bytes:
+            raise InvalidArgument(f"{kind} {object_id} has {found.capacity_bytes} bytes; "
+                                  "block files only grow")
+        found.capacity_bytes = capacity
+        return {"capacity_bytes": capacity}
+
+    async def _copy(self, args: dict[str, Any]) -> dict[str, Any]:
+        await self._object_gate()
+        kind, object_id = str(args["kind"]), str(args["object_id"])
+        source = self._object(kind, str(args["from_pool_id"]), object_id)
+        self._check_epoch((kind, str(args["from_pool_id"]), object_id), int(args["epoch"]))
+        self.objects[(kind, str(args["to_pool_id"]), object_id)] = SimObject(
+            source.capacity_bytes, int(args["epoch"]))
+        return {"copied": True}
 
     async def _drain(self, args: dict[str, Any]) -> dict[str, Any]:
         self.drain_requested = bool(args["requested"])
