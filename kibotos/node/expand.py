@@ -25,6 +25,7 @@ the node between any two steps.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 #: Spec: each tool at most 10 minutes, the whole expansion at most 45.
 TOOL_TIMEOUT = 600.0
 TOTAL_TIMEOUT = 2700.0
-_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+#: Where the tools are looked up (tests put stand-ins in front with `tool_path`).
+TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _OUTPUT_TAIL = 1500
 
 #: Steps in the order they run (the ``step`` of the metadata's ``expansion``).
@@ -111,7 +113,7 @@ def parse_geometry(text: str) -> Geometry:
 
 
 async def run_tool(argv: Sequence[str], step: str, *, timeout: float = TOOL_TIMEOUT,
-                   fsck: bool = False) -> str:
+                   fsck: bool = False, tool_path: str = TOOL_PATH) -> str:
     """Run one e2fsprogs tool with `timeout`; its stdout, or `ExpansionFailed`.
 
     ``e2fsck`` exits 1 or 2 after repairing something: success here (`fsck`)."""
@@ -120,7 +122,8 @@ async def run_tool(argv: Sequence[str], step: str, *, timeout: float = TOOL_TIME
     with trio.move_on_after(timeout):
         try:
             proc = await trio.run_process(list(argv), capture_stdout=True,
-                                          capture_stderr=True, check=False, env=_ENV)
+                                          capture_stderr=True, check=False,
+                                          env={"PATH": tool_path, "LC_ALL": "C"})
         except FileNotFoundError:
             raise ExpansionFailed(f"{tool} is not installed (e2fsprogs)",
                                   details={"step": step, "tool": tool}) from None
@@ -136,9 +139,10 @@ async def run_tool(argv: Sequence[str], step: str, *, timeout: float = TOOL_TIME
                           details={"step": step, "tool": tool, "exit_code": rc})
 
 
-async def geometry(path: Path, *, timeout: float = TOOL_TIMEOUT) -> Geometry:
+async def geometry(path: Path, *, timeout: float = TOOL_TIMEOUT,
+                   tool_path: str = TOOL_PATH) -> Geometry:
     return parse_geometry(await run_tool(["dumpe2fs", "-h", str(path)], "geometry",
-                                         timeout=timeout))
+                                         timeout=timeout, tool_path=tool_path))
 
 
 def _grow(path: Path, size: int) -> None:
@@ -153,27 +157,31 @@ def _grow(path: Path, size: int) -> None:
 
 async def expand_file(path: Path, target_bytes: int, *, progress: Progress,
                       tool_timeout: float = TOOL_TIMEOUT,
-                      total_timeout: float = TOTAL_TIMEOUT) -> Geometry:
+                      total_timeout: float = TOTAL_TIMEOUT,
+                      tool_path: str = TOOL_PATH) -> Geometry:
     """Grow the ext4 file system in the block file `path` to `target_bytes` (see the
     module docstring); returns the final geometry.  Never shrinks (`InvalidArgument`).
     Raises `DeadlineExceeded` when a tool or the whole run takes too long."""
     with trio.move_on_after(total_timeout) as overall:
-        result = await _expand(path, target_bytes, progress, tool_timeout)
+        result = await _expand(path, target_bytes, progress,
+                               functools.partial(run_tool, timeout=tool_timeout,
+                                                 tool_path=tool_path))
     if overall.cancelled_caught:
         raise DeadlineExceeded(f"the expansion did not finish within {total_timeout:.0f} s",
                                details={"step": "total"})
     return result
 
 
-async def _expand(path: Path, target: int, progress: Progress, timeout: float) -> Geometry:
+async def _expand(path: Path, target: int, progress: Progress,
+                  tool: Callable[..., Awaitable[str]]) -> Geometry:
     size = (await trio.to_thread.run_sync(os.stat, path)).st_size
     if target < size:
         raise InvalidArgument(f"the block file is {size} bytes; an expansion to {target} "
                               "bytes would shrink it (block files never shrink)")
     await progress(CHECK)
-    await run_tool(["e2fsck", "-f", "-y", str(path)], CHECK, timeout=timeout, fsck=True)
+    await tool(["e2fsck", "-f", "-y", str(path)], CHECK, fsck=True)
     failpoints.hit("node.expand.after-check")
-    geo = await geometry(path, timeout=timeout)
+    geo = parse_geometry(await tool(["dumpe2fs", "-h", str(path)], "geometry"))
     if target % geo.block_size:
         raise InvalidArgument(f"target {target} is not a multiple of the file system's "
                               f"block size {geo.block_size}")
@@ -183,19 +191,16 @@ async def _expand(path: Path, target: int, progress: Progress, timeout: float) -
                               f"bytes; {target} would shrink it")
     if geo.needs_resize_inode_removal(target_blocks):
         await progress(REMOVE_RESIZE_INODE)
-        await run_tool(["tune2fs", "-O", "^resize_inode", str(path)], REMOVE_RESIZE_INODE,
-                       timeout=timeout)
+        await tool(["tune2fs", "-O", "^resize_inode", str(path)], REMOVE_RESIZE_INODE)
         failpoints.hit("node.expand.after-tune2fs")
         await progress(RECHECK)
-        await run_tool(["e2fsck", "-f", "-y", str(path)], RECHECK, timeout=timeout,
-                       fsck=True)
+        await tool(["e2fsck", "-f", "-y", str(path)], RECHECK, fsck=True)
         failpoints.hit("node.expand.after-recheck")
     await progress(GROW_FILE)
     await trio.to_thread.run_sync(_grow, path, target)
     failpoints.hit("node.expand.after-grow-file")
     if target_blocks > geo.block_count:
         await progress(RESIZE)
-        await run_tool(["resize2fs", str(path), f"{target // 1024}K"], RESIZE,
-                       timeout=timeout)
+        await tool(["resize2fs", str(path), f"{target // 1024}K"], RESIZE)
         failpoints.hit("node.expand.after-resize")
-    return await geometry(path, timeout=timeout)
+    return parse_geometry(await tool(["dumpe2fs", "-h", str(path)], "geometry"))

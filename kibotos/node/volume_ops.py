@@ -30,9 +30,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -48,12 +48,22 @@ from kibotos.node.lifecycle import Instance
 from kibotos.node.logs import EventLogger
 from kibotos.node.object_copy import copy_object
 from kibotos.node.object_records import update_metadata
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.objects import (
+    RETAINED_LAYERS,
+    VOLUMES,
+    Holder,
+    PoolObjects,
+    UseRightTakenOver,
+)
+from kibotos.vmm_ready import first_kibotos_error
 
 log = EventLogger()
+T = TypeVar("T")
 
 #: Command ``kind`` values → pool subdirectories.
 KIND_DIRS = {"volume": VOLUMES, "retained_layer": RETAINED_LAYERS}
+#: How often a running expansion rereads the holder record (the spec's 5 s check).
+HOLDER_CHECK = 5.0
 Key = tuple[str, str, str]  # (pool subdirectory, pool ID, object ID)
 
 
@@ -88,7 +98,9 @@ class NodeStorage:
                  instances: Callable[[], Iterable[Instance]],
                  shared_pools: Mapping[str, bool], retained: set[Key],
                  changed: Callable[[], None], tool_timeout: float = expand.TOOL_TIMEOUT,
-                 total_timeout: float = expand.TOTAL_TIMEOUT) -> None:
+                 total_timeout: float = expand.TOTAL_TIMEOUT,
+                 tool_path: str = expand.TOOL_PATH,
+                 holder_check: float = HOLDER_CHECK) -> None:
         self.node_id = node_id
         self.pool = pool
         self.instances = instances
@@ -97,6 +109,8 @@ class NodeStorage:
         self.changed = changed
         self.tool_timeout = tool_timeout
         self.total_timeout = total_timeout
+        self.tool_path = tool_path
+        self.holder_check = holder_check
         self._busy: dict[Key, str] = {}
 
     # ------------------------------------------------------------------ guards
@@ -157,8 +171,7 @@ class NodeStorage:
                     "created_with": {"capacity_bytes": capacity, "epoch": epoch}}))
             finally:
                 with trio.CancelScope(shield=True):
-                    await run(functools.partial(pool.release, volume_id, epoch,
-                                                confirmed_on_disk=True))
+                    await self._release(pool, volume_id, epoch)
         self._kept(key, True)
         log.info("volume created", pool=pool_id, volume=volume_id, capacity_bytes=capacity,
                  epoch=epoch, new=opened.created)
@@ -227,16 +240,70 @@ class NodeStorage:
                 return {"capacity_bytes": capacity}
             await pool.open(object_id, epoch)
             try:
-                geo = await self._expand(pool, key, epoch, capacity, pending)
+                geo = await self._watched(pool, object_id, epoch, functools.partial(
+                    self._expand, pool, key, epoch, capacity, pending))
             finally:
                 with trio.CancelScope(shield=True):
-                    await run(functools.partial(pool.release, object_id, epoch,
-                                                confirmed_on_disk=True))
+                    await self._release(pool, object_id, epoch)
         self._kept(key, True)
         log.info("storage object expanded", kind=kind, pool=pool_id, object=object_id,
                  capacity_bytes=capacity, epoch=epoch,
                  resize_inode="resize_inode" in geo.features)
         return {"capacity_bytes": capacity}
+
+    async def _release(self, pool: PoolObjects, object_id: str, epoch: int) -> None:
+        """Release cleanly; when a newer epoch took the object over meanwhile, write
+        the receipt its new holder awaits instead (`PoolObjects.fence`)."""
+        run = trio.to_thread.run_sync
+        if await run(functools.partial(pool.release, object_id, epoch,
+                                       confirmed_on_disk=True)):
+            return
+        successor = await run(pool.taken_over, object_id, epoch)
+        if successor is not None:
+            await run(functools.partial(pool.fence, object_id, epoch, successor=successor))
+            log.warning("storage object taken over during a command; receipt written",
+                        pool=pool.pool_id, object=object_id, epoch=epoch,
+                        successor=successor.node_id, successor_epoch=successor.epoch)
+
+    async def _watched(self, pool: PoolObjects, object_id: str, epoch: int,
+                       work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` while rereading the holder record every `holder_check` seconds;
+        a newer epoch cancels it (a running tool is killed) and raises
+        `UseRightTakenOver`."""
+        taken: list[Holder] = []
+        result: list[T] = []
+
+        async def watch(scope: trio.CancelScope) -> None:
+            while True:
+                await trio.sleep(self.holder_check)
+                holder = await trio.to_thread.run_sync(pool.taken_over, object_id, epoch)
+                if holder is not None:
+                    taken.append(holder)
+                    scope.cancel()
+                    return
+
+        async def run(scope: trio.CancelScope) -> None:
+            try:
+                result.append(await work())
+            finally:
+                scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, nursery.cancel_scope)
+                nursery.start_soon(run, nursery.cancel_scope)
+        except BaseExceptionGroup as group:
+            found = first_kibotos_error(group)
+            if found is None:
+                raise
+            raise found from None
+        if taken:
+            raise UseRightTakenOver(
+                f"{pool.label} {object_id} in pool {pool.pool_id}: the use right was taken "
+                f"over (node {taken[0].node_id} holds epoch {taken[0].epoch}) while this "
+                f"node worked on it at epoch {epoch}; stopped, retrying will not succeed",
+                details={"reason": "use_right_taken_over", "holder_epoch": taken[0].epoch})
+        return result[0]
 
     async def _expand(self, pool: PoolObjects, key: Key, epoch: int, capacity: int,
                       pending: Mapping[str, Any]) -> expand.Geometry:
@@ -256,7 +323,10 @@ class NodeStorage:
             await record("start", last_error=None)
             geo = await expand.expand_file(pool.data_path(object_id), capacity,
                                            progress=record, tool_timeout=self.tool_timeout,
-                                           total_timeout=self.total_timeout)
+                                           total_timeout=self.total_timeout,
+                                           tool_path=self.tool_path)
+        except UseRightTakenOver:
+            raise
         except (KibotosError, OSError) as exc:
             error = exc.message if isinstance(exc, KibotosError) else str(exc)
             log.error("storage object expansion failed", kind=key[0], pool=key[1],

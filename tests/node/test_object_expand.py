@@ -265,3 +265,39 @@ def test_geometry_from_dumpe2fs_text() -> None:
     assert meta_bg.max_blocks_in_place() is None
     with pytest.raises(FailedPrecondition, match="Block size"):
         expand.parse_geometry("Block count: 1\n")
+
+
+async def test_a_takeover_during_an_expansion_stops_it(pool: Path, tmp_path: Path) -> None:
+    """A newer epoch appears while a tool runs (here an e2fsck that would take two
+    minutes): the holder check kills it, the receipt is written for the new holder, and
+    the command fails as taken over; the block file was not grown."""
+    image, files = await make_layer(pool, 64 * MIB, tmp_path)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "e2fsck").write_text("#!/bin/sh\nexec sleep 120\n")
+    (fake / "e2fsck").chmod(0o755)
+    st = Storage("node-a", {"pool-a": pool}, tool_path=f"{fake}:{expand.TOOL_PATH}",
+                 holder_check=0.05)
+    h = storage_handlers(st.storage)
+    handoff: list[bool | None] = []
+
+    async def take_over() -> None:
+        while (layer_meta(pool).get("expansion") or {}).get("step") != "check":
+            await trio.sleep(0.02)
+        other = PoolObjects("pool-a", pool, RETAINED_LAYERS, "node-b", receipt_wait=60.0)
+        handoff.append((await other.open("ws-1", 2)).handoff_clean)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take_over)
+            with pytest.raises(FailedPrecondition, match="taken over") as info:
+                await h["object.expand"](expand_args(256 * MIB))
+    assert info.value.details["reason"] == "use_right_taken_over"
+    assert handoff == [True]  # node-a's receipt came: a clean handoff
+    receipt = atomicfile.read_json(pool / RETAINED_LAYERS / "releases" / "ws-1.json")
+    assert (receipt["node_id"], receipt["epoch"]) == ("node-a", 1)
+    assert receipt["successor"] == {"node_id": "node-b", "epoch": 2}
+    assert image.stat().st_size == 64 * MIB
+    assert_data(image, files)
+    meta = layer_meta(pool)
+    assert (meta["holder"], meta["epoch"]) == ("node-b", 2)
