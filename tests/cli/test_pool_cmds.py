@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import trio
 from cli_ctrlproc import CtrlProcess
@@ -19,6 +20,7 @@ from click.testing import Result
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from kibotos.cli.pool_cmds import pool_group
 from kibotos.testing.fake_node import open_sim_node
 
 MARKER = "7" * 32
@@ -154,3 +156,18 @@ async def _walk(operator: Path) -> None:
     assert stale.exit_code == 14
     assert (await kibo_json(operator, "storage-pool", "get", "pool-a"))["capacity_bytes"] \
         == 2 * GI
+
+
+def test_docs_name_every_storage_pool_command_and_option() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "storage.md").read_text()
+    ctx = click.Context(pool_group)
+    names = pool_group.list_commands(ctx)
+    assert names == ["declare-lost", "get", "list", "objects", "set-capacity"]
+    for name in names:
+        cmd = pool_group.get_command(ctx, name)
+        assert cmd is not None
+        assert f"kibo storage-pool {name}" in doc, name
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.hidden and param.name not in (
+                    "config_path", "as_json", "timeout"):
+                assert max(param.opts, key=len) in doc, (name, param.opts)
