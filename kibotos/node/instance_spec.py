@@ -242,6 +242,29 @@ class ObjectCopyArgs(_Args):
     epoch: int = Field(ge=0)
 
 
+class ObjectExportArgs(_Args):
+    kind: ObjectKind
+    pool_id: PoolId
+    object_id: ObjectId
+    epoch: int = Field(ge=0)
+
+
+class ObjectImportArgs(_Args):
+    kind: ObjectKind
+    pool_id: PoolId
+    object_id: ObjectId
+    artifact_digest: str
+    epoch: int = Field(ge=0)
+
+    @field_validator("artifact_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        try:
+            return ids.check_digest(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
+
 M = TypeVar("M", bound=_Args)
 
 
@@ -323,6 +346,32 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
     return {"instance.create": create, "instance.stop": stop, "instance.destroy": destroy,
             "layer.delete": layer_delete, "node.drain": drain,
             **(storage_handlers(storage) if storage is not None else {})}
+
+
+class TransferTarget(Protocol):
+    """What the transfer handlers call (`kibotos.node.transfer.NodeTransfers`)."""
+
+    async def export(self, kind: str, pool_id: str, object_id: str, epoch: int
+                     ) -> dict[str, Any]: ...
+
+    async def import_(self, kind: str, pool_id: str, object_id: str, artifact_digest: str,
+                      epoch: int) -> dict[str, Any]: ...
+
+
+def transfer_handlers(transfers: TransferTarget) -> dict[str, CommandHandler]:
+    """``object.export`` and ``object.import`` (a Transfer archive in ctrl's artifact
+    store; docs/storage.md)."""
+
+    async def export(args: dict[str, Any]) -> dict[str, Any]:
+        a = parse_args(ObjectExportArgs, "object.export", args)
+        return await transfers.export(a.kind, a.pool_id, a.object_id, a.epoch)
+
+    async def import_(args: dict[str, Any]) -> dict[str, Any]:
+        a = parse_args(ObjectImportArgs, "object.import", args)
+        return await transfers.import_(a.kind, a.pool_id, a.object_id, a.artifact_digest,
+                                       a.epoch)
+
+    return {"object.export": export, "object.import": import_}
 
 
 def storage_handlers(storage: StorageTarget) -> dict[str, CommandHandler]:

@@ -36,7 +36,12 @@ from kibotos.node import adoption, installations, machine_logs, records
 from kibotos.node.cleanup import STUCK_ERRORS, PendingCleanups
 from kibotos.node.holder_watch import HolderWatch
 from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs
-from kibotos.node.instance_spec import CreateSpec, command_handlers
+from kibotos.node.instance_spec import (
+    CreateSpec,
+    TransferTarget,
+    command_handlers,
+    transfer_handlers,
+)
 from kibotos.node.instances import (
     DESTROYED,
     FAILED,
@@ -97,6 +102,9 @@ class VmInstanceManager:
                                    instances=lambda: list(self._instances.values()),
                                    shared_pools=self.shared_pools, retained=self._retained,
                                    changed=lambda: self._changed())
+        #: object.export/import (`kibotos.node.transfer`); set by `vmsetup` when the
+        #: node has a credential for ctrl's artifact store
+        self.transfers: TransferTarget | None = None
         self.cleanups = PendingCleanups(launcher, finish=self._finish_release,
                                         publish=self._publish)
 
@@ -137,7 +145,8 @@ class VmInstanceManager:
         return self._meter.measure(processes)
 
     def command_handlers(self) -> Mapping[str, CommandHandler]:
-        return {**command_handlers(self), **registry_handlers(self.dirs.records)}
+        extra = transfer_handlers(self.transfers) if self.transfers is not None else {}
+        return {**command_handlers(self), **registry_handlers(self.dirs.records), **extra}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:

@@ -32,11 +32,10 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Any, BinaryIO
 
 import httpx
 import trio
-from pydantic import Field
 
 from kibotos import atomicfile, ids
 from kibotos.errors import (
@@ -48,8 +47,6 @@ from kibotos.errors import (
     error_from_wire,
 )
 from kibotos.node import transfer_archive
-from kibotos.node.instance_spec import PoolId, _Args, _object_id, parse_args
-from kibotos.node.instances import CommandHandler
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, Holder, PoolObjects, UseRightTakenOver
 from kibotos.node.pools.dirs import hand_block_file
@@ -63,25 +60,6 @@ Key = tuple[str, str, str]  # (pool subdirectory, pool ID, object ID)
 #: Refuses (raising) while something else uses the object, else marks it busy for the
 #: duration (the Instance manager's storage guard); `doing` is e.g. "exported".
 Guard = Callable[[str, Key], contextlib.AbstractContextManager[None]]
-
-
-ObjectIdArg = Annotated[str, _object_id("object ID")]
-ObjectKindArg = Literal["volume", "retained_layer"]
-
-
-class ExportArgs(_Args):
-    kind: ObjectKindArg
-    pool_id: PoolId
-    object_id: ObjectIdArg
-    epoch: int = Field(ge=0)
-
-
-class ImportArgs(_Args):
-    kind: ObjectKindArg
-    pool_id: PoolId
-    object_id: ObjectIdArg
-    artifact_digest: str
-    epoch: int = Field(ge=0)
 
 
 def _create(path: Path) -> BinaryIO:
@@ -104,31 +82,34 @@ def _no_guard(doing: str, key: Key) -> Iterator[None]:
 class NodeTransfers:
     """Export and import on this node.  `pool(pool_id, subdir)` finds a configured
     pool's objects (refusing others), `credential` is the node's bearer credential for
-    ctrl's artifact store, `guard` the Instance manager's storage guard."""
+    ctrl's artifact store, `guard` the Instance manager's storage guard, `held` is told
+    of an object whose holder record now names this node (for ``volume_count``)."""
 
     def __init__(self, *, node_id: str, pool: Callable[[str, str], PoolObjects],
                  ctrl_url: str, credential: Callable[[], str | None],
-                 guard: Guard | None = None, http: httpx.AsyncClient | None = None,
-                 timeout: float = 600.0) -> None:
+                 guard: Guard | None = None, held: Callable[[Key], None] | None = None,
+                 http: httpx.AsyncClient | None = None, timeout: float = 600.0) -> None:
         self.node_id = node_id
         self.pool = pool
         self.ctrl_url = ctrl_url.rstrip("/")
         self.credential = credential
         self.guard = guard or _no_guard
+        self.held = held or (lambda key: None)
         self._http = http
         self._timeout = timeout
 
     # ------------------------------------------------------------------ HTTP
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=30))
-        return self._http
-
-    async def aclose(self) -> None:
+    @contextlib.asynccontextmanager
+    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
+        """The injected client, or one for this command (transfers are rare and long:
+        nothing is gained by keeping connections open between them)."""
         if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+            yield self._http
+            return
+        async with httpx.AsyncClient(
+                timeout=httpx.Timeout(self._timeout, connect=30)) as client:
+            yield client
 
     def _headers(self) -> dict[str, str]:
         cred = self.credential()
@@ -147,10 +128,11 @@ class NodeTransfers:
                 f.close()
 
         try:
-            resp = await self._client().put(
-                self._url(digest), content=body(),
-                headers={**self._headers(), "content-type": "application/octet-stream",
-                         "content-length": str(size)})
+            async with self._client() as client:
+                resp = await client.put(
+                    self._url(digest), content=body(),
+                    headers={**self._headers(), "content-type": "application/octet-stream",
+                             "content-length": str(size)})
         except httpx.TransportError as exc:
             raise Unavailable(f"upload Transfer archive {digest}: cannot reach ctrl at "
                               f"{self.ctrl_url}: {exc or type(exc).__name__}") from None
@@ -163,8 +145,8 @@ class NodeTransfers:
         hasher = hashlib.sha256()
         size = 0
         try:
-            async with self._client().stream("GET", self._url(digest),
-                                             headers=self._headers()) as resp:
+            async with self._client() as client, \
+                    client.stream("GET", self._url(digest), headers=self._headers()) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     err = _refusal(resp, f"download Transfer archive {digest}")
@@ -217,6 +199,7 @@ class NodeTransfers:
                     with trio.CancelScope(shield=True):
                         await run(functools.partial(objs.release, object_id, epoch,
                                                     confirmed_on_disk=True))
+            self.held((objs.kind, pool_id, object_id))
             await self._upload(staged, packed.digest, packed.size)
         finally:
             with trio.CancelScope(shield=True):
@@ -254,6 +237,7 @@ class NodeTransfers:
                 await run(self._install, objs, object_id, epoch, block, manifest, digest)
                 await run(functools.partial(objs.release, object_id, epoch,
                                             confirmed_on_disk=True))
+                self.held((objs.kind, pool_id, object_id))
             finally:
                 with trio.CancelScope(shield=True):
                     await run(functools.partial(staged.unlink, missing_ok=True))
@@ -332,19 +316,3 @@ def _refusal(resp: httpx.Response, what: str) -> KibotosError:
         err = Unavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
     err.message = f"{what}: {err.message}"
     return err
-
-
-def transfer_handlers(transfers: NodeTransfers) -> dict[str, CommandHandler]:
-    """``object.export`` and ``object.import`` (docs/architecture.md)."""
-
-    async def export(args: dict[str, Any]) -> dict[str, Any]:
-        a = parse_args(ExportArgs, "object.export", args)
-        return await transfers.export(a.kind, a.pool_id, a.object_id, a.epoch)
-
-    async def import_(args: dict[str, Any]) -> dict[str, Any]:
-        a = parse_args(ImportArgs, "object.import", args)
-        ids.check_digest(a.artifact_digest)
-        return await transfers.import_(a.kind, a.pool_id, a.object_id, a.artifact_digest,
-                                       a.epoch)
-
-    return {"object.export": export, "object.import": import_}

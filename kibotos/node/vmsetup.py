@@ -26,6 +26,7 @@ from kibotos.node.objects import KINDS, PoolObjects
 from kibotos.node.pools.legacy_names import NamedPoolObjects
 from kibotos.node.template_cache import TemplateCache
 from kibotos.node.templates import NodeTemplates
+from kibotos.node.transfer import NodeTransfers
 from kibotos.plugins import Registries, load_plugins
 
 
@@ -97,7 +98,15 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     launcher.build = build or current_build()
     pinned = installations.pin(root, launcher.build, runtime_dir=runtime_dir, backend=backend)
     launcher.installation = pinned.launch_fields()
-    return VmInstanceManager(node_id=node_id, root=root, launcher=launcher,
-                             shared_pools={p.id: p.shared for p in config.storage.pool},
-                             memory_tight=memory_tight, settings=launcher.settings,
-                             machine_logs_limit=config.storage.machine_logs_limit)
+    manager = VmInstanceManager(node_id=node_id, root=root, launcher=launcher,
+                                shared_pools={p.id: p.shared for p in config.storage.pool},
+                                memory_tight=memory_tight, settings=launcher.settings,
+                                machine_logs_limit=config.storage.machine_logs_limit)
+    if credential is not None:
+        storage = manager.storage
+        manager.transfers = NodeTransfers(
+            node_id=node_id, pool=launcher.pool, ctrl_url=config.node.ctrl_url,
+            credential=credential,
+            guard=lambda doing, key: storage._working(doing, key),
+            held=lambda key: storage._kept(key, True))
+    return manager
