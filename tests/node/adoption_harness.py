@@ -33,8 +33,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def build_node(base: Path, *, settings: Settings = FAST,
-               pool_unavailable: Callable[[str], str | None] | None = None) -> Node:
-    """A manager over `base` (a fresh or a previous node's root), not started yet."""
+               pool_unavailable: Callable[[str], str | None] | None = None,
+               short_guest_waits: bool = True) -> Node:
+    """A manager over `base` (a fresh or a previous node's root), not started yet;
+    `short_guest_waits` shortens the guest attempts of the takeover (`quick`)."""
     config = node_config(base)
     for sub in ("runtime", "template-cache", "machine-logs"):
         (config.storage.root / sub).mkdir(parents=True, exist_ok=True)
@@ -43,7 +45,8 @@ def build_node(base: Path, *, settings: Settings = FAST,
     manager = build_instance_manager(config, memory_tight=lambda: tight[0],
                                      registries=registries(), settings=settings,
                                      receipt_wait=1.0, pool_unavailable=pool_unavailable)
-    quick(manager)
+    if short_guest_waits:
+        quick(manager)
     return Node(base, config, manager, template, tight)
 
 
