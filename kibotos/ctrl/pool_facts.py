@@ -145,6 +145,14 @@ def _ensure_row(session: Session, pool_id: str, now: datetime) -> StoragePool:
     return row
 
 
+def _holds(session: Session, row: StoragePool, instance: str) -> bool:
+    """The registration already names `instance` on a node that is still a member."""
+    if row.instance != instance or row.registered_node_id is None:
+        return False
+    holder = session.get(Node, row.registered_node_id)
+    return holder is not None and is_member(holder)
+
+
 def register(session: Session, node: Node, pools: list[dict[str, Any]], now: datetime
              ) -> None:
     """Keep ``storage_pools`` in step with what was accepted for `node`: the pool row
@@ -155,12 +163,15 @@ def register(session: Session, node: Node, pools: list[dict[str, Any]], now: dat
         return
     for entry in pools:
         instance = entry.get("registered_instance")
-        row = _ensure_row(session, entry["id"], now)
-        if not isinstance(instance, str):
+        # Most reports change nothing here: read first, lock only to change.
+        row = session.get(StoragePool, entry["id"]) or _ensure_row(session, entry["id"], now)
+        if not isinstance(instance, str) or _holds(session, row, instance):
             continue
-        holder = (session.get(Node, row.registered_node_id)
-                  if row.registered_node_id is not None else None)
-        if row.instance == instance and holder is not None and is_member(holder):
+        locked = session.get(StoragePool, entry["id"], with_for_update=True,
+                             populate_existing=True)
+        assert locked is not None
+        row = locked
+        if _holds(session, row, instance):
             continue
         previous = row.registered_node_id
         row.instance = instance

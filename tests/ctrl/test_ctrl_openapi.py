@@ -37,6 +37,10 @@ DOCUMENTED = {
     ("post", "/v1/workspaces/{workspace_id}/expand-layer"),
     ("post", "/v1/workspaces/{workspace_id}/move-layer"),
     ("get", "/v1/workspaces/{workspace_id}/layer"),
+    ("get", "/v1/storage-pools"), ("get", "/v1/storage-pools/{pool_id}"),
+    ("get", "/v1/storage-pools/{pool_id}/objects"),
+    ("post", "/v1/storage-pools/{pool_id}/set-capacity"),
+    ("post", "/v1/storage-pools/{pool_id}/declare-lost"),
 }
 
 
