@@ -11,37 +11,14 @@ from typing import Any
 
 import trio
 from ctrl_helpers import wait_until
-from ws_helpers import GI, WsCtrl, open_ws_ctrl
+from volume_helpers import create_volume, kinds, settled_volume, volume
+from ws_helpers import GI, open_ws_ctrl
 
 from kibotos.ctrl.volume_wire import VolumeListOut, VolumeOut
 from kibotos.errors import Internal
 from kibotos.testing.sim_instances import SimInstances
 
 MI = 1 << 20
-
-
-async def volume(ctrl: WsCtrl, volume_id: str, wait_s: float = 0.0) -> dict[str, Any]:
-    return dict(await ctrl.call("GET", f"/v1/volumes/{volume_id}",
-                                params={"wait_s": wait_s}))
-
-
-async def settled_volume(ctrl: WsCtrl, volume_id: str) -> dict[str, Any]:
-    with trio.fail_after(30):
-        while True:
-            got = await volume(ctrl, volume_id, wait_s=5.0)
-            op = got["operation"]
-            if got["state"] in ("AVAILABLE", "FAILED", "DELETED") and (
-                    op is None or op["status"] == "failed"):
-                return got
-
-
-async def create_volume(ctrl: WsCtrl, code: str | None = None, **body: Any) -> Any:
-    return await ctrl.call("POST", "/v1/volumes",
-                           json={"capacity_bytes": GI, **body}, code=code)
-
-
-def kinds(sim: SimInstances, kind: str) -> list[dict[str, Any]]:
-    return [c["args"] for c in sim.commands if c["kind"] == kind]
 
 
 async def test_create_get_list_delete(tmp_path: Path) -> None:
