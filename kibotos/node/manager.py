@@ -385,6 +385,7 @@ class VmInstanceManager:
 
     async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]:
         pool = self.launcher.pool(pool_id, RETAINED_LAYERS)
+        self.storage.check_idle((RETAINED_LAYERS, pool_id, ref))  # not while it grows
         for inst in self._instances.values():
             if not inst.released and any(h.kind == RETAINED_LAYERS and h.pool_id == pool_id
                                          and h.object_id == ref for h in inst.held):

@@ -69,3 +69,14 @@ async def test_bad_mount_points_are_refused(mount: str, match: str) -> None:
         with pytest.raises(InvalidArgument, match=match):
             await node.command("instance.create", args)
         assert node.manager.get("inst-1") is None
+
+
+async def test_a_busy_layer_is_not_deleted() -> None:
+    async with running_node() as node:
+        key = ("retained-layers", "pool-a", "ws-1")
+        with node.manager.storage._working("expanded", key), \
+                pytest.raises(FailedPrecondition, match="being expanded"):
+            await node.command("layer.delete", {"pool_id": "pool-a", "ref": "ws-1",
+                                                "epoch": 1})
+        assert await node.command("layer.delete", {"pool_id": "pool-a", "ref": "ws-1",
+                                                   "epoch": 1}) == {"deleted": True}
