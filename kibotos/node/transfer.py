@@ -215,8 +215,18 @@ class NodeTransfers:
         meta = objs.metadata(object_id) or {}
         kind = next(k for k, v in KIND_DIRS.items() if v == objs.kind)
         with open(staged, "xb") as out:
-            return transfer_archive.pack(block, meta, out, kind=kind, object_id=object_id,
-                                         source={"pool_id": objs.pool_id, "epoch": epoch})
+            packed = transfer_archive.pack(block, meta, out, kind=kind, object_id=object_id,
+                                           source={"pool_id": objs.pool_id, "epoch": epoch})
+        # A newer epoch taken while the file was read (a start elsewhere after ctrl
+        # granted it again): the archive may hold half of that node's writes.
+        successor = objs.taken_over(object_id, epoch)
+        if successor is not None:
+            raise UseRightTakenOver(
+                f"{objs.label} {object_id} in pool {objs.pool_id}: the use right was taken "
+                f"over by node {successor.node_id} at epoch {successor.epoch} while it was "
+                "being exported; nothing was uploaded",
+                details={"reason": "use_right_taken_over", "holder_epoch": successor.epoch})
+        return packed
 
     # ------------------------------------------------------------------ import
 

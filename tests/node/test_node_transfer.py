@@ -286,3 +286,24 @@ async def test_commands_through_the_running_node(ctrl: Ctrl):
         assert (data / "vol-2.ext4").read_bytes() == (data / "vol-1.ext4").read_bytes()
         assert node.manager.holdings().volume_count >= 2  # private pool: both held here
         assert leftovers(node.pool) == []
+
+
+async def test_a_takeover_during_the_export_uploads_nothing(ctrl: Ctrl, tmp_path: Path,
+                                                            monkeypatch):
+    """Another node granted a newer epoch while the block file was read (it may have
+    written meanwhile): the export fails as taken over, and no archive reaches ctrl."""
+    pools = pool_objects(tmp_path / "pool-a", "pool-a", "node-a")
+    await make_volume(pools[("pool-a", VOLUMES)])
+    real_pack = transfer_archive.pack
+
+    def pack_while_taken_over(*args, **kwargs):
+        atomicfile.write_json(tmp_path / "pool-a" / VOLUMES / "holders" / "vol-1.json",
+                              {"node_id": "node-b", "epoch": 3})  # node-b's takeover
+        return real_pack(*args, **kwargs)
+
+    monkeypatch.setattr(transfer_archive, "pack", pack_while_taken_over)
+    node = transfers(ctrl, "node-a", pools)
+    with pytest.raises(UseRightTakenOver, match="while it was being exported"):
+        await node.export("volume", "pool-a", "vol-1", 2)
+    assert list(ctrl.artifacts.iterdir()) == []
+    assert leftovers(tmp_path / "pool-a") == []
