@@ -83,11 +83,12 @@ def _cleanup(workspace_id: str, session: Session) -> dict[str, Any]:
     inst = session.get(Instance, instance_id) if instance_id else None
     if inst is None:
         return {"workspace_id": workspace_id, "instance_id": None, "node_id": None,
-                "items": []}
+                "items": [], "pending_since": None, "held": []}
     node = session.get(Node, inst.node_id)
     retired_at = node.retired_at if node is not None else None
     return {"workspace_id": workspace_id, "instance_id": inst.instance_id,
-            "node_id": inst.node_id, "items": inst_mod.cleanup_items(inst, retired_at)}
+            "node_id": inst.node_id, "items": inst_mod.cleanup_items(inst, retired_at),
+            **inst_mod.cleanup_pending(inst, retired_at)}
 
 
 def routes(api: Api) -> list[Route]:

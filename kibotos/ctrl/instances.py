@@ -32,7 +32,8 @@ from kibotos.ctrl import use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.nodes import IsolateCounts
 from kibotos.ctrl.store.models import Allocation, Instance, Workspace
-from kibotos.ctrl.wire import as_utc, iso
+from kibotos.ctrl.wire import as_utc, iso, parse_time
+from kibotos.errors import KibotosError
 
 # The node's Instance states.
 I_CREATING = "CREATING"
@@ -108,21 +109,35 @@ def _items(inst: Instance, runtime: str, attachment: str, residual: str, source:
 
 
 def note_state(inst: Instance, state: str, reason: str | None, now: datetime,
-               guest: dict[str, Any] | None = None) -> None:
-    """Record the node's view of the Instance and what it says about cleanup."""
+               guest: dict[str, Any] | None = None, *, record_kept: bool = True,
+               cleanup: dict[str, Any] | None = None) -> None:
+    """Record the node's view of the Instance and what it says about cleanup.
+
+    An Instance that ended on its node (STOPPED, DESTROYED) leaves a record there
+    (`record_kept`) until ctrl stored the cleanup result and had it deleted
+    (`kibotos.ctrl.registry_sweep`): RESIDUAL is PENDING until then.  A STOPPING
+    Instance whose release is stuck (`cleanup{pending_since, held}`) shows RUNTIME
+    PENDING, and VOLUME_ATTACHMENT PENDING while objects are held."""
     inst.state = state
     inst.reason = reason
     inst.updated_at = now
     if guest is not None:
         inst.guest = guest
-    if state == I_STOPPED:
-        # Stopped: the VMM is gone and the objects detached; the node keeps the
-        # Instance's record until ctrl has it removed.
-        _items(inst, RELEASED, RELEASED, PENDING, NODE, now)
+    if state in (I_STOPPED, I_DESTROYED):
+        residual = PENDING if record_kept else RELEASED
+        _items(inst, RELEASED, RELEASED, residual, NODE, now)
         inst.ended_at = inst.ended_at or now
-    elif state == I_DESTROYED:
-        _items(inst, RELEASED, RELEASED, RELEASED, NODE, now)
-        inst.ended_at = inst.ended_at or now
+        inst.cleanup_pending_since, inst.cleanup_held = None, None
+    elif state == I_STOPPING and cleanup is not None:
+        held = [h for h in cleanup.get("held") or [] if isinstance(h, dict)]
+        attached = any(h.get("item") == "VOLUME_ATTACHMENT" for h in held)
+        _items(inst, PENDING, PENDING if attached else RELEASED, IN_USE, NODE, now)
+        try:
+            since = parse_time(cleanup.get("pending_since"), "cleanup.pending_since")
+        except KibotosError:
+            since = None
+        inst.cleanup_pending_since = since or now
+        inst.cleanup_held = held
     else:
         _items(inst, IN_USE, IN_USE, IN_USE, NODE, now)
 
@@ -161,7 +176,8 @@ def gone(session: Session, ws: Workspace | None, inst: Instance, now: datetime,
 
 def on_instance_state(session: Session, node_id: str, instance_id: str, state: str,
                       reason: str | None, now: datetime,
-                      guest: dict[str, Any] | None = None) -> list[Followup]:
+                      guest: dict[str, Any] | None = None,
+                      cleanup: dict[str, Any] | None = None) -> list[Followup]:
     """Apply one report of the node about one Instance (see the module docstring)."""
     inst = session.get(Instance, instance_id, with_for_update=True)
     if inst is None or inst.node_id != node_id:
@@ -169,9 +185,9 @@ def on_instance_state(session: Session, node_id: str, instance_id: str, state: s
         # not keep resources on the node.
         return [] if state == I_DESTROYED else [Followup("destroy", node_id, instance_id)]
     if inst.state == I_DESTROYED or (inst.state == state and inst.reason == reason
-                                     and guest is None):
+                                     and guest is None and cleanup is None):
         return []
-    note_state(inst, state, reason, now, guest)
+    note_state(inst, state, reason, now, guest, cleanup=cleanup)
     ws = session.get(Workspace, inst.workspace_id, with_for_update=True)
     current = ws is not None and ws.current_instance_id == instance_id
     cause = f"node {node_id}: Instance {instance_id} {state}"
@@ -238,7 +254,8 @@ def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
         ws = session.get(Workspace, inst.workspace_id, with_for_update=True)
         if ws is not None and ws.state in (w.STOPPING, w.DELETING):
             continue
-        note_state(inst, I_DESTROYED, "no longer listed by its node", now)
+        note_state(inst, I_DESTROYED, "no longer listed by its node", now,
+                   record_kept=False)
         gone(session, ws, inst, now, f"node {node_id} no longer lists Instance "
                                       f"{inst.instance_id}")
     return followups
@@ -285,3 +302,12 @@ def cleanup_items(inst: Instance, node_retired_at: datetime | None) -> list[dict
         {"item": "RESIDUAL", "status": inst.residual_status, "source": inst.cleanup_source,
          "observed_at": at},
     ]
+
+
+def cleanup_pending(inst: Instance, node_retired_at: datetime | None) -> dict[str, Any]:
+    """A release stuck on the node: since when, and which parts it still holds
+    (``{item, part}``); ``pending_since`` null and ``held`` empty otherwise."""
+    if node_retired_at is not None or inst.cleanup_pending_since is None:
+        return {"pending_since": None, "held": []}
+    return {"pending_since": iso(inst.cleanup_pending_since),
+            "held": [h for h in inst.cleanup_held or [] if isinstance(h, dict)]}

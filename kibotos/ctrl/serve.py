@@ -26,6 +26,7 @@ from kibotos.ctrl import session_store
 from kibotos.ctrl.app import build_app
 from kibotos.ctrl.context import CtrlContext, utcnow
 from kibotos.ctrl.reconcile import run_reconcile
+from kibotos.ctrl.registry_sweep import RegistrySweep
 from kibotos.ctrl.session import SessionHub
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.db import Store, make_engine
@@ -160,6 +161,9 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
             log.info("ctrl: listening on %s, store %s", address,
                      store.engine.url.render_as_string(hide_password=True))
             await nursery.start(run_reconcile, hub, config.ctrl.reconcile_interval)
+            await nursery.start(RegistrySweep(
+                ctx, config.ctrl.reconcile_interval,
+                live_nodes=lambda: [s.node_id for s in hub.live()]).run)
             assert ctx.workspaces is not None
             await nursery.start(ctx.workspaces.run)
             task_status.started(address)

@@ -94,6 +94,8 @@ class InstanceState(_Msg):
     state: Literal["CREATING", "RUNNING", "STOPPING", "STOPPED", "FAILED", "DESTROYED"]
     reason: str | None = Field(default=None, max_length=4000)
     guest: dict[str, Any] | None = None
+    #: A stuck release (STOPPING): ``{pending_since, held: [{item, part}]}``.
+    cleanup: dict[str, Any] | None = None
     at: str | None = None
 
     @field_validator("at")

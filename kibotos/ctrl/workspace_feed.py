@@ -80,12 +80,13 @@ class NodeFeed:
 
     async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
         seen = (frame.state, frame.reason)
-        if frame.guest is None and self._applied.get(frame.instance_id) == seen:
+        if frame.guest is None and frame.cleanup is None and \
+                self._applied.get(frame.instance_id) == seen:
             return  # the node said it already (e.g. CREATING of a create just recorded)
         followups = await self.service.store.write(partial(
             inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
             state=frame.state, reason=frame.reason, now=self.service.ctx.now(),
-            guest=frame.guest))
+            guest=frame.guest, cleanup=frame.cleanup))
         self.remember(frame.instance_id, seen)
         self.service.tasks.follow(followups)
 

@@ -271,8 +271,17 @@ class CleanupItemOut(Result):
     observed_at: str | None
 
 
+class CleanupHeldOut(Result):
+    item: Literal["RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL"]
+    part: str
+
+
 class CleanupStatusOut(Result):
     workspace_id: str
     instance_id: str | None
     node_id: str | None
     items: list[CleanupItemOut]
+    #: A release stuck on the node (processes left after the VMM unit's stop): since
+    #: when, and what it still holds; null and empty otherwise.
+    pending_since: str | None = None
+    held: list[CleanupHeldOut] = Field(default_factory=list)
