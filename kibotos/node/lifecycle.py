@@ -389,10 +389,16 @@ class Launcher:
             pool = self.pool(obj.pool_id, obj.kind)
             done = await trio.to_thread.run_sync(functools.partial(
                 pool.release, obj.object_id, obj.epoch, confirmed_on_disk=confirmed_on_disk))
-            if not done:
+            if not done:  # the VMM is gone: the successor still awaits our receipt
+                successor = await trio.to_thread.run_sync(pool.taken_over, obj.object_id,
+                                                          obj.epoch)
+                if successor is not None:
+                    await trio.to_thread.run_sync(functools.partial(
+                        pool.fence, obj.object_id, obj.epoch, successor=successor))
                 log.warning("object release skipped: another holder took it over",
                             instance=inst.instance_id, kind=obj.kind, pool=obj.pool_id,
-                            object=obj.object_id, epoch=obj.epoch)
+                            object=obj.object_id, epoch=obj.epoch,
+                            receipt=successor is not None)
         inst.released = True
         failpoints.hit("node.instance.after-object-release")
 

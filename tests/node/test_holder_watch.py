@@ -141,3 +141,19 @@ async def test_workspace_takeover_awaits_both_receipts_together() -> None:
         for kind, name in ((RETAINED_LAYERS, "ws-1"), (VOLUMES, "vol-1")):
             meta = rec(pool, kind, "metadata", name)
             assert (meta["holder"], meta["epoch"], meta["handoff_clean"]) == ("node-a", 2, True)
+
+
+async def test_destroy_after_a_takeover_still_writes_the_receipt() -> None:
+    """ctrl's destroy (e.g. after telling the node it was isolated) may come before the
+    holder check: the release is refused, but the receipt is what the successor waits
+    for, and the VMM is gone, so it is written."""
+    async with running_node(shared=True) as node:
+        await start(node)
+        other = PoolObjects("pool-a", node.pool, VOLUMES, "node-b")
+        await other.take("vol-1", 2, may_create=False)
+        await node.command("instance.destroy", {"instance_id": "inst-1"})
+        receipt = rec(node.pool, VOLUMES, "releases", "vol-1")
+        assert (receipt["node_id"], receipt["epoch"], receipt["reason"]) == \
+            ("node-a", 1, "taken_over")
+        assert rec(node.pool, VOLUMES, "metadata", "vol-1")["state"] == "attached"
+        assert (await other.open("vol-1", 2)).handoff_clean is True
