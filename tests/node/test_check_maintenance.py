@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from upgrade_harness import node_at, snapshot, start, stop_units
 from kibotos import atomicfile
 from kibotos.backends import UnitSpec
 from kibotos.cli.node_role_cmds import node_role_group
+from kibotos.config import NodeConfig, parse
 from kibotos.node import maintenance_check
 from kibotos.node.build_identity import BuildIdentity
 from kibotos.node.check_report import Report
@@ -344,3 +346,54 @@ def test_cli_lines_and_exit_codes(tmp_path: Path) -> None:
                for line in blocked.output.splitlines())
     assert blocked.output.splitlines()[-1] == \
         "check-maintenance --operation upgrade: 1 blocking item(s)"
+
+
+def firecracker_config(node: Node, sandbox: Path) -> NodeConfig:
+    """The node's configuration with the firecracker backend and its sandbox root."""
+    pool = node.config.storage.pool[0]
+    text = f"""
+[node]
+id = "{node.config.node.id}"
+ctrl_url = "http://127.0.0.1:9"
+[storage]
+root = "{node.root}"
+[[storage.pool]]
+id = "{pool.id}"
+path = "{pool.path}"
+default = true
+[resources]
+cpu = 4
+memory = "8G"
+[vmm]
+backend = "firecracker"
+[vmm.firecracker]
+chroot_base_dir = "{sandbox}"
+"""
+    return parse(NodeConfig, tomllib.loads(text), "test node.toml")
+
+
+async def test_the_firecracker_sandbox_root_may_stay_only_as_a_root_tmpfs_of_instances(
+        stopped: Node) -> None:
+    sandbox = stopped.base / "jailer"
+    sandbox.mkdir()
+    config = firecracker_config(stopped, sandbox)
+
+    async def verdict() -> Report:
+        return await maintenance_check.run(config, "upgrade", registries=registries())
+
+    (sandbox / "firecracker" / "inst-1").mkdir(parents=True)
+    only_blocked(await verdict(), f"sandbox root {sandbox}: it is not a tmpfs")
+    shutil.rmtree(sandbox / "firecracker")
+    run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(sandbox)])
+    try:
+        (sandbox / "firecracker" / "inst-1" / "root").mkdir(parents=True)
+        report = await verdict()
+        assert report.exit_code == 0, report.render()
+        (sandbox / "firecracker" / "inst-7").mkdir()
+        only_blocked(await verdict(), f"sandbox root {sandbox}: {sandbox}/firecracker/inst-7 "
+                                      "belongs to no Instance")
+        (sandbox / "firecracker" / "inst-7").rmdir()
+        sandbox.chmod(0o755)
+        only_blocked(await verdict(), "it is not a directory owned by root with mode 0700")
+    finally:
+        run(["umount", str(sandbox)])

@@ -301,3 +301,19 @@ def test_cli_lines_and_exit_codes(tmp_path: Path) -> None:
                                               str(tmp_path / "nope.toml"), "--runtime-dir",
                                               str(RUNTIME)])
     assert missing.exit_code == 10
+
+
+def test_upgrades_doc_names_every_option_line_kind_and_exit_code() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "upgrades.md").read_text()
+    for name in ("check-maintenance", "check-upgrade"):
+        cmd = node_role_group.get_command(None, name)  # type: ignore[arg-type]
+        assert cmd is not None
+        assert f"kibotos-node {name}" in doc
+        for param in cmd.params:
+            assert max(param.opts, key=len) in doc, (name, param.opts)
+    for prefix in ("`ok:`", "`blocked:`", "`pending:`", "`note:`"):
+        assert prefix in doc
+    for code in ("| 0 |", "| 13 |", "| 10 |"):
+        assert code in doc
+    assert upgrade_check.GUEST_TIMEOUT == 10.0
+    assert "within 10 s" in doc
