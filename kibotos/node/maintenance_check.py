@@ -12,7 +12,8 @@ the node service stopped, with the owner lock held (read-only: `ReadOnlyOwnerLoc
 * ``remove``: no Instance at all, no Volume or retained layer held by this node.
 * both: no leftovers without an owner (an Instance directory without a readable
   record, a VMM service no record names, a mount or network record not of an Instance,
-  a Firecracker sandbox that is not a root-only tmpfs of Instances), no helper process
+  an entry of a pool's ``volumes/transfer-staging/`` that is not a temporary file, a
+  Firecracker sandbox that is not a root-only tmpfs of Instances), no helper process
   still working in the storage root or a pool, no corrupted record.
 
 What may stay: configuration, ``pki/``, ``installations/``, ``template-cache/``,
@@ -247,10 +248,17 @@ def _check_host_leftovers(config: NodeConfig, paths: NodePaths, owned: set[str],
             leftovers += 1
             report.blocked(f"network record {entry} belongs to no Instance: a leftover "
                            "with no owner")
+    for pool in config.storage.pool:
+        staging = pool.path / "volumes" / "transfer-staging"
+        for entry in sorted(staging.iterdir()) if staging.is_dir() else []:
+            if not entry.name.startswith("."):  # dot-files: interrupted writes
+                leftovers += 1
+                report.blocked(f"staging entry {entry} belongs to no running command: a "
+                               "leftover with no owner")
     if config.vmm.backend == "firecracker":
         leftovers += _check_sandbox(config, owned, table, report)
     if not leftovers:
-        report.ok("every mount and network record belongs to an Instance")
+        report.ok("every mount, network record and staging entry belongs to an owner")
 
 
 def _check_sandbox(config: NodeConfig, owned: set[str], table: list[Any],

@@ -225,6 +225,17 @@ async def test_a_mount_without_instance_is_a_leftover(stopped: Node) -> None:
         run(["umount", str(owned)], check=True)
 
 
+async def test_a_staging_entry_without_command_is_a_leftover(stopped: Node) -> None:
+    staging = stopped.pool / "volumes" / "transfer-staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / ".node-a.download-import-3170412187.tar").write_bytes(b"partial")
+    report = await check(stopped)
+    assert report.exit_code == 0, report.render()
+    (staging / "export-1.tar").write_bytes(b"left")
+    only_blocked(await check(stopped), f"staging entry {staging / 'export-1.tar'} belongs "
+                                       "to no running command")
+
+
 async def test_a_helper_process_still_running_blocks(stopped: Node) -> None:
     helper = spawn(["/bin/sleep", "600"], cwd=stopped.root / "runtime")
     try:
