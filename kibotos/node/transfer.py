@@ -5,7 +5,7 @@ itself is kept by ctrl, so an import can run on any node attached to the target 
 
 Export (``{kind, pool_id, object_id, epoch}`` → ``{artifact_digest, size}``): the object
 is opened at the command's epoch (the takeover table applies, so nobody writes it while
-it is read), packed (`kibotos.node.transfer_archive`) into
+it is read), packed (`kibotos.transfer_archive`) into
 ``<pool>/volumes/transfer-staging/.<node_id>.export-<n>.tar``, released cleanly, then
 uploaded (``PUT /v1/artifacts/sha256/<hex>`` with the node's credential; ctrl checks the
 digest).  The archive is deterministic, so a retried export is the same artifact.
@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 
-from kibotos import atomicfile, ids
+from kibotos import atomicfile, ids, transfer_archive
 from kibotos.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -46,7 +46,6 @@ from kibotos.errors import (
     Unavailable,
     error_from_wire,
 )
-from kibotos.node import transfer_archive
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, Holder, PoolObjects, UseRightTakenOver
 from kibotos.node.pools.dirs import hand_block_file

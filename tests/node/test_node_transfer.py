@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypercorn.trio import serve as hypercorn_serve
 from instance_harness import running_node
 
-from kibotos import atomicfile
+from kibotos import atomicfile, transfer_archive
 from kibotos.config import CtrlConfig
 from kibotos.ctrl import enrollment
 from kibotos.ctrl.app import build_app
@@ -36,7 +36,6 @@ from kibotos.errors import (
     NotFound,
     Unavailable,
 )
-from kibotos.node import transfer_archive
 from kibotos.node.instance_spec import transfer_handlers
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects, UseRightTakenOver
 from kibotos.node.pools.dirs import prepare_pool_dirs

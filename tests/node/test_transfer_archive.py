@@ -1,4 +1,4 @@
-"""The Transfer archive format (kibotos.node.transfer_archive): sparse round trip,
+"""The Transfer archive format (kibotos.transfer_archive): sparse round trip,
 determinism, and refusal of anything that is not a whole archive of ours."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from kibotos import transfer_archive as ta
 from kibotos.errors import InvalidArgument
-from kibotos.node import transfer_archive as ta
 
 MIB = 1 << 20
 

@@ -25,7 +25,8 @@ artifact.  Unpacking checks everything before trusting it (member names and orde
 manifest shape, extents sorted, in bounds and adding up to the data member) and refuses
 anything else as ``invalid_argument``.
 
-Everything here is blocking; the node calls it from a worker thread.
+Everything here is blocking (call it from a worker thread).  The node packs and unpacks
+(`kibotos.node.transfer`); ctrl reads only the manifest, to check an import.
 """
 
 from __future__ import annotations
