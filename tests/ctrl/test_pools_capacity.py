@@ -32,8 +32,8 @@ async def set_capacity(ctrl: Any, pool_id: str, capacity: int, code: str | None 
                            json={"capacity_bytes": capacity, **body}, code=code)
 
 
-async def test_create_without_capacity_is_resource_exhausted(tmp_path: Path) -> None:
-    async with open_ws_ctrl(tmp_path, pool_capacity=None) as ctrl:
+async def test_create_without_capacity_is_resource_exhausted(tmp_path: Path, db_url: str) -> None:
+    async with open_ws_ctrl(tmp_path, pool_capacity=None, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools())
         pool = PoolOut.model_validate(await ctrl.call("GET", "/v1/storage-pools/pool-a"))
         assert pool.capacity_bytes is None
@@ -117,11 +117,11 @@ async def test_set_capacity_rules(tmp_path: Path) -> None:
         await set_capacity(ctrl, "pool-a", 2 * GI)  # equal to the reservations is fine
 
 
-async def test_two_creates_racing_for_the_last_room(tmp_path: Path) -> None:
+async def test_two_creates_racing_for_the_last_room(tmp_path: Path, db_url: str) -> None:
     """Two creates that each fit alone but not together: exactly one is recorded,
     whichever check (the early one or the one in the create's transaction) sees the
     other first."""
-    async with open_ws_ctrl(tmp_path, pool_capacity=None) as ctrl:
+    async with open_ws_ctrl(tmp_path, pool_capacity=None, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools())
         await set_capacity(ctrl, "pool-a", 3 * GI)
 

@@ -22,8 +22,8 @@ def pools() -> list[dict[str, Any]]:
              "available": True, "reason": None, "instance": MARKER, "warnings": []}]
 
 
-async def test_declare_lost(tmp_path: Path) -> None:
-    async with open_ws_ctrl(tmp_path) as ctrl:
+async def test_declare_lost(tmp_path: Path, db_url: str) -> None:
+    async with open_ws_ctrl(tmp_path, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools())
         ids = []
         for _ in range(2):

@@ -41,8 +41,8 @@ async def isolate_and_retire(ctrl: Any, node_id: str) -> None:
     await ctrl.call("POST", f"/v1/nodes/{node_id}/retire", json={})
 
 
-async def test_moving_a_pool_to_another_host(tmp_path: Path) -> None:
-    async with open_ws_ctrl(tmp_path, pool_capacity=None) as ctrl:
+async def test_moving_a_pool_to_another_host(tmp_path: Path, db_url: str) -> None:
+    async with open_ws_ctrl(tmp_path, pool_capacity=None, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools(MARKER))
         await ctrl.call("POST", "/v1/storage-pools/pool-a/set-capacity",
                         json={"capacity_bytes": 10 * GI})
