@@ -10,6 +10,9 @@ pieces stay holes) into a temporary name that starts with this node's ID, hands 
 the VMM identity, fsyncs, renames, then writes the metadata (the source's, with the
 target pool and ``copied_from``) and the release receipt, so any node attached to the
 target pool can open it at that epoch or newer.  The source stays until ctrl deletes it.
+A newer epoch of the source seen by the caller's 5-second holder check cancels the copy
+(between pieces: the copy in the worker thread finishes its file first); the source's
+receipt is then written for the new holder and the target gets no metadata.
 
 Idempotent: a target whose metadata says it was copied from the same pool at the same
 epoch and released is the answer; an unfinished copy is made again from the start.
@@ -28,7 +31,7 @@ import trio
 
 from kibotos import atomicfile, failpoints
 from kibotos.errors import AlreadyExists, NotFound
-from kibotos.node.object_records import claim, update_metadata
+from kibotos.node.object_records import claim, release_or_fence, update_metadata
 from kibotos.node.objects import PoolObjects
 from kibotos.node.pools.dirs import hand_block_file
 
@@ -130,6 +133,5 @@ async def copy_object(src: PoolObjects, dst: PoolObjects, object_id: str, epoch:
         await run(functools.partial(dst.release, object_id, epoch, confirmed_on_disk=True))
     finally:
         with trio.CancelScope(shield=True):
-            await run(functools.partial(src.release, object_id, epoch,
-                                        confirmed_on_disk=True))
+            await run(release_or_fence, src, object_id, epoch)
     return True

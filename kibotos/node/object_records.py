@@ -1,5 +1,8 @@
 """Record writes the storage commands need beyond `PoolObjects`' open/release/delete.
 
+`release_or_fence` ends a command's use of a block file whether or not a newer epoch
+took it over meanwhile.
+
 Both are fenced by the holder record, read again under the object's flock just before
 the write: the metadata of an object belongs to its current holder (spec:
 storage-pools-on-nfs, "Each object has three kinds of records"), so a node whose use
@@ -53,3 +56,15 @@ def claim(pool: PoolObjects, object_id: str, epoch: int) -> None:
     with pool.locked(object_id):
         if pool._decide(object_id, epoch) is not None:
             pool._write("holders", object_id, {"node_id": pool.node_id, "epoch": epoch})
+
+
+def release_or_fence(pool: PoolObjects, object_id: str, epoch: int) -> Holder | None:
+    """The command is done with the block file: release it cleanly; when a newer epoch
+    took it over meanwhile, write the receipt its new holder awaits instead
+    (`PoolObjects.fence`).  Returns that new holder, or None."""
+    if pool.release(object_id, epoch, confirmed_on_disk=True):
+        return None
+    successor = pool.taken_over(object_id, epoch)
+    if successor is not None:
+        pool.fence(object_id, epoch, successor=successor)
+    return successor

@@ -47,7 +47,7 @@ from kibotos.node import expand
 from kibotos.node.lifecycle import Instance
 from kibotos.node.logs import EventLogger
 from kibotos.node.object_copy import copy_object
-from kibotos.node.object_records import update_metadata
+from kibotos.node.object_records import release_or_fence, update_metadata
 from kibotos.node.objects import (
     RETAINED_LAYERS,
     VOLUMES,
@@ -252,15 +252,8 @@ class NodeStorage:
         return {"capacity_bytes": capacity}
 
     async def _release(self, pool: PoolObjects, object_id: str, epoch: int) -> None:
-        """Release cleanly; when a newer epoch took the object over meanwhile, write
-        the receipt its new holder awaits instead (`PoolObjects.fence`)."""
-        run = trio.to_thread.run_sync
-        if await run(functools.partial(pool.release, object_id, epoch,
-                                       confirmed_on_disk=True)):
-            return
-        successor = await run(pool.taken_over, object_id, epoch)
+        successor = await trio.to_thread.run_sync(release_or_fence, pool, object_id, epoch)
         if successor is not None:
-            await run(functools.partial(pool.fence, object_id, epoch, successor=successor))
             log.warning("storage object taken over during a command; receipt written",
                         pool=pool.pool_id, object=object_id, epoch=epoch,
                         successor=successor.node_id, successor_epoch=successor.epoch)
@@ -293,7 +286,7 @@ class NodeStorage:
                 nursery.start_soon(watch, nursery.cancel_scope)
                 nursery.start_soon(run, nursery.cancel_scope)
         except BaseExceptionGroup as group:
-            found = first_kibotos_error(group)
+            found = first_kibotos_error(group) or _first_os_error(group)
             if found is None:
                 raise
             raise found from None
@@ -361,12 +354,25 @@ class NodeStorage:
         with self._working("copied", *keys):
             src.check_available()
             dst.check_available()
-            made = await copy_object(src, dst, object_id, epoch)
+            made = await self._watched(src, object_id, epoch, functools.partial(
+                copy_object, src, dst, object_id, epoch))
         self._kept(keys[0], True)  # the source stays until ctrl deletes it
         self._kept(keys[1], True)
         log.info("storage object copied", kind=kind, object=object_id, from_pool=from_pool_id,
                  to_pool=to_pool_id, epoch=epoch, new=made)
         return {"copied": True}
+
+
+def _first_os_error(group: BaseExceptionGroup[BaseException]) -> OSError | None:
+    """An I/O error of the work inside a nursery's group (no KibotosError there)."""
+    matched, _ = group.split(OSError)
+    if matched is None:
+        return None
+    leaves: list[BaseException] = list(matched.exceptions)
+    while leaves and isinstance(leaves[0], BaseExceptionGroup):
+        leaves = list(leaves[0].exceptions)
+    first = leaves[0] if leaves else None
+    return first if isinstance(first, OSError) else None
 
 
 def _label(key: Key) -> str:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
 from storage_cmd_helpers import MIB, Storage, fsck_clean, make_pool, put_data, read_back, tree
 
 from kibotos import atomicfile, failpoints
@@ -145,3 +146,34 @@ def test_data_ranges_follow_the_holes(tmp_path: Path) -> None:
     assert covered < 4 * MIB  # only the written pieces (filesystem granularity aside)
     assert any(start <= 8 * MIB < end for start, end in ranges)
     assert any(start <= 40 * MIB < end for start, end in ranges)
+
+
+async def test_a_takeover_of_the_source_during_a_copy_stops_it(
+        pools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage("node-a", pools, holder_check=0.05)
+    h = storage_handlers(st.storage)
+    await made_volume(h, pools, tmp_path)
+    monkeypatch.setenv(failpoints.ENV, "node.copy.before-rename=sleep:1")
+    failpoints.reload()
+    handoff: list[bool | None] = []
+
+    async def take_over() -> None:
+        meta = pools["pool-a"] / VOLUMES / "metadata" / "vol-1.json"
+        while atomicfile.read_json(meta).get("state") != "attached":
+            await trio.sleep(0.01)
+        other = PoolObjects("pool-a", pools["pool-a"], VOLUMES, "node-b", receipt_wait=60.0)
+        handoff.append((await other.open("vol-1", 3)).handoff_clean)
+
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(take_over)
+                with pytest.raises(FailedPrecondition, match="taken over"):
+                    await h["object.copy"](copy_args())
+    finally:
+        monkeypatch.delenv(failpoints.ENV)
+        failpoints.reload()
+    assert handoff == [True]
+    receipt = atomicfile.read_json(pools["pool-a"] / VOLUMES / "releases" / "vol-1.json")
+    assert receipt["successor"] == {"node_id": "node-b", "epoch": 3}
+    assert not (pools["pool-b"] / VOLUMES / "metadata" / "vol-1.json").exists()
