@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 import re
 from typing import Annotated, Any, Literal, Protocol, TypeVar
 
@@ -25,7 +24,7 @@ from pydantic import (
     field_validator,
 )
 
-from kibotos import ids
+from kibotos import ids, volume_mounts
 from kibotos.errors import InvalidArgument
 from kibotos.node.instances import CommandHandler
 
@@ -98,25 +97,6 @@ class LayerRef(_Args):
         return v
 
 
-#: Guest paths a Volume must never hide (the same list as ctrl's).
-RESERVED_MOUNTS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64",
-                             "/proc", "/run", "/sbin", "/sys", "/usr", "/var"})
-
-
-def check_mount_point(value: str) -> str:
-    """An absolute, normalised guest path (at most 1024 bytes; no control character,
-    backslash, ':' or ','; not a guest system directory)."""
-    parts = value.split("/")[1:]
-    if not value.startswith("/") or len(value.encode()) > 1024 or \
-            any(ord(c) < 0x20 or c in "\\:," for c in value) or \
-            "" in parts or "." in parts or ".." in parts:
-        raise ValueError(f"mount point {value!r} must be an absolute, normalised guest path "
-                         "of at most 1024 bytes without control characters, '\\', ':' or ','")
-    if posixpath.normpath(value) in RESERVED_MOUNTS:
-        raise ValueError(f"mount point {value!r} would hide a guest system directory")
-    return value
-
-
 class VolumeRef(_Args):
     volume_id: VolumeId
     pool_id: PoolId
@@ -126,11 +106,14 @@ class VolumeRef(_Args):
     @field_validator("mount_point")
     @classmethod
     def _mount(cls, v: str | None) -> str | None:
-        return None if v is None else check_mount_point(v)
+        try:
+            return None if v is None else volume_mounts.check_mount_point(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
 
     def mount(self) -> str:
         """Where the guest mounts this Volume."""
-        return self.mount_point or f"/mnt/{self.volume_id}"
+        return self.mount_point or volume_mounts.default_mount_point(self.volume_id)
 
 
 class LaunchArgs(_Args):
