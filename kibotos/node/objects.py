@@ -261,11 +261,15 @@ class PoolObjects(PoolRecords):
     # ------------------------------------------------------------------ release, delete
 
     def release(self, object_id: str, epoch: int, *, confirmed_on_disk: bool) -> bool:
-        """The block file is closed: record the clean release and the receipt, keep the
+        """The block file is closed: flush it (on NFS the client may still hold dirty
+        pages of the VMM's writes), record the clean release and the receipt, keep the
         holder record.  Returns False (writing nothing) when another holder took over."""
         with self.locked(object_id):
             if self.holder(object_id) != Holder(self.node_id, epoch):
                 return False
+            data = self.data_path(object_id)
+            if data.is_file():
+                self._flush_file(data)
             meta = self.metadata(object_id) or {"version": 1, "kind": self.kind,
                                                 "id": object_id, "pool_id": self.pool_id}
             meta.update(state="released", holder=self.node_id, epoch=epoch,

@@ -96,11 +96,16 @@ class NodeProc:
 
 @asynccontextmanager
 async def node_process(nursery: trio.Nursery, node_id: str, pool: Path,
-                       receipt_wait: float = 15.0) -> AsyncIterator[NodeProc]:
-    base = short_dir(f"kf{node_id[-1]}-")
+                       receipt_wait: float = 15.0, *, base: Path | None = None,
+                       failpoints: str | None = None) -> AsyncIterator[NodeProc]:
+    """A node process; with `base`, a restart of the node that used it (kept after)."""
+    own = base is None
+    base = base or short_dir(f"kf{node_id[-1]}-")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(TESTPLUGINS), os.environ.get("PYTHONPATH", "")]))
     env.pop("KIBOTOS_FAILPOINTS", None)
+    if failpoints is not None:
+        env["KIBOTOS_FAILPOINTS"] = failpoints
     proc = await trio.lowlevel.open_process(
         [sys.executable, str(DRIVER), str(base), node_id, str(pool), str(receipt_wait)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -120,7 +125,8 @@ async def node_process(nursery: trio.Nursery, node_id: str, pool: Path,
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-            shutil.rmtree(base, ignore_errors=True)
+            if own:
+                shutil.rmtree(base, ignore_errors=True)
 
 
 def create_args(node: NodeProc, instance_id: str, epoch: int, *, create: bool
@@ -262,4 +268,47 @@ async def test_node_that_stays_stopped_gets_no_receipt_and_an_unclean_handoff() 
                 assert a_records_after(block, unix_time(meta["attached_at"])) == []
             finally:
                 os.killpg(vmm, signal.SIGKILL)  # the dead host never comes back as is
+        nursery.cancel_scope.cancel()
+
+
+async def test_node_killed_while_fencing_writes_the_receipt_after_its_restart() -> None:
+    """Crash consistency of the fence itself: node A is SIGKILLed after its holder
+    check stopped the VMM and before the receipt (failpoint
+    ``objects.fence.before-receipt``).  Restarted on the same storage root, it finds
+    its Instance's objects taken over at its first check and writes the receipts; B,
+    still waiting, records a clean handoff."""
+    async with shared_pool() as pool, trio.open_nursery() as nursery:
+        block = pool / "volumes" / "data" / "vol-1.ext4"
+        base_a = short_dir("kfa-")
+        try:
+            async with node_process(nursery, "node-b", pool, receipt_wait=90) as b:
+                async with node_process(nursery, "node-a", pool, base=base_a,
+                                        failpoints="objects.fence.before-receipt=kill") as a:
+                    await a.command("instance.create",
+                                    create_args(a, "inst-a", 1, create=True))
+                    await a.state("inst-a", "RUNNING")
+                    await wait_records(block, "inst-a", 5)
+                    await b.command("instance.create",
+                                    create_args(b, "inst-b", 2, create=False))
+                    with trio.fail_after(DEADLINE):
+                        await a.proc.wait()  # killed by its own holder check's failpoint
+                    assert a.proc.returncode == -signal.SIGKILL
+                assert not (pool / "volumes" / "releases" / "vol-1.json").exists()
+                for kind, name in (("volumes", "vol-1"), ("retained-layers", "ws-1")):
+                    for sub in ("metadata", "holders"):
+                        record(pool, sub, kind, name)  # whole, never torn
+                async with node_process(nursery, "node-a", pool, base=base_a) as a2:
+                    # its first holder check, within 5 s of the restart
+                    await a2.wait_for(lambda x: x.get("frame", {}).get("state") == "FAILED"
+                                      and "use right was taken over"
+                                      in (x["frame"]["reason"] or ""))
+                    await b.state("inst-b", "RUNNING")
+                    receipt = record(pool, "releases")
+                    assert (receipt["node_id"], receipt["epoch"]) == ("node-a", 1)
+                    meta = record(pool, "metadata")
+                    assert (meta["holder"], meta["epoch"], meta["handoff_clean"]) == \
+                        ("node-b", 2, True)
+                    assert a_records_after(block, unix_time(meta["attached_at"])) == []
+        finally:
+            shutil.rmtree(base_a, ignore_errors=True)
         nursery.cancel_scope.cancel()
