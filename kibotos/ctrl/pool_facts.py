@@ -131,7 +131,7 @@ def is_member(node: Node) -> bool:
     return node.retired_at is None and node.admission == "admitted"
 
 
-def _ensure_row(session: Session, pool_id: str, now: datetime) -> StoragePool:
+def ensure_row(session: Session, pool_id: str, now: datetime) -> StoragePool:
     """The pool's row, made if missing; an insert that another transaction beat is
     ignored (two nodes of one shared pool may report it at once)."""
     values = {"pool_id": pool_id, "capacity_bytes": None, "instance": None,
@@ -164,7 +164,7 @@ def register(session: Session, node: Node, pools: list[dict[str, Any]], now: dat
     for entry in pools:
         instance = entry.get("registered_instance")
         # Most reports change nothing here: read first, lock only to change.
-        row = session.get(StoragePool, entry["id"]) or _ensure_row(session, entry["id"], now)
+        row = session.get(StoragePool, entry["id"]) or ensure_row(session, entry["id"], now)
         if not isinstance(instance, str) or _holds(session, row, instance):
             continue
         locked = session.get(StoragePool, entry["id"], with_for_update=True,

@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl import nodes, pool_capacity, pool_view
+from kibotos.ctrl import nodes, pool_capacity, pool_facts, pool_view
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
 from kibotos.errors import Aborted, FailedPrecondition, NotFound
@@ -47,8 +47,11 @@ def lost_reason(pool_id: str) -> str:
             "the Workspace can only be deleted")
 
 
-def _row(session: Session, pool_id: str) -> StoragePool:
+def _row(session: Session, pool_id: str, now: datetime) -> StoragePool:
     row = session.get(StoragePool, pool_id, with_for_update=True)
+    if row is None and pool_id in pool_view.member_entries(session):
+        # declared by a node whose facts were stored before ctrl kept pool rows
+        row = pool_facts.ensure_row(session, pool_id, now)
     if row is None:
         raise NotFound(f"storage pool {pool_id} does not exist: no node has declared it",
                        details={"pool_id": pool_id})
@@ -66,7 +69,7 @@ def _check_revision(row: StoragePool, expected: int | None) -> None:
 
 def set_capacity(session: Session, pool_id: str, capacity_bytes: int, expected: int | None,
                  now: datetime) -> dict[str, Any]:
-    row = _row(session, pool_id)
+    row = _row(session, pool_id, now)
     _check_revision(row, expected)
     if row.lost_at is not None:
         raise FailedPrecondition(
@@ -93,7 +96,7 @@ def set_capacity(session: Session, pool_id: str, capacity_bytes: int, expected: 
 
 def declare_lost(session: Session, pool_id: str, expected: int | None, now: datetime
                  ) -> dict[str, Any]:
-    row = _row(session, pool_id)
+    row = _row(session, pool_id, now)
     _check_revision(row, expected)
     if row.lost_at is not None:
         raise FailedPrecondition(f"storage pool {pool_id} was already declared lost",

@@ -23,7 +23,7 @@ from kibotos.ctrl.wire import iso
 from kibotos.errors import NotFound
 
 
-def _member_entries(session: Session) -> dict[str, list[tuple[Node, dict[str, Any]]]]:
+def member_entries(session: Session) -> dict[str, list[tuple[Node, dict[str, Any]]]]:
     """pool ID -> (member node, the pool entry it reported), in node ID order."""
     out: dict[str, list[tuple[Node, dict[str, Any]]]] = {}
     for node in session.scalars(select(Node).order_by(Node.node_id)):
@@ -94,14 +94,14 @@ def pool_json(session: Session, pool_id: str, row: StoragePool | None,
 def list_pools(session: Session) -> dict[str, Any]:
     """Every pool ID ctrl knows (a row, or a member reporting it), in ID order."""
     rows = {r.pool_id: r for r in session.scalars(select(StoragePool))}
-    members = _member_entries(session)
+    members = member_entries(session)
     return {"pools": [pool_json(session, pid, rows.get(pid), members.get(pid, []))
                       for pid in sorted(set(rows) | set(members))]}
 
 
 def get_pool(session: Session, pool_id: str) -> dict[str, Any]:
     row = session.get(StoragePool, pool_id)
-    members = _member_entries(session).get(pool_id, [])
+    members = member_entries(session).get(pool_id, [])
     if row is None and not members:
         raise NotFound(f"storage pool {pool_id} does not exist: no node has declared it",
                        details={"pool_id": pool_id})

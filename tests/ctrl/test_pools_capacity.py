@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 import trio
 from ctrl_helpers import wait_until
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 from ws_helpers import GI, open_ws_ctrl
 
 from kibotos.ctrl import pool_capacity
 from kibotos.ctrl.context import utcnow
 from kibotos.ctrl.pool_wire import PoolObjectsOut, PoolOut
+from kibotos.ctrl.store.models import StoragePool
 from kibotos.errors import ResourceExhausted
 
 INSTANCE = "c" * 32
@@ -115,6 +117,23 @@ async def test_set_capacity_rules(tmp_path: Path) -> None:
         assert (await ctrl.call("GET", "/v1/storage-pools/pool-a"))["capacity_bytes"] \
             == 5 * GI
         await set_capacity(ctrl, "pool-a", 2 * GI)  # equal to the reservations is fine
+
+
+async def test_a_pool_declared_before_ctrl_kept_pool_rows(tmp_path: Path) -> None:
+    """Facts stored before migration 0004 have no row yet: the pool is listed from its
+    members, and set-capacity makes the row."""
+    async with open_ws_ctrl(tmp_path, pool_capacity=None) as ctrl:
+        await ctrl.connect("node-a", pools=pools())
+
+        def forget_row(session: Session) -> None:
+            session.execute(delete(StoragePool))
+
+        await ctrl.ctx.store.write(forget_row)
+        got = await ctrl.call("GET", "/v1/storage-pools/pool-a")
+        assert (got["revision"], got["capacity_bytes"]) == (0, None)
+        assert [m["node_id"] for m in got["members"]] == ["node-a"]
+        done = await set_capacity(ctrl, "pool-a", GI)
+        assert done["capacity_bytes"] == GI
 
 
 async def test_two_creates_racing_for_the_last_room(tmp_path: Path, db_url: str) -> None:
