@@ -53,7 +53,8 @@ def _subject(session: Session, kind: str, name: str, expected: int | None,
         if vol.state != vt.AVAILABLE:
             raise FailedPrecondition(f"volume {name} is {vol.state}, not AVAILABLE",
                                      details={"volume_id": name, "state": vol.state})
-        ws = vt.attached_workspace(session, vol)
+        # Locked: a start of that Workspace cannot commit past this check.
+        ws = vt.attached_workspace(session, vol, for_update=True)
         if ws is not None:
             vt.workspace_stopped(session, ws)
         return Subject(VOLUME, name, ws.workspace_id if ws else None, vol.pool_id,

@@ -220,11 +220,12 @@ def create_failed(session: Session, volume_id: str, message: str, now: datetime)
 # ------------------------------------------------------------------------ delete
 
 
-def attached_workspace(session: Session, vol: Volume) -> Workspace | None:
+def attached_workspace(session: Session, vol: Volume, *,
+                       for_update: bool = False) -> Workspace | None:
     """The Workspace the Volume is attached to, unless that one is DELETED."""
     if not vol.workspace_id:
         return None
-    ws = session.get(Workspace, vol.workspace_id)
+    ws = session.get(Workspace, vol.workspace_id, with_for_update=for_update)
     return ws if ws is not None and ws.state != w.DELETED else None
 
 
