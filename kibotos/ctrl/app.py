@@ -27,6 +27,7 @@ from kibotos.ctrl import (
     api_pools,
     api_sessions,
     api_templates,
+    api_transfers,
     api_volumes,
     api_workspaces,
 )
@@ -98,6 +99,7 @@ def api_routes(api: Api) -> list[Route]:
     table.extend(api_workspaces.routes(api))
     table.extend(api_sessions.routes(api))
     table.extend(api_volumes.routes(api))
+    table.extend(api_transfers.routes(api, artifacts))
     table.extend(api_pools.routes(api))
     table.append(Route("GET", "/v1/node/session", None, "node",
                        "The node control session (WebSocket)", websocket=True))

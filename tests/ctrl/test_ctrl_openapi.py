@@ -41,6 +41,7 @@ DOCUMENTED = {
     ("get", "/v1/storage-pools/{pool_id}/objects"),
     ("post", "/v1/storage-pools/{pool_id}/set-capacity"),
     ("post", "/v1/storage-pools/{pool_id}/declare-lost"),
+    ("post", "/v1/transfers/export"), ("post", "/v1/transfers/import"),
 }
 
 

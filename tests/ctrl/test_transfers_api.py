@@ -1,0 +1,175 @@
+"""``POST /v1/transfers/export`` and ``/import`` through a real ctrl (hypercorn, SQLite)
+with simulated nodes whose ``object.export``/``object.import`` are the real node code
+(`kibotos.node.transfer` on real pool directories, uploading to and downloading from
+this ctrl's artifact store with the node's credential)."""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from volume_helpers import create_volume, settled_volume
+from ws_helpers import WsCtrl, events, open_ws_ctrl
+
+from kibotos import transfer_archive
+from kibotos.ctrl.api_transfers import TransferExportOut, TransferImportOut
+from kibotos.node.instance_spec import transfer_handlers
+from kibotos.node.objects import VOLUMES, PoolObjects
+from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.transfer import NodeTransfers
+from kibotos.testing.sim_instances import SimInstances
+
+MIB = 1 << 20
+CAP = 64 * MIB
+
+
+@dataclass
+class TransferSim(SimInstances):
+    """A simulated node whose transfer commands run the node's real code."""
+
+    transfers: NodeTransfers | None = None
+    KINDS = (*SimInstances.KINDS, "object.export", "object.import")
+
+    async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        if kind in ("object.export", "object.import"):
+            assert self.transfers is not None
+            self.commands.append({"kind": kind, "args": args})
+            return await transfer_handlers(self.transfers)[kind](args)
+        return await super().handle(kind, args)
+
+
+def node_pool(tmp_path: Path, ctrl: WsCtrl, node_id: str) -> tuple[TransferSim, Path]:
+    path = tmp_path / f"{node_id}-local"
+    path.mkdir()
+    prepare_pool_dirs(f"{node_id}-local", path)
+
+    def pool(pool_id: str, kind: str) -> PoolObjects:
+        assert pool_id == f"{node_id}-local", pool_id
+        return PoolObjects(pool_id, path, kind, node_id, receipt_wait=0.5)
+
+    sim = TransferSim(transfers=NodeTransfers(
+        node_id=node_id, pool=pool, ctrl_url=ctrl.url,
+        credential=lambda: ctrl.creds[node_id]))
+    return sim, path
+
+
+def read_manifest(path: Path) -> transfer_archive.Manifest:
+    with open(path, "rb") as f:
+        return transfer_archive.read_manifest(f)
+
+
+async def block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> bytes:
+    """What the node's ``volume.create`` would have made (the simulated node only
+    records it): a real block file with some data, released at `epoch`."""
+    objs = PoolObjects(path.name, path, VOLUMES, node_id)
+    opened = await objs.open(volume_id, epoch, create_capacity=CAP)
+    fd = os.open(opened.path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"kept across the transfer" * 1000, 30 * MIB)
+    finally:
+        os.close(fd)
+    objs.release(volume_id, epoch, confirmed_on_disk=True)
+    return await trio.to_thread.run_sync(opened.path.read_bytes)
+
+
+async def test_export_then_import_on_another_node(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a")
+        sim_b, pool_b = node_pool(tmp_path, ctrl, "node-b")
+        await ctrl.connect("node-a", sim=sim_a)
+        await ctrl.connect("node-b", sim=sim_b)
+        created = await create_volume(ctrl, pool_id="node-a-local", command_id="v-1",
+                                      capacity_bytes=CAP)
+        vid = created["volume_id"]
+        assert (await settled_volume(ctrl, vid))["state"] == "AVAILABLE"
+        content = await block_file(pool_a, vid, created["epoch"], "node-a")
+
+        out = await ctrl.call("POST", "/v1/transfers/export",
+                              json={"volume_id": vid, "command_id": "x-1"})
+        TransferExportOut.model_validate(out)
+        assert (out["volume_id"], out["pool_id"], out["node_id"], out["capacity_bytes"]) \
+            == (vid, "node-a-local", "node-a", CAP)
+        assert out["epoch"] == created["epoch"]  # a private pool's holder keeps it
+        blob = ctrl.ctx.config.ctrl.state_dir / "artifacts" / "sha256" / \
+            out["artifact_digest"].removeprefix("sha256:")
+        assert blob.stat().st_size == out["size"] < 4 * MIB
+        manifest = await trio.to_thread.run_sync(read_manifest, blob)
+        assert (manifest.kind, manifest.object_id) == ("volume", vid)
+        # a replay is the stored answer, no second export
+        again = await ctrl.call("POST", "/v1/transfers/export",
+                                json={"volume_id": vid, "command_id": "x-1"})
+        assert again == out
+        assert [c["kind"] for c in sim_a.commands].count("object.export") == 1
+        assert any(e["kind"] == "transfer.exported" for e in await events(ctrl, vid))
+
+        imp = await ctrl.call("POST", "/v1/transfers/import", json={
+            "artifact_digest": out["artifact_digest"], "pool_id": "node-b-local",
+            "labels": {"from": "node-a"}, "command_id": "i-1"})
+        TransferImportOut.model_validate(imp)
+        new = imp["volume"]
+        assert (new["state"], new["pool_id"], new["capacity_bytes"], new["labels"]) == \
+            ("AVAILABLE", "node-b-local", CAP, {"from": "node-a"})
+        assert (imp["node_id"], imp["source_volume_id"]) == ("node-b", vid)
+        assert new["volume_id"] != vid
+        data = pool_b / "volumes" / "data" / f"{new['volume_id']}.ext4"
+        assert await trio.to_thread.run_sync(data.read_bytes) == content
+        # replay: same answer, the node is not asked again
+        assert await ctrl.call("POST", "/v1/transfers/import", json={
+            "artifact_digest": out["artifact_digest"], "pool_id": "node-b-local",
+            "labels": {"from": "node-a"}, "command_id": "i-1"}) == imp
+        assert [c["kind"] for c in sim_b.commands].count("object.import") == 1
+        listed = await ctrl.call("GET", "/v1/volumes", params={"pool_id": "node-b-local"})
+        assert [v["volume_id"] for v in listed["volumes"]] == [new["volume_id"]]
+        # the imported Volume is an ordinary one: it can be deleted
+        await ctrl.call("POST", f"/v1/volumes/{new['volume_id']}/delete", json={})
+        assert (await settled_volume(ctrl, new["volume_id"]))["state"] == "DELETED"
+
+
+async def test_refusals(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a")
+        await ctrl.connect("node-a", sim=sim_a)
+        await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": "vol-nope"},
+                        code="not_found")
+        await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": "Bad/ID"},
+                        code="invalid_argument")
+        await ctrl.call("POST", "/v1/transfers/import",
+                        json={"artifact_digest": "sha256:" + "ab" * 32},
+                        code="failed_precondition")
+        await ctrl.call("POST", "/v1/transfers/import", json={"artifact_digest": "zz"},
+                        code="invalid_argument")
+        # an archive of a retained layer is not a Volume
+        src = tmp_path / "layer.ext4"
+        src.touch()
+        os.truncate(src, 64 * MIB)
+        buf = io.BytesIO()
+        packed = transfer_archive.pack(src, {}, buf, kind="retained_layer", object_id="ws-1",
+                                       source={})
+        resp = await ctrl.http.put(f"/v1/artifacts/sha256/{packed.digest[7:]}",
+                                   content=buf.getvalue(), headers=ctrl.operator)
+        assert resp.status_code == 200, resp.text
+        err = await ctrl.call("POST", "/v1/transfers/import",
+                              json={"artifact_digest": packed.digest},
+                              code="failed_precondition")
+        assert "not a Volume" in str(err)
+        # a Volume whose Workspace runs is not exported; nothing was sent to the node
+        created = await create_volume(ctrl, pool_id="node-a-local")
+        vid = created["volume_id"]
+        await settled_volume(ctrl, vid)
+        ws = await ctrl.create(volumes=[{"volume_id": vid}])
+        await ctrl.settled(ws["workspace_id"])
+        await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": vid},
+                        code="failed_precondition")
+        assert not [c for c in sim_a.commands if c["kind"] == "object.export"]
+        # a node that is not connected: unavailable, retry later
+        await ctrl.action(ws["workspace_id"], "stop")
+        await ctrl.settled(ws["workspace_id"])
+        await ctrl.disconnect("node-a")
+        with trio.fail_after(30):
+            await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": vid},
+                            code="unavailable")
+        assert pool_a.exists()
