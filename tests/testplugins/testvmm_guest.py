@@ -41,19 +41,25 @@ SLOTS = 16384
 WRITE_INTERVAL = 0.02
 
 
-def read_records(path: str) -> list[tuple[str, int]]:
-    """The (tag, seq) records in `path`'s region, up to the first empty slot."""
+def read_stamped(path: str) -> list[tuple[str, int, float]]:
+    """The (tag, seq, unix time) records in `path`'s region, up to the first slot that
+    holds none (all zero, or whatever the file system had there)."""
     out = []
     with open(path, "rb") as f:
         f.seek(RECORDS_AT)
         region = f.read(RECORD * SLOTS)
     for i in range(0, len(region) - RECORD + 1, RECORD):
-        slot = region[i:i + RECORD]
-        if not slot.strip(b"\0"):
+        try:
+            tag, seq, stamp = region[i:i + RECORD].decode().split()
+            out.append((tag, int(seq), float(stamp)))
+        except ValueError:  # also UnicodeDecodeError
             break
-        tag, seq, _ = slot.decode().split(maxsplit=2)
-        out.append((tag, int(seq)))
     return out
+
+
+def read_records(path: str) -> list[tuple[str, int]]:
+    """The (tag, seq) records in `path`'s region (`read_stamped`)."""
+    return [(tag, seq) for tag, seq, _ in read_stamped(path)]
 
 
 def _write_forever(paths: list[str], tag: str) -> None:
