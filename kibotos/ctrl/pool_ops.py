@@ -16,9 +16,11 @@ another host instead).  What it does, in one transaction:
 * every Workspace whose writable layer is in the pool and that is STOPPED or FAILED
   becomes FAILED with a reason saying its layer is gone: it cannot start again, only
   be deleted; use rights on the lost objects are released;
-* the objects of Workspaces being deleted are forgotten (their use rights removed), so
-  those deletes finish without a node; later deletes do the same
+* the writable layers of Workspaces being deleted are forgotten (their use rights
+  removed), so those deletes finish without a node; later deletes do the same
   (`forget_lost_object`, called by the delete task when no node can reach the pool).
+  Volumes in the pool keep their rows (the Volumes code owns them); a Workspace with
+  an object in a lost pool is refused at start (`refuse_lost`).
 
 A node that later declares the pool ID again (another storage, or the disk found after
 all) registers it anew and clears the lost state; the Workspaces stay FAILED.
@@ -32,7 +34,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl import nodes, pool_capacity, pool_facts, pool_view
+from kibotos.ctrl import nodes, pool_capacity, pool_facts, pool_view, use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
 from kibotos.errors import Aborted, FailedPrecondition, NotFound
@@ -132,7 +134,9 @@ def declare_lost(session: Session, pool_id: str, expected: int | None, now: date
                                  .with_for_update()):
         owner = next((ws for ws in workspaces if ws.workspace_id == right.workspace_id),
                      None)
-        if owner is not None and owner.state == w.DELETING:
+        if (owner is not None and owner.state == w.DELETING
+                and right.object_kind == use_rights.RETAINED_LAYER):
+            # (a Volume outlives its Workspace: the Volumes code detaches it)
             session.delete(right)
             forgotten += 1
         elif right.holder_node_id is not None:
