@@ -43,6 +43,7 @@ from typing import Any
 
 import trio
 
+from kibotos import atomicfile
 from kibotos.backends import Supervisor, UnitInfo
 from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.node import records
@@ -59,6 +60,10 @@ VMM_PREFIX = "kibotos-vmm-"
 #: The unit facts compared between the launch record and the running unit.
 FACTS = ("invocation_id", "main_pid", "start_time_ticks", "executable",
          "executable_dev_ino", "cgroup", "netns_inode")
+#: The facts an exec leaves alone: a backend may start its VMM through a wrapper that
+#: execs it (qemu's no-THP wrapper), so until the guest is ready only these prove the
+#: process; the executable is recorded again at readiness (`facts_at_readiness`).
+PROCESS_FACTS = ("invocation_id", "main_pid", "start_time_ticks", "cgroup", "netns_inode")
 #: The error of a refused reclaim (spec: Troubleshooting).
 NOT_TAKEN_OVER = "stop instance process this node did not take over"
 
@@ -81,12 +86,13 @@ class Verdict:
     launch: dict[str, Any] | None = None
 
 
-def differences(record: Mapping[str, Any], info: UnitInfo) -> list[str]:
+def differences(record: Mapping[str, Any], info: UnitInfo, facts: Sequence[str] = FACTS
+                ) -> list[str]:
     """The recorded unit facts that differ from the running unit, as readable text."""
     unit = record.get("unit") or {}
     now = records.unit_facts(info)
     out = [f"{key} recorded {unit.get(key)!r}, running {now[key]!r}"
-           for key in FACTS if unit.get(key) != now[key]]
+           for key in facts if unit.get(key) != now[key]]
     if info.name != record.get("unit_name"):
         out.insert(0, f"unit name recorded {record.get('unit_name')!r}, running {info.name!r}")
     return out
@@ -149,7 +155,7 @@ def judge(inst: Instance, launch: dict[str, Any] | None, info: UnitInfo | None
         return Verdict(inst, STOPPING_KEPT if inst.state == STOPPING else
                        REBOOT if inst.state == CREATING else GONE, info, launch), None
     assert info is not None
-    diff = differences(launch, info)
+    diff = differences(launch, info, PROCESS_FACTS if inst.state == CREATING else FACTS)
     if diff:
         return Verdict(inst, LEAVE, info, launch), (
             f"{what}: unit {info.name} does not match launch record "
@@ -309,3 +315,26 @@ async def carry_out(verdicts: Sequence[Verdict], leftovers: Sequence[UnitInfo], 
                  forgotten_units=len(leftovers),
                  elapsed_ms=round((trio.current_time() - start) * 1000, 1))
     return live
+
+
+async def facts_at_readiness(inst: Instance, supervisor: Supervisor) -> dict[str, Any]:
+    """The launch record once the guest is ready, with the unit's facts read again: the
+    process that started may since have exec'd the VMM proper (a wrapper), and from
+    readiness on the record must name what runs.  It must still be the same process
+    (`PROCESS_FACTS`); anything else fails the boot."""
+    record = await trio.to_thread.run_sync(records.read_launch_record, inst.dir) or {}
+    name = inst.unit_name
+    if name is None or not record.get("unit"):
+        return record
+    info = await supervisor.describe(name)
+    if info is None or not info.active:
+        return record  # the watcher and the next look at the unit deal with its end
+    changed = differences(record, info, PROCESS_FACTS)
+    if changed:
+        raise FailedPrecondition(f"the VMM unit {name} is no longer the process it started "
+                                 f"as: {'; '.join(changed)}")
+    if differences(record, info):
+        record = {**record, "unit": {**record["unit"], **records.unit_facts(info)}}
+        await trio.to_thread.run_sync(lambda: atomicfile.write_json(
+            inst.dir / records.LAUNCH_RECORD, record, mode=0o600))
+    return record

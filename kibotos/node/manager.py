@@ -96,7 +96,8 @@ class VmInstanceManager:
         self._started_vm = False
         #: Adoption's background half (`kibotos.node.takeover`); tests shorten its waits.
         self.takeover = Takeover(root=root, launcher=launcher, set_state=self._set_state,
-                                 publish=self._publish, pool_wait=TAKEOVER_POOL_WAIT)
+                                 publish=self._publish, pool_wait=TAKEOVER_POOL_WAIT,
+                                 facts_at_readiness=adoption.facts_at_readiness)
         #: volume.create/delete, object.expand/copy (`kibotos.node.volume_ops`)
         self.storage = NodeStorage(node_id=node_id, pool=launcher.pool,
                                    instances=lambda: list(self._instances.values()),
@@ -268,8 +269,8 @@ class VmInstanceManager:
                         log.error("instance boot failed and its unit did not stop",
                                   instance=inst.instance_id, error=str(exc))
             raise
-        record = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
-        await trio.to_thread.run_sync(records.add_guest, inst.dir, record or {}, guest)
+        record = await adoption.facts_at_readiness(inst, self.launcher.supervisor)
+        await trio.to_thread.run_sync(records.add_guest, inst.dir, record, guest)
         inst.guest = {"boot_id": guest.get("boot_id"),
                       "capabilities": sorted(guest.get("capabilities") or [])}
         log.info("instance running", instance=inst.instance_id, unit=inst.unit_name,

@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from kibotos.backends import Supervisor
 from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
 from kibotos.guest import GuestInfo, open_guest_channel
 from kibotos.node import installations, records
@@ -137,8 +138,11 @@ class Takeover:
     """The background takeover of the Instances `adoption.examine` kept."""
 
     def __init__(self, *, root: Path, launcher: Launcher, set_state: SetState,
-                 publish: Callable[[Instance], None], pool_wait: float) -> None:
+                 publish: Callable[[Instance], None], pool_wait: float,
+                 facts_at_readiness: Callable[[Instance, Supervisor],
+                                              Awaitable[dict[str, Any]]]) -> None:
         self.root = root
+        self.facts_at_readiness = facts_at_readiness
         self.launcher = launcher
         self.set_state = set_state
         self.publish = publish
@@ -336,8 +340,8 @@ class Takeover:
         await self.reattach_storage(inst)
         guest = await self.launcher.wait_ready(inst, inst.launch)
         await self.launcher.configure_guest(inst)
-        record = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
-        await trio.to_thread.run_sync(records.add_guest, inst.dir, record or {}, guest)
+        record = await self.facts_at_readiness(inst, self.launcher.supervisor)
+        await trio.to_thread.run_sync(records.add_guest, inst.dir, record, guest)
         inst.guest = {"boot_id": guest.get("boot_id"),
                       "capabilities": sorted(guest.get("capabilities") or [])}
         log.info("instance running", instance=inst.instance_id, unit=inst.unit_name,
