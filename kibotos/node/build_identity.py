@@ -45,6 +45,11 @@ class BuildIdentity:
     #: them is adopted, and only the operations that need them fail.
     guest_capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
+    def reported_release(self) -> str:
+        """The release the node reports to ctrl (``hello.release_version``): a dev
+        build says ``unreleased``, as `kibotos._version.release_version` does."""
+        return "unreleased" if ".dev" in self.release else self.release
+
 
 def current() -> BuildIdentity:
     """This installed build."""

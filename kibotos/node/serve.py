@@ -37,6 +37,7 @@ import trio
 
 from kibotos.config import NodeConfig
 from kibotos.node import layout
+from kibotos.node.build_identity import BuildIdentity
 from kibotos.node.clock import NodeClock
 from kibotos.node.dataplane_targets import DataplaneTargets
 from kibotos.node.identity import NodeIdentity, ensure_identity
@@ -93,6 +94,7 @@ async def serve_node(
     sample_interval: float = SAMPLE_INTERVAL,
     pool_interval: float = POOL_REFRESH,
     timing: SessionTiming = DEFAULT_TIMING,
+    build: BuildIdentity | None = None,
     task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node until cancelled.  Raises `NodeIsolated` (exit status 75) when ctrl
@@ -100,7 +102,9 @@ async def serve_node(
 
     `dataplane` runs the data-plane process too.  ``kibotos node serve`` always does;
     tests that embed the node usually do not, because its unit outlives the node and
-    would have to be stopped after the test."""
+    would have to be stopped after the test.  `build` stands for another release in
+    tests (`kibotos.node.build_identity`): its installation, its upgrade rules and the
+    release in hello; production never passes it."""
     unit = await trio.to_thread.run_sync(check_startup)  # before any state is touched
     paths = layout.NodePaths(config.storage.root)
     layout.prepare_root(paths)
@@ -126,7 +130,7 @@ async def serve_node(
                                       on_change=lambda: board.mark_changed())
         manager: InstanceManager = instances or build_instance_manager(
             config, memory_tight=memory_tight_now, credential=lambda: identity.credential,
-            registries=registries, pool_unavailable=pools.unavailable_reason)
+            registries=registries, pool_unavailable=pools.unavailable_reason, build=build)
         sampler = UsageSampler(config.host.proc_root, manager)
         board = ReportBoard(manager, sampler.tightness)
         manager.set_change_callback(board.mark_changed)
@@ -147,6 +151,7 @@ async def serve_node(
             on_established=on_established, timing=timing,
             on_welcome=targets.on_welcome if targets else None,
             pools=pools.facts,
+            release=build.reported_release() if build else None,
         )
         session.commands.update(manager.command_handlers())
         runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,

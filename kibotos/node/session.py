@@ -132,7 +132,10 @@ class ControlSession:
         timing: SessionTiming = DEFAULT_TIMING,
         ssl_context: ssl.SSLContext | None = None,
         pools: Callable[[], list[dict[str, Any]]] | None = None,
+        release: str | None = None,
     ) -> None:
+        #: The release in hello (`BuildIdentity.reported_release`; default this build's).
+        self.release = release or release_version()
         self.config = config
         self.identity = identity
         self.incarnation = incarnation
@@ -203,7 +206,7 @@ class ControlSession:
             "type": "hello",
             "node_id": cfg.node.id,
             "incarnation": self.incarnation,
-            "release_version": release_version(),
+            "release_version": self.release,
             "source_revision": SOURCE_REVISION,
             "resources": {"cpu_millis": cfg.resources.cpu_millis,
                           "memory_bytes": cfg.resources.memory_bytes},
@@ -361,7 +364,7 @@ class ControlSession:
         try:
             if handler is None:
                 raise InvalidArgument(f"unknown command kind {kind!r} for this node "
-                                      f"(release {release_version()})")
+                                      f"(release {self.release})")
             reply.update(ok=True, result=await handler(args))
         except KibotosError as exc:
             reply.update(ok=False, error=exc.to_wire()["error"])

@@ -205,3 +205,35 @@ async def test_launches_pin_the_current_installation_and_restarts_prune() -> Non
     finally:
         await stop_units(base)
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_node_standing_for_a_release_reports_it_and_pins_its_runtime(
+        tmp_path: Path) -> None:
+    """`serve_node(build=…)`: the test build identity reaches ctrl in hello."""
+    import trio
+    from node_helpers import FakeCtrl, node_config, store_identity
+
+    from kibotos.node.serve import serve_node
+    from kibotos.node.session import SessionTiming
+
+    timing = SessionTiming(ping_interval=0.5, silence_timeout=5.0, welcome_timeout=5.0,
+                           slow_retry=1.0, backoff_initial=0.05, backoff_cap=0.2)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as outer:
+            fake = await outer.start(FakeCtrl().serve)
+            config = node_config(tmp_path, ctrl_url=fake.ctrl_url)
+            store_identity(config)
+            for build in (N, N1, BuildIdentity(release="0.5.0.dev0")):
+                async with trio.open_nursery() as nursery:
+                    runtime = await nursery.start(
+                        lambda task_status, b=build: serve_node(
+                            config, timing=timing, build=b, task_status=task_status))
+                    await runtime.session.status.wait_until(lambda s: s.connected)
+                    nursery.cancel_scope.cancel()
+            outer.cancel_scope.cancel()
+    assert [c.hello["release_version"] for c in fake.conns] == \
+        ["0.4.0", "0.4.1", "unreleased"]
+    root = config.storage.root
+    versions = sorted(json.loads((p / "installation.json").read_text())["runtime_version"]
+                      for p in (root / "installations").iterdir())
+    assert versions == ["0.5.0.dev0"]  # no Instance records the earlier ones: pruned
