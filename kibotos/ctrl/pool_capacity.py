@@ -7,9 +7,10 @@ sparse and only grow), so the sum of reservations never exceeds the capacity: a 
 that would, or any create in a pool whose capacity was never set, is
 ``resource_exhausted`` and nothing is written.
 
-Objects today: the retained layer of every Workspace that is not DELETED (its
-``layer_size_bytes`` in ``layer_pool_id``).  Volumes are added to `reserved_bytes` and
-`objects` by the Volumes code, so one function answers "what is reserved here".
+Objects: the retained layer of every Workspace that is not DELETED (its
+``layer_size_bytes`` in ``layer_pool_id``), plus what `volume_pools` counts (Volumes,
+and the room that running expansions and moves hold), so one function answers "what
+is reserved here".
 
 Two entry points for a create: `snapshot` + `check_snapshot` before the node is asked
 (no node creates a block file that would be refused), and `check_room` inside the
