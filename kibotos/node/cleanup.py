@@ -28,6 +28,7 @@ from kibotos.node import records
 from kibotos.node.instances import DESTROYED
 from kibotos.node.lifecycle import Instance, Launcher
 from kibotos.node.logs import EventLogger
+from kibotos.node.objects import RETAINED_LAYERS, VOLUMES
 
 log = EventLogger()
 
@@ -36,6 +37,8 @@ RETRY_S = 5.0
 #: How long a repeated stop or destroy waits for a pending release before answering
 #: ``unavailable`` (well inside ctrl's command timeouts).
 COMMAND_WAIT_S = 20.0
+#: How a held object is named in ``held``.
+KIND_NAMES = {RETAINED_LAYERS: "writable layer", VOLUMES: "Volume"}
 #: What stopping the unit raises when processes are left.
 STUCK_ERRORS = (Unavailable, DeadlineExceeded)
 
@@ -65,7 +68,8 @@ def held_parts(inst: Instance, error: KibotosError) -> list[dict[str, str]]:
     parts = [{"item": "RUNTIME", "part": error.message}]
     if not inst.released:
         parts.extend({"item": "VOLUME_ATTACHMENT",
-                      "part": f"{h.kind} {h.object_id} of pool {h.pool_id} (epoch {h.epoch})"}
+                      "part": f"{KIND_NAMES.get(h.kind, h.kind)} {h.object_id} of pool "
+                              f"{h.pool_id} (epoch {h.epoch})"}
                      for h in inst.held)
     return parts
 
@@ -85,6 +89,7 @@ class PendingCleanups:
         self._finish = finish
         self._publish = publish
         self.retry_s = retry_s
+        self.command_wait_s = COMMAND_WAIT_S
         self._pending: dict[str, Pending] = {}
 
     def get(self, instance_id: str) -> Pending | None:
@@ -111,7 +116,7 @@ class PendingCleanups:
         result once the release finished, ``unavailable`` if it does not soon."""
         if final == DESTROYED:
             pending.final = DESTROYED
-        with trio.move_on_after(COMMAND_WAIT_S):
+        with trio.move_on_after(self.command_wait_s):
             await pending.done.wait()
             if pending.finished:
                 return pending.result(final)

@@ -43,7 +43,7 @@ from kibotos_direct import procfs
 _NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}")
 #: systemd's default PATH for services; the node's own environment is not inherited.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_OPTIONS = frozenset({"state_dir", "log_dir", "python"})
+_OPTIONS = frozenset({"state_dir", "log_dir", "python", "kill_grace"})
 #: How often `stop` looks whether the group is gone.
 _POLL = 0.05
 #: After SIGKILL a process ends unless stuck in the kernel; give up (loudly) after this.
@@ -71,7 +71,9 @@ class DirectSupervisor:
 
     Options: ``state_dir`` (required; one JSON record per unit), ``log_dir`` (default
     ``<state_dir>/logs``, for units whose spec names no ``log_path``), ``python`` (the
-    interpreter that runs the launcher; default: this one).
+    interpreter that runs the launcher; default: this one), ``kill_grace`` (seconds
+    `stop` waits after SIGKILL before it gives up on processes stuck in the kernel and
+    raises DeadlineExceeded naming them; default 60).
     """
 
     name: ClassVar[str] = "direct"
@@ -88,6 +90,14 @@ class DirectSupervisor:
         self.state_dir = Path(options["state_dir"])
         self.log_dir = Path(options.get("log_dir") or self.state_dir / "logs")
         self.python = str(options.get("python") or sys.executable)
+        try:
+            self.kill_grace = float(options.get("kill_grace", _KILL_GRACE))
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"supervisor direct: kill_grace must be a number of "
+                                  f"seconds, got {options.get('kill_grace')!r}") from None
+        if not 0 < self.kill_grace <= 3600:
+            raise InvalidArgument(f"supervisor direct: kill_grace must be in (0, 3600] "
+                                  f"seconds, got {self.kill_grace:g}")
         self._locks: dict[str, trio.Lock] = {}
 
     # ------------------------------------------------------------------ the protocol
@@ -302,14 +312,14 @@ class DirectSupervisor:
         if not members:
             return
         _signal_group(pgrp, signal.SIGKILL)
-        with trio.move_on_after(_KILL_GRACE):
+        with trio.move_on_after(self.kill_grace):
             while members:
                 await trio.sleep(_POLL)
                 members = await trio.to_thread.run_sync(self._group_members, record)
         if members:
             raise DeadlineExceeded(
                 f"unit {name}: processes {', '.join(map(str, members))} survived SIGKILL "
-                f"for {_KILL_GRACE:.0f}s (stuck in the kernel?)"
+                f"for {self.kill_grace:g}s (stuck in the kernel?)"
             )
 
     def _forget(self, name: str) -> None:
