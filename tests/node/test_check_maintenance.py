@@ -349,6 +349,7 @@ def test_cli_lines_and_exit_codes(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
     assert ok.output.splitlines()[-1] == "check-maintenance --operation remove: passed"
     assert all(line.startswith("ok: ") for line in ok.output.splitlines()[:-1])
+    assert not root.exists()  # no directory created
     (root / "runtime" / "instances" / "inst-3").mkdir(parents=True)
     blocked = runner.invoke(node_role_group, ["check-maintenance", "--config", str(config),
                                               "--operation", "upgrade"])
