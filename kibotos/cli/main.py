@@ -30,6 +30,7 @@ _KIBO_GROUPS = {
     "template": "kibotos.cli.template_cmds:template_group",
     "workspace": "kibotos.cli.workspace_cmds:workspace_group",
     "volume": "kibotos.cli.volume_cmds:volume_group",
+    "transfer": "kibotos.cli.transfer_cmds:transfer_group",
 }
 
 
