@@ -127,11 +127,18 @@ async def test_killed_at_a_record_point_recovers(pool: Path, step: str, failpoin
         pool, node, step, epoch, failpoint=failpoint))
     assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
     records_all_whole(pool)  # no torn record, whatever the point
+    if failpoint.startswith(("atomic.before-fsync", "atomic.before-rename")):
+        assert [p for p in temp_files(pool) if p.name.startswith(f".{node}.")]  # its temp
+    # A neighbour's leftover in this shared pool: not this node's to delete.
+    neighbours = pool / VOLUMES / "holders" / ".node-z.vol-1-77.tmp"
+    neighbours.write_text("{")
 
     again = await trio.to_thread.run_sync(lambda: run_driver(
         pool, node, step, epoch, failpoint=None, restart=True))
     assert again.returncode == 0, again.stderr
-    assert temp_files(pool) == []  # the restarted node swept its leftovers
+    # The restarted node swept its own leftovers, and only those (shared pool).
+    assert temp_files(pool) == [neighbours]
+    neighbours.unlink()
     recs = records_all_whole(pool)
     meta = recs["metadata"]
     assert (meta["id"], meta["capacity_bytes"]) == ("vol-1", 16 * MIB)
