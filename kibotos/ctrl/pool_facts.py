@@ -197,7 +197,9 @@ def reconsider(session: Session, now: datetime) -> None:
         pools = _entries(node.node_facts)
         if not any("conflict" in p for p in pools):
             continue
-        accepted = accept_pools(session, node, pools, now)
+        accepted = accept_pools(session, node, [dict(p) for p in pools], now)
+        if accepted == pools:
+            continue  # still refused: the node that has the pool ID first is a member
         node.node_facts = {**(node.node_facts or {}), "pools": accepted}
         register(session, node, accepted, now)
         nodes.bump(node)

@@ -118,6 +118,13 @@ async def test_a_refused_storage_is_accepted_once_the_first_node_is_retired(
         assert member_b["refused"] is True
         assert "node-a joined first" in member_b["reason"]
 
+        # retiring an unrelated node changes nothing for node-b (not even its version)
+        await ctrl.connect("node-c", pools=pools(MARKER, "pool-c"))
+        version = (await ctrl.node("node-b"))["registration_version"]
+        await isolate_and_retire(ctrl, "node-c")
+        assert (await ctrl.node("node-b"))["registration_version"] == version
+        assert [r["node_id"] for r in (await pool(ctrl))["refused"]] == ["node-b"]
+
         await isolate_and_retire(ctrl, "node-a")
         got = await pool(ctrl)
         assert got["refused"] == []
