@@ -64,6 +64,10 @@ KNOWN: dict[str, str] = {
     "node.copy.before-rename": "object.copy, after the copy is fsynced, before its rename",
     "node.copy.after-data": "object.copy, after the target block file has its name, before "
                             "its metadata",
+    "node.legacy-name.after-link": "renaming an object's old SHA-256 name, after the file is "
+                                   "linked under its ID, before the old name is unlinked",
+    "node.legacy-name.after-step": "renaming an object's old SHA-256 names, after one of its "
+                                   "files moved, before the next (metadata moves last)",
 }
 
 

@@ -304,3 +304,28 @@ def test_a_node_killed_mid_rename_is_finished_at_its_next_start(tmp_path: Path, 
     assert not summary.conflicts
     assert not has_any_digest(pool)
     assert (pool / VOLUMES / "data" / "vol-1.ext4").read_bytes().startswith(b"payload")
+
+
+def test_the_pool_monitor_renames_when_the_pool_is_first_available(tmp_path: Path, caplog):
+    """Wired into the node's start: the first time a pool is seen available."""
+    from kibotos.config import NodeConfig
+    from kibotos.node.pools import startup
+    from kibotos.node.pools.marker import init_pool
+    from kibotos.plugins import load_plugins
+
+    pool = tmp_path / "pool"
+    old_object(pool, "vol-1")
+    cfg = NodeConfig.model_validate({
+        "node": {"id": "node-a", "ctrl_url": "http://127.0.0.1:1"},
+        "storage": {"root": str(tmp_path / "root"),
+                    "pool": [{"id": "pool-a", "path": str(pool)}]},
+        "resources": {"cpu": 1, "memory": "1G"},
+        "host": {"proc_root": "/proc", "sys_root": "/sys"}})
+    mon = startup.monitor(cfg, load_plugins().storage_driver)
+    with caplog.at_level(logging.INFO, logger="kibotos.node"):
+        mon.refresh()  # no marker yet: unavailable, nothing renamed
+        assert has_any_digest(pool)
+        init_pool("pool-a", pool, adopt=True)
+        mon.refresh()
+    assert not has_any_digest(pool)
+    assert "node storage objects by name pool=pool-a renamed=1 digest_names=0" in caplog.text
