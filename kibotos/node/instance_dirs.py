@@ -47,6 +47,9 @@ class InstanceDirs:
         self.records = Registry(self.registry)
         self.machine_logs = root / "machine-logs"
         self.machine_logs_limit = machine_logs_limit
+        # A copy cut short by a crash left a staging directory: deleted at start, as
+        # every local temporary file is (spec: "Temporary files from interrupted writes").
+        machine_logs.remove_staging(self.machine_logs)
 
     def dir_for(self, instance_id: str) -> Path:
         return self.instances / instance_id

@@ -55,6 +55,23 @@ def keep_tails(runtime_dir: Path, kept: Path, *, tail_bytes: int = TAIL_BYTES
     return sizes
 
 
+def remove_staging(root: Path) -> list[str]:
+    """Delete the staging directories of node processes that died in the middle of a
+    copy (``.<instance_id>-<pid>.tmp``; this process's own are left alone)."""
+    own = f"-{os.getpid()}.tmp"
+    removed = []
+    try:
+        scanned = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    for e in scanned:
+        if e.name.startswith(".") and e.name.endswith(".tmp") and not e.name.endswith(own) \
+                and e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path, ignore_errors=True)
+            removed.append(e.name)
+    return removed
+
+
 def _size(directory: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(directory):
@@ -69,15 +86,11 @@ def _size(directory: Path) -> int:
 def enforce_quota(root: Path, limit: int, *, keep: str | None = None) -> list[str]:
     """Remove the oldest Instance directories of `root` until the total is within
     `limit`; `keep` (the one just written) is never removed.  The removed names."""
+    remove_staging(root)
     try:
         scanned = list(os.scandir(root))
     except FileNotFoundError:
         return []
-    own = f"-{os.getpid()}.tmp"
-    for e in scanned:  # staging directories of a node process that died mid-copy
-        if e.name.startswith(".") and e.name.endswith(".tmp") and not e.name.endswith(own) \
-                and e.is_dir(follow_symlinks=False):
-            shutil.rmtree(e.path, ignore_errors=True)
     entries = [(e.stat().st_mtime, e.name, _size(Path(e.path))) for e in scanned
                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
     total = sum(size for _, _, size in entries)
