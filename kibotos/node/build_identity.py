@@ -83,9 +83,10 @@ def runtime_range_problem(runtime_version: str, build: BuildIdentity) -> str | N
     if there[0] == here[0] and there[1] == here[1] - 1:
         return None
     previous = f", and {here[0]}.{here[1] - 1}.x" if here[1] > 0 else ""
+    line = f"{here[0]}.{here[1]}.0"
+    own = build.release if line == build.release else f"{line} to {build.release}"
     return (f"runtime version {runtime_version} is outside the range node release "
-            f"{build.release} can drive ({here[0]}.{here[1]}.0 to {build.release}"
-            f"{previous})")
+            f"{build.release} can drive ({own}{previous})")
 
 
 def in_range(value: int, bounds: tuple[int, int]) -> bool:
