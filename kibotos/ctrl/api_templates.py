@@ -2,9 +2,9 @@
 
 Artifacts: ``PUT /v1/artifacts/sha256/{hex}`` (operator or node: a node uploads the
 Transfer archives it exports; the body is the blob, checked against the digest in the
-path, so no caller can store anything under a name it does not hash to), ``GET``/``HEAD`` (operator or node; streamed from the
-file, byte ranges allowed).  An upload is idempotent by nature, so it does not go
-through the command journal.
+path, so no caller can store anything under a name it does not hash to),
+``GET``/``HEAD`` (operator or node; streamed from the file, byte ranges allowed).  An
+upload is idempotent by nature, so it does not go through the command journal.
 
 Templates: ``PUT /v1/templates/{name}`` points a name at three blobs that must already
 be in the store (image, kernel, initramfs); ``GET`` lists or reads them; ``DELETE``
