@@ -347,7 +347,8 @@ def list_workspaces(inv: Invocation, node_id: str | None, instance_id: str | Non
 @click.argument("workspace_id", metavar="WORKSPACE")
 @kibo_options
 def cleanup_status(inv: Invocation, workspace_id: str) -> None:
-    """What the Workspace's last Instance still holds on its node, and who says so."""
+    """What the Workspace's last Instance still holds on its node, and who says so;
+    for a release stuck on the node, since when and which parts it still holds."""
     workspace_argument(workspace_id)
     status = inv.client().get(ws_path(workspace_id, "cleanup-status"))
     if inv.as_json:
@@ -356,6 +357,8 @@ def cleanup_status(inv: Invocation, workspace_id: str) -> None:
     inv.out.line(f"workspace {workspace_id}: Instance {status.get('instance_id') or '-'} "
                  f"on node {status.get('node_id') or '-'}")
     inv.out.table(render.CLEANUP_COLUMNS, render.cleanup_rows(status))
+    for line in render.cleanup_pending_lines(status):
+        inv.out.line(line)
 
 
 # ------------------------------------------------------------------------ move

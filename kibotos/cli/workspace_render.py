@@ -107,6 +107,17 @@ def cleanup_rows(status: dict[str, Any]) -> list[Row]:
             for i in status.get("items") or [] if isinstance(i, dict)]
 
 
+def cleanup_pending_lines(status: dict[str, Any]) -> list[str]:
+    """A release stuck on the node: since when, and each part still held."""
+    since = status.get("pending_since")
+    if not since:
+        return []
+    lines = [f"release pending since {since}; still held:"]
+    lines += [f"  {h.get('item')}: {h.get('part')}"
+              for h in status.get("held") or [] if isinstance(h, dict)]
+    return lines
+
+
 def summary(ws: dict[str, Any]) -> str:
     """One line for a write: ``workspace ws-… AVAILABLE on node node-a (revision 3)``."""
     where = f" on node {ws['node_id']}" if ws.get("node_id") else ""
