@@ -5,6 +5,11 @@ exec`` writing a file in the writable layer and one in the Volume, stop, start, 
 files still there, then delete (Workspace, then Volume) leaving no process, mount,
 Instance directory or block file behind.
 
+While it is stopped the second time, both objects are expanded (real ``e2fsck`` and
+``resize2fs`` on the node) and moved from the node's private pool into the shared pool
+the node is also attached to (``object.copy``, then the old copies deleted); the third
+start finds both files and the larger file systems.
+
 Two real microVM boots (TCG here); the Template is built into the VM tests' cache as
 ``tests/e2e/test_demo.py`` does.
 """
@@ -86,13 +91,14 @@ def test_volume_and_layer_survive_stop_start_and_delete_leaves_nothing(
     cache = _cache()
     cluster = DevCluster(tmp_path / "c", timeout=180)
     try:
-        cluster.up(1, vmm_backend="qemu")
+        cluster.up(1, vmm_backend="qemu", shared_pool=True)
         build = cluster.kibo("template", "build", "kibotos-base", "--recipe",
                              str(REPO / "packaging/template/kibotos-base.toml"),
                              "--cache-dir", str(cache), timeout=1800)
         assert build.returncode == 0, build.stderr
         node = config.load(config.NodeConfig, cluster.layout.node_config("node-1"))
         pool = cluster.layout.node_dir("node-1") / "pool"
+        shared = cluster.layout.shared_pool
 
         vol = kibo(cluster, "volume", "create", "--size", "256M", "--timeout", WAIT)
         vid = vol["volume_id"]
@@ -121,28 +127,54 @@ def test_volume_and_layer_survive_stop_start_and_delete_leaves_nothing(
         out = run(cluster, ws_id, "cat /root/layer.txt /data/volume.txt")
         assert out == "in-the-layer\nin-the-volume\n"
 
+        second_instance = started["instance_id"]
+        kibo(cluster, "workspace", "stop", ws_id, "--timeout", WAIT)
+        # Expand both (the node runs e2fsck and resize2fs), then move both.
+        vol = kibo(cluster, "volume", "expand", vid, "--size", "512M", "--timeout", WAIT)
+        assert vol["capacity_bytes"] == 512 << 20
+        layer = kibo(cluster, "workspace", "expand-layer", ws_id, "--size", "2G",
+                     "--timeout", WAIT)
+        assert layer["size_bytes"] == 2 << 30
+        vol = kibo(cluster, "volume", "move", vid, "--pool", "shared", "--timeout", WAIT)
+        assert vol["pool_id"] == "shared"
+        layer = kibo(cluster, "workspace", "move-layer", ws_id, "--pool", "shared",
+                     "--timeout", WAIT)
+        assert layer["pool_id"] == "shared"
+        assert not (pool / "volumes" / "data" / f"{vid}.ext4").exists()
+        assert not (pool / "retained-layers" / "data" / f"{ref}.ext4").exists()
+        assert (shared / "volumes" / "data" / f"{vid}.ext4").stat().st_size == 512 << 20
+        started = kibo(cluster, "workspace", "start", ws_id, "--timeout", WAIT)
+        assert started["state"] == "AVAILABLE"
+        out = run(cluster, ws_id, "cat /root/layer.txt /data/volume.txt; "
+                                  "df -k /data | tail -1")
+        lines = out.splitlines()
+        assert lines[:2] == ["in-the-layer", "in-the-volume"], out
+        assert int(lines[2].split()[1]) > 400 * 1024, out  # the 512 MiB file system
+
         instance = started["instance_id"]
         kibo(cluster, "workspace", "stop", ws_id, "--timeout", WAIT)
         assert kibo(cluster, "workspace", "delete", ws_id, "--wait", "--timeout", WAIT)[
             "state"] == "DELETED"
         vol = kibo(cluster, "volume", "get", vid)
         assert vol["workspace_id"] is None  # the Volume outlived its Workspace
-        assert (pool / "volumes" / "data" / f"{vid}.ext4").exists()
+        assert (shared / "volumes" / "data" / f"{vid}.ext4").exists()
         assert kibo(cluster, "volume", "delete", vid, "--wait", "--timeout", WAIT)[
             "state"] == "DELETED"
 
         # Nothing of either is left: no VMM, no mount, no Instance directory, no files.
-        roots = [node.storage.root.resolve(), pool]
+        roots = [node.storage.root.resolve(), pool, shared]
+        names = [instance, second_instance, first_instance]
         deadline = time.monotonic() + 60
-        while leftovers(roots, [instance, first_instance]) and time.monotonic() < deadline:
+        while leftovers(roots, names) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert leftovers(roots, [instance, first_instance]) == []
+        assert leftovers(roots, names) == []
         instances = node.storage.root / "runtime" / "instances"
-        assert not (instances / instance).exists()
-        for kind, name in (("volumes", vid), ("retained-layers", ref)):
-            left = [p.name for sub in ("data", "metadata", "holders", "releases")
-                    for p in (pool / kind / sub).glob(f"{name}*")]
-            assert left == [], (kind, left)
+        assert [n for n in names if (instances / n).exists()] == []
+        for where in (pool, shared):
+            for kind, name in (("volumes", vid), ("retained-layers", ref)):
+                left = [p.name for sub in ("data", "metadata", "holders", "releases")
+                        for p in (where / kind / sub).glob(f"{name}*")]
+                assert left == [], (where, kind, left)
     finally:
         try:
             cluster.down(grace=10)
