@@ -141,13 +141,19 @@ def grant_for_export(session: Session, volume_id: str, node_id: str, now: dateti
     return use_rights.grant(right, node_id, now), capacity
 
 
+def release_export(session: Session, *, volume_id: str, node_id: str, epoch: int,
+                   now: datetime) -> None:
+    """The export is over (done or not): as after a stop, a shared pool's object is held
+    by nobody again; a private pool's node keeps it."""
+    right = session.get(UseRight, (use_rights.VOLUME, volume_id), with_for_update=True)
+    if right is not None and right.holder_node_id == node_id and right.epoch == epoch:
+        use_rights.release_after_stop(right, now)
+
+
 def export_done(session: Session, *, result: dict[str, Any], now: datetime
                 ) -> dict[str, Any]:
-    right = session.get(UseRight, (use_rights.VOLUME, result["volume_id"]),
-                        with_for_update=True)
-    if right is not None and right.holder_node_id == result["node_id"] \
-            and right.epoch == result["epoch"]:
-        use_rights.release_after_stop(right, now)
+    release_export(session, volume_id=result["volume_id"], node_id=result["node_id"],
+                   epoch=result["epoch"], now=now)
     record_event(session, now, result["volume_id"], "transfer.exported",
                  {"artifact_digest": result["artifact_digest"], "size": result["size"],
                   "node_id": result["node_id"], "epoch": result["epoch"]})
@@ -217,10 +223,18 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         node_id = nodes[0]
         epoch, capacity = await store.write(partial(
             grant_for_export, volume_id=volume_id, node_id=node_id, now=ctx.now()))
-        answer = await volumes.call(node_id, "object.export", {
-            "kind": use_rights.VOLUME, "pool_id": pool_id, "object_id": volume_id,
-            "epoch": epoch}, TRANSFER_TIMEOUT)
+        try:
+            answer = await volumes.call(node_id, "object.export", {
+                "kind": use_rights.VOLUME, "pool_id": pool_id, "object_id": volume_id,
+                "epoch": epoch}, TRANSFER_TIMEOUT)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await store.write(partial(release_export, volume_id=volume_id,
+                                          node_id=node_id, epoch=epoch, now=ctx.now()))
+            raise
         if answer is None:
+            await store.write(partial(release_export, volume_id=volume_id, node_id=node_id,
+                                      epoch=epoch, now=ctx.now()))
             raise Unavailable(f"node {node_id} did not finish the export of volume "
                               f"{volume_id}; retry", details={"node_id": node_id})
         digest = ids.check_digest(answer.get("artifact_digest"))

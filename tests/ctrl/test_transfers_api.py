@@ -173,3 +173,39 @@ async def test_refusals(tmp_path: Path) -> None:
             await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": vid},
                             code="unavailable")
         assert pool_a.exists()
+
+
+async def test_shared_pool_holder_is_released_after_the_export(tmp_path: Path) -> None:
+    """As after a stop: in a shared pool nobody holds the Volume once the export ended,
+    whether it succeeded or the node refused."""
+    shared = [{"id": "shared", "shared": True, "default": True}]
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        path = tmp_path / "shared"
+        path.mkdir()
+        prepare_pool_dirs("shared", path)
+        sims = {}
+        for node_id in ("node-a", "node-b"):
+            def pool(pool_id: str, kind: str, node_id: str = node_id) -> PoolObjects:
+                return PoolObjects(pool_id, path, kind, node_id, receipt_wait=0.5)
+            sims[node_id] = TransferSim(transfers=NodeTransfers(
+                node_id=node_id, pool=pool, ctrl_url=ctrl.url,
+                credential=lambda node_id=node_id: ctrl.creds[node_id]))
+            await ctrl.connect(node_id, sim=sims[node_id], pools=shared)
+        created = await create_volume(ctrl, pool_id="shared", capacity_bytes=CAP)
+        vid = created["volume_id"]
+        assert (await settled_volume(ctrl, vid))["holder_node_id"] is None
+        # the block file is missing: the node refuses, the use right is released
+        err = await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": vid},
+                              code="not_found")
+        assert vid in err["message"]
+        assert (await settled_volume(ctrl, vid))["holder_node_id"] is None
+        await block_file(path, vid, created["epoch"], created["holder_node_id"])
+        out = await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": vid})
+        vol = await settled_volume(ctrl, vid)
+        assert vol["holder_node_id"] is None
+        assert vol["epoch"] == out["epoch"]
+        # and any node of the shared pool imports it
+        imp = await ctrl.call("POST", "/v1/transfers/import",
+                              json={"artifact_digest": out["artifact_digest"]})
+        assert imp["volume"]["pool_id"] == "shared"
+        assert imp["volume"]["holder_node_id"] is None
