@@ -215,6 +215,7 @@ async def test_move_waits_for_the_copier_to_return(tmp_path: Path) -> None:
         await ctrl.connect("node-a", pools=pools)
         vid = (await create_volume(ctrl))["volume_id"]
         await settled_volume(ctrl, vid)
+        wid = await stopped_workspace(ctrl, volumes=[{"volume_id": vid}])
         sim = ctrl.sims["node-a"]
         sim.hold_objects = trio.Event()
         await ctrl.call("POST", f"/v1/volumes/{vid}/move", json={"pool_id": "shared-a"})
@@ -223,6 +224,10 @@ async def test_move_waits_for_the_copier_to_return(tmp_path: Path) -> None:
             return bool(kinds(sim, "object.copy"))
 
         await wait_until(asked, "object.copy sent")
+        # `kibo workspace move` checks first: an object being moved stops it there.
+        err = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                              params={"node_id": "node-a"}, code="failed_precondition")
+        assert "being moved" in err["message"]
         await ctrl.disconnect("node-a")
         sim.hold_objects.set()
         assert (await volume(ctrl, vid))["operation"]["status"] == "running"
@@ -230,3 +235,5 @@ async def test_move_waits_for_the_copier_to_return(tmp_path: Path) -> None:
         vol = await settled_volume(ctrl, vid)
         assert vol["pool_id"] == "shared-a"
         assert vol["operation"] is None
+        await ctrl.action(wid, "start")
+        assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
