@@ -56,7 +56,7 @@ from kibotos.node.instances import (
 from kibotos.node.lifecycle import Instance, Launcher, Settings
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES
-from kibotos.node.registry import prune_loop, registry_handlers
+from kibotos.node.registry import prune_loop, recording, registry_handlers
 from kibotos.node.takeover import TAKEOVER_POOL_WAIT, Takeover
 from kibotos.node.vmstats import VmUsageMeter
 from kibotos.node.volume_ops import NodeStorage
@@ -147,7 +147,8 @@ class VmInstanceManager:
 
     def command_handlers(self) -> Mapping[str, CommandHandler]:
         extra = transfer_handlers(self.transfers) if self.transfers is not None else {}
-        return {**command_handlers(self), **registry_handlers(self.dirs.records), **extra}
+        return recording({**command_handlers(self), **registry_handlers(self.dirs.records),
+                          **extra}, self.dirs.records)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -393,8 +394,6 @@ class VmInstanceManager:
                 raise FailedPrecondition(f"retained layer {ref} of pool {pool_id} is in use "
                                          f"by Instance {inst.instance_id} ({inst.state})")
         existed = await trio.to_thread.run_sync(pool.delete, ref, epoch)
-        await trio.to_thread.run_sync(lambda: self.dirs.records.record_volume_command(
-            "layer.delete", f"{pool_id}/{ref}", {"deleted": True, "epoch": epoch}))
         self._retained.discard((pool_id, RETAINED_LAYERS, ref))
         log.info("retained layer deleted", pool=pool_id, ref=ref, epoch=epoch, existed=existed)
         self._changed()

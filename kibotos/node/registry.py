@@ -206,6 +206,40 @@ def registry_handlers(registry: Registry) -> dict[str, CommandHandler]:
     return {"registry.list": list_, "registry.delete": delete}
 
 
+#: The Volume, writable-layer and Template preparation commands whose results go to
+#: ``volume-commands.json``.
+PREPARATION_KINDS = frozenset({"layer.delete", "volume.create", "volume.delete",
+                               "object.expand", "object.copy", "object.export",
+                               "object.import"})
+
+
+def command_key(args: Mapping[str, Any]) -> str:
+    """``<pool>/<object>`` of a preparation command's arguments."""
+    pool = args.get("pool_id") or args.get("from_pool_id") or "-"
+    obj = args.get("object_id") or args.get("volume_id") or args.get("ref") or "-"
+    return f"{pool}/{obj}"
+
+
+def recording(handlers: Mapping[str, CommandHandler], registry: Registry
+              ) -> dict[str, CommandHandler]:
+    """`handlers` with the result of every successful preparation command recorded in
+    ``volume-commands.json`` (a failure to record is logged: the command did happen)."""
+
+    def wrap(kind: str, handler: CommandHandler) -> CommandHandler:
+        async def run(args: dict[str, Any]) -> dict[str, Any]:
+            result = await handler(args)
+            try:
+                await trio.to_thread.run_sync(
+                    lambda: registry.record_volume_command(kind, command_key(args), result))
+            except (FailedPrecondition, OSError) as exc:
+                log.warning("volume command not recorded", kind=kind, error=str(exc))
+            return result
+        return run
+
+    return {kind: wrap(kind, h) if kind in PREPARATION_KINDS else h
+            for kind, h in handlers.items()}
+
+
 async def prune_loop(registry: Registry, interval: float = 3600.0) -> None:
     """``volume-commands.json`` entries are kept 24 h: pruned at start and hourly, besides
     on every write."""

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from instance_harness import running_node
 from node_helpers import node_config
 
 from kibotos import atomicfile
@@ -148,3 +149,18 @@ def test_node_local_temporary_files_are_deleted_at_start(tmp_path: Path) -> None
     assert [p for p in temp if p.exists()] == []
     assert [p for p in kept if not p.exists()] == []
     assert not staging.exists()
+
+
+async def test_preparation_commands_are_recorded_in_volume_commands() -> None:
+    async with running_node() as node:
+        result = await node.command("layer.delete", {"pool_id": "pool-a", "ref": "ws-9",
+                                                     "epoch": 1})
+        assert result == {"deleted": True}
+        entries = atomicfile.read_json(node.root / "runtime" / "registry" /
+                                       "volume-commands.json")["entries"]
+        assert [(e["kind"], e["key"], e["result"]) for e in entries] == [
+            ("layer.delete", "pool-a/ws-9", {"deleted": True})]
+        # Other commands are not preparation commands.
+        await node.command("node.drain", {"requested": False})
+        assert len(atomicfile.read_json(node.root / "runtime" / "registry" /
+                                        "volume-commands.json")["entries"]) == 1
