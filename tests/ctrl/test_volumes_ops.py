@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from ctrl_helpers import wait_until
 from volume_helpers import create_volume, kinds, settled_volume, volume
@@ -235,5 +236,23 @@ async def test_move_waits_for_the_copier_to_return(tmp_path: Path) -> None:
         vol = await settled_volume(ctrl, vid)
         assert vol["pool_id"] == "shared-a"
         assert vol["operation"] is None
+        await ctrl.action(wid, "start")
+        assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
+
+
+@pytest.mark.postgres
+async def test_volume_create_attach_expand_move_on_postgresql(tmp_path: Path,
+                                                              postgres_url: str) -> None:
+    """The same transactions on PostgreSQL (row locks, the journal's advisory lock)."""
+    async with open_ws_ctrl(tmp_path, database_url=postgres_url) as ctrl:
+        pools = [{"id": "node-a-local", "shared": False, "default": True}, SHARED]
+        await ctrl.connect("node-a", pools=pools)
+        vid = (await create_volume(ctrl, command_id="pg-1"))["volume_id"]
+        assert (await settled_volume(ctrl, vid))["state"] == "AVAILABLE"
+        wid = await stopped_workspace(ctrl, volumes=[{"volume_id": vid}])
+        await ctrl.call("POST", f"/v1/volumes/{vid}/expand", json={"capacity_bytes": 2 * GI})
+        assert (await settled_volume(ctrl, vid))["capacity_bytes"] == 2 * GI
+        await ctrl.call("POST", f"/v1/volumes/{vid}/move", json={"pool_id": "shared-a"})
+        assert (await settled_volume(ctrl, vid))["pool_id"] == "shared-a"
         await ctrl.action(wid, "start")
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
