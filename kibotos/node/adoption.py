@@ -12,8 +12,9 @@ units named ``kibotos-vmm-*`` (one listing), and decides for each Instance:
               background (`kibotos.node.takeover`), the guest is not waited for
 ``finish``    CREATING, and its unit runs as recorded, or the launch response was
               lost (record written, unit started, facts not recorded) and the unit
-              found by its name runs the recorded command: its facts are recorded
-              now, and readiness is still awaited (creation fails on timeout)
+              found by its name runs the recorded command and started after the
+              record was written: its facts are recorded now, and readiness is still
+              awaited (creation fails on timeout)
 ``reboot``    CREATING, and no VMM runs for it: it is launched again
 ``stopping``  STOPPING: kept as is; the stop that ctrl repeats finishes it
 ``gone``      RUNNING, but its VMM ended while the node was away: FAILED with the
@@ -36,8 +37,10 @@ instance process this node did not take over`` and the unit keeps running.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,30 @@ def _runs_recorded_command(record: Mapping[str, Any], info: UnitInfo) -> bool:
     return bool(info.argv) and isinstance(expected, list) and list(info.argv) == expected
 
 
+def _boot_time(proc: Path = Path("/proc")) -> float | None:
+    try:
+        for line in (proc / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _started_before_record(record: Mapping[str, Any], info: UnitInfo) -> bool:
+    """Whether the unit's main process is older than the launch record: then it is
+    not the launch the record describes (a unit started *after* the record is).  The
+    boot time is in whole seconds, hence the second of slack."""
+    written, ticks, boot = record.get("written_at"), info.start_time_ticks, _boot_time()
+    if not isinstance(written, str) or ticks is None or boot is None:
+        return False
+    try:
+        at = datetime.fromisoformat(written).timestamp()
+    except ValueError:
+        return False
+    return boot + ticks / os.sysconf("SC_CLK_TCK") < at - 1.0
+
+
 def _is_ours(info: UnitInfo, supervisor: Supervisor, instances_dir: Path) -> bool:
     if supervisor.name == "direct":
         return True
@@ -138,11 +165,13 @@ def judge(inst: Instance, launch: dict[str, Any] | None, info: UnitInfo | None
             return Verdict(inst, LEAVE, info), (
                 f"{what}: unit {info.name} runs but no launch record was written")
         if launch.get("unit") is None:  # the launch response was lost
-            if info.name == launch.get("unit_name") and _runs_recorded_command(launch, info):
+            if info.name == launch.get("unit_name") and _runs_recorded_command(launch, info) \
+                    and not _started_before_record(launch, info):
                 return Verdict(inst, FINISH, info, launch), None
             return Verdict(inst, LEAVE, info, launch), (
-                f"{what}: unit {info.name} runs another command than its launch record "
-                f"{launch.get('launch_id')} expected")
+                f"{what}: unit {info.name} is not the launch of record "
+                f"{launch.get('launch_id')} (another command, or started before the record "
+                "was written)")
     if launch is None or launch.get("unit") is None:
         if inst.state == STOPPING and not live:
             return Verdict(inst, STOPPING_KEPT, info, launch), None

@@ -95,7 +95,10 @@ def test_verdicts(state: str, launch: dict[str, Any] | None, info: UnitInfo | No
     (RUNNING, None, None, "no launch record with unit facts"),
     (CREATING, record(main_pid=1), unit(), "main_pid recorded 1, running 4242"),
     (CREATING, record(with_facts=False), unit(argv=("/bin/other",)),
-     "runs another command than its launch record"),
+     "is not the launch of record lch-1"),
+    # a process that started long before the record was written is not its launch
+    (CREATING, {**record(with_facts=False), "written_at": "2999-01-01T00:00:00+00:00"},
+     unit(), "started before the record was written"),
     (CREATING, None, unit(), "runs but no launch record was written"),
     (STOPPING, record(start_time_ticks=1), unit(), "start_time_ticks recorded 1"),
 ])
