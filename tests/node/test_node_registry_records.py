@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,8 +17,11 @@ from node_helpers import node_config
 
 from kibotos import atomicfile
 from kibotos.errors import InvalidArgument
-from kibotos.node import machine_logs
+from kibotos.node import machine_logs, records
 from kibotos.node.instance_dirs import InstanceDirs
+from kibotos.node.instance_spec import CreateSpec
+from kibotos.node.instances import STOPPED
+from kibotos.node.lifecycle import Instance
 from kibotos.node.pools import startup as pools_startup
 from kibotos.node.registry import LIST_LIMIT, Registry, cleanup_result, registry_handlers
 
@@ -164,3 +168,37 @@ async def test_preparation_commands_are_recorded_in_volume_commands() -> None:
         await node.command("node.drain", {"requested": False})
         assert len(atomicfile.read_json(node.root / "runtime" / "registry" /
                                         "volume-commands.json")["entries"]) == 1
+
+
+def test_an_end_cut_short_by_a_crash_is_finished_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The node died after the registry entry and the log tails, before the runtime
+    directory went: the next start removes the directory and keeps the first entry
+    (its observation time) and the single ``instance machine exited`` line."""
+    caplog.set_level(logging.INFO, logger="kibotos.node")
+    dirs = InstanceDirs(tmp_path / "root")
+    spec = CreateSpec.model_validate({
+        "instance_id": "inst-1", "workspace_id": "ws-1",
+        "template": {"name": "tiny", "image_digest": "sha256:" + "a" * 64,
+                     "kernel_digest": "sha256:" + "b" * 64,
+                     "initramfs_digest": "sha256:" + "c" * 64},
+        "cpu_millis": 1000, "memory_bytes": 128 << 20,
+        "layer": {"pool_id": "pool-a", "ref": "ws-1", "capacity_bytes": 64 << 20,
+                  "epoch": 1}, "volumes": [], "launch": {}})
+    inst = Instance(spec=spec, dir=dirs.dir_for("inst-1"))
+    dirs.make(inst)
+    (inst.dir / "console.log").write_text("guest says bye\n")
+    inst.state = STOPPED
+    dirs.remove(inst)
+    first = dirs.ended("inst-1")
+    assert first is not None
+    # As if the crash came before the directory was removed.
+    inst.dir.mkdir(parents=True)
+    records.write_instance_record(inst.dir, inst.to_record())
+    assert dirs.read_all() == []
+    assert not inst.dir.exists()
+    assert dirs.ended("inst-1") == first
+    exited = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("instance machine exited ")]
+    assert len(exited) == 1
+    assert (dirs.machine_logs / "inst-1" / "console.log").read_text() == "guest says bye\n"
