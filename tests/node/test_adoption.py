@@ -252,3 +252,26 @@ async def test_a_pool_that_opens_within_the_wait_is_taken_over(base: Path) -> No
         assert node.manager.get("inst-1").state == RUNNING
         assert json.loads((node.pool / "retained-layers" / "holders" /
                            "ws-inst-1.json").read_text())["node_id"] == "node-a"
+
+
+async def test_an_earlier_installation_that_cannot_be_kept_fails_the_takeover(
+        base: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with node_at(base) as node:
+        await start_instance(node, "inst-1")
+        main = node.manager.get("inst-1").main_process
+    d = base / "root" / "runtime" / "instances" / "inst-1"
+    missing = "sha256-" + "b" * 64  # an earlier installation whose directory is gone
+    edit_json(d / "systemd.json", lambda r: r["installation"].update(identity=missing))
+    async with node_at(base) as node:
+        reason = (await node.wait_state("inst-1", FAILED))["reason"]
+        assert reason.startswith("recover instance process: stage "
+                                 "RETAINING_RUNTIME_INSTALLATION: compatible runtime "
+                                 "installation unavailable")
+        assert alive(main[0])  # the VMM keeps running
+        assert f"earlier runtime installation cannot be retained instance=inst-1 " \
+            f"installation={missing}" in caplog.text
+        # reclaimed with force once the node checked it owns the unit
+        assert await node.command("instance.stop", {"instance_id": "inst-1",
+                                                    "force": True}) == \
+            {"confirmed_on_disk": False}
+        assert not alive(main[0])
