@@ -48,6 +48,8 @@ log = logging.getLogger("kibotos.ctrl.volumes")
 CREATE_TIMEOUT = 300.0
 DELETE_TIMEOUT = 120.0
 RETRY_PAUSE = 2.0
+#: How long to leave a node that is still working on the object before asking again.
+BUSY_PAUSE = 10.0
 
 
 class VolumeService:
@@ -206,8 +208,10 @@ class VolumeService:
 
     async def call(self, node_id: str, kind: str, args: dict[str, object],
                    timeout: float) -> dict[str, object] | None:
-        """A node command; None when the node cannot be reached right now.  Other
-        errors are the node's verdict and are raised."""
+        """A node command; None when the node cannot be reached right now, or is still
+        working on the object (``object_busy``: e.g. an expansion that went on while
+        the session was down, asked again).  Other errors are the node's verdict and
+        are raised."""
         if not self.ctx.sessions.is_alive(node_id):
             return None
         try:
@@ -216,6 +220,12 @@ class VolumeService:
             return result
         except (Unavailable, DeadlineExceeded) as exc:
             log.info("node %s: %s not done yet: %s", node_id, kind, exc.message)
+            return None
+        except FailedPrecondition as exc:
+            if exc.details.get("reason") != "object_busy":
+                raise
+            log.info("node %s: %s: %s", node_id, kind, exc.message)
+            await trio.sleep(BUSY_PAUSE)
             return None
 
     # ------------------------------------------------------------------ delete

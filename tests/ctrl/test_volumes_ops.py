@@ -18,7 +18,7 @@ from volume_helpers import create_volume, kinds, settled_volume, volume
 from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
 from kibotos.ctrl.volume_wire import LayerStatusOut, VolumeOut
-from kibotos.errors import Internal
+from kibotos.errors import FailedPrecondition, Internal
 from kibotos.testing.sim_instances import SimInstances
 
 SHARED = {"id": "shared-a", "shared": True, "default": False}
@@ -256,3 +256,47 @@ async def test_volume_create_attach_expand_move_on_postgresql(tmp_path: Path,
         assert (await settled_volume(ctrl, vid))["pool_id"] == "shared-a"
         await ctrl.action(wid, "start")
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
+
+
+async def test_busy_node_is_asked_again_not_failed(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expansion asked again while the node still works on it (a session that
+    dropped and came back) waits for it instead of recording a failure."""
+    monkeypatch.setattr("kibotos.ctrl.volumes.BUSY_PAUSE", 0.05)
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a")
+        vid = (await create_volume(ctrl))["volume_id"]
+        await settled_volume(ctrl, vid)
+        sim = ctrl.sims["node-a"]
+        sim.fail_objects = FailedPrecondition("volume is being expanded on node-a",
+                                              details={"reason": "object_busy"})
+        await ctrl.call("POST", f"/v1/volumes/{vid}/expand", json={"capacity_bytes": 2 * GI})
+        vol = await settled_volume(ctrl, vid)
+        assert vol["operation"] is None
+        assert vol["capacity_bytes"] == 2 * GI
+        assert len(kinds(sim, "object.expand")) == 2
+
+
+async def test_create_on_an_isolated_node_goes_to_another_at_a_new_epoch(
+        tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        objects: dict[Any, Any] = {}
+        for node_id in ("node-a", "node-b"):
+            await ctrl.connect(node_id, sim=SimInstances(objects=objects), pools=[
+                {"id": f"{node_id}-local", "shared": False, "default": True}, SHARED])
+        ctrl.sims["node-a"].hold_objects = trio.Event()
+        vid = (await create_volume(ctrl, pool_id="shared-a"))["volume_id"]
+        assert (await volume(ctrl, vid))["holder_node_id"] == "node-a"
+
+        async def asked() -> bool:
+            return bool(kinds(ctrl.sims["node-a"], "volume.create"))
+
+        await wait_until(asked, "volume.create sent to node-a")
+        await ctrl.disconnect("node-a")
+        await ctrl.call("POST", "/v1/nodes/node-a/isolate",
+                        json={"confirm_host_cannot_write": True})
+        vol = await settled_volume(ctrl, vid)
+        assert vol["state"] == "AVAILABLE"
+        assert kinds(ctrl.sims["node-b"], "volume.create") == [
+            {"volume_id": vid, "pool_id": "shared-a", "capacity_bytes": GI, "epoch": 2}]
+        assert vol["epoch"] == 2
