@@ -6,6 +6,7 @@ node attached to the Volume's pool, and resumption after the node was away."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, kinds, settled_volume, volume
 from ws_helpers import GI, open_ws_ctrl
 
+from kibotos.ctrl import volume_txns as vt
 from kibotos.ctrl.volume_wire import VolumeListOut, VolumeOut
 from kibotos.errors import Internal
 from kibotos.testing.sim_instances import SimInstances
@@ -215,3 +217,19 @@ async def test_placement_requires_the_volume_pool(tmp_path: Path) -> None:
         epochs = [v["epoch"] for a in kinds(ctrl.sims["node-a"], "instance.create")
                   for v in a["volumes"]]
         assert epochs == [1, 1, 1]  # always the node that created it: no new epoch
+
+
+async def test_sweep_resumes_a_create_without_a_task(tmp_path: Path) -> None:
+    """What a ctrl restart finds: a Volume recorded CREATING whose task is gone; the
+    Workspace service's sweep starts one."""
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a")
+        await ctrl.ctx.store.write(partial(
+            vt.begin_create, volume_id="vol-orphan", pool_id="node-a-local", shared=False,
+            capacity_bytes=GI, labels={}, node_id="node-a", now=ctrl.ctx.now(),
+            default_capacity=1 << 40))
+        vol = await settled_volume(ctrl, "vol-orphan")
+        assert vol["state"] == "AVAILABLE"
+        assert kinds(ctrl.sims["node-a"], "volume.create") == [
+            {"volume_id": "vol-orphan", "pool_id": "node-a-local", "capacity_bytes": GI,
+             "epoch": 1}]
