@@ -319,11 +319,16 @@ class Launcher:
                 raise
             raise found from None
 
-    async def configure_guest(self, inst: Instance) -> None:
+    def launch_config(self, inst: Instance) -> LaunchConfig:
+        """What the guest is configured with: at boot, and again after a node restart
+        (`kibotos.node.takeover`)."""
         launch = inst.spec.launch
-        config = LaunchConfig(hostname=launch.hostname, env=dict(launch.env),
-                              volumes=guest_volumes(self.backend, inst.launch, inst.spec),
-                              retained_filesystems=list(self.retained_filesystems()))
+        return LaunchConfig(hostname=launch.hostname, env=dict(launch.env),
+                            volumes=guest_volumes(self.backend, inst.launch, inst.spec),
+                            retained_filesystems=list(self.retained_filesystems()))
+
+    async def configure_guest(self, inst: Instance) -> None:
+        config = self.launch_config(inst)
         async with self.guest(inst) as channel:
             await channel.configure(config)
 

@@ -12,9 +12,8 @@ records and adoption" and Troubleshooting):
   afterwards, makes the Instance FAILED (``recover instance process: stage
   PREPARING_RETAINED_LAYER|ATTACHING_VOLUME: …``, the VMM keeps running, adoption is
   not retried).
-* **The guest** then gets its launch configuration again (what
-  `Launcher.configure_guest` hands a booting guest; the node has no DNS of its own to
-  hand over yet), with
+* **The guest** then gets its launch configuration again (`Launcher.launch_config`,
+  what a booting guest gets; the node has no DNS of its own to hand over yet), with
   backoff and without end while it does not answer: the Instance stays RUNNING, its
   ``guest.responding`` is false (the ``instance_state`` frame says so), and each failed
   attempt logs ``instance guest sync pending``; the success after one carries
@@ -229,8 +228,9 @@ class Takeover:
 
     async def _configure(self, inst: Instance) -> GuestInfo:
         """One attempt: the guest's hello, its protocol version checked against this
-        build's range, then the launch configuration the launcher builds for a boot."""
+        build's range, then the launch configuration a booting guest gets."""
         assert inst.launch is not None
+        config = self.launcher.launch_config(inst)
         deadline = trio.current_time() + self.attempt_timeout
         stream = await self.launcher.backend.guest_channel(inst.launch,
                                                            timeout=self.attempt_timeout)
@@ -238,13 +238,13 @@ class Takeover:
             async with open_guest_channel(
                     stream, accepted=self.launcher.build.guest_protocols) as channel:
                 info = await channel.wait_hello(deadline)
+                await channel.configure(config)
+                return info
         except BaseExceptionGroup as group:
             found = first_kibotos_error(group)
             if found is None:
                 raise
             raise found from None
-        await self.launcher.configure_guest(inst)
-        return info
 
     async def sync_guest(self, inst: Instance) -> None:
         """Hand the guest its configuration again until it answers (or refuses)."""
