@@ -376,11 +376,12 @@ def mounts_of(session: Session, workspace_id: str) -> dict[str, str]:
 
 
 def check_startable(session: Session, workspace_id: str) -> None:
-    """A Workspace whose writable layer or Volume is being expanded or moved cannot
-    start until that is done."""
+    """A Workspace whose writable layer or Volume is being expanded or copied cannot
+    start until that is done.  A move whose copy is done (status ``cleanup``: only the
+    old copy, in the old pool, is left to delete) does not hold it back."""
     for op in session.scalars(select(ObjectOperation).where(
             ObjectOperation.workspace_id == workspace_id,
-            ObjectOperation.status.in_(BUSY))):
+            ObjectOperation.status == RUNNING)):
         what = "writable layer" if op.object_kind == use_rights.RETAINED_LAYER \
             else f"volume {op.object_id}"
         raise FailedPrecondition(
