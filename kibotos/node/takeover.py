@@ -116,17 +116,26 @@ class PoolGate:
 
 
 def installation_retained(root: Path, inst: Instance, launch: Mapping[str, Any] | None,
-                          launcher: Launcher) -> None:
+                          launcher: Launcher,
+                          seen: dict[str, installations.Retention] | None = None) -> None:
     """An Instance an earlier build started may pin an earlier runtime installation: it
     is kept only when complete and in range (`kibotos.node.installations.assess`; a
     refusal logs ``earlier runtime installation cannot be retained`` with the exact reason);
     otherwise `StageFailed` with the spec's ``compatible runtime installation
-    unavailable``.  A node that pinned no installation itself has nothing to compare."""
+    unavailable``.  A node that pinned no installation itself has nothing to compare.
+    `seen` keeps each verdict by the recorded installation: many Instances usually pin
+    the same one, and checking it means hashing every file."""
     current = launcher.installation
     if current is None:
         return
-    verdict = installations.assess(root, (launch or {}).get("installation"),
-                                   current.get("identity"), launcher.build)
+    recorded = (launch or {}).get("installation")
+    key = repr(sorted(recorded.items())) if isinstance(recorded, dict) else repr(recorded)
+    verdict = seen.get(key) if seen is not None else None
+    if verdict is None:
+        verdict = installations.assess(root, recorded, current.get("identity"),
+                                       launcher.build)
+        if seen is not None:
+            seen[key] = verdict
     if not verdict.ok:
         log.error(installations.NOT_RETAINED_EVENT, instance=inst.instance_id,
                   installation=verdict.identity, reason=verdict.problem)
@@ -148,6 +157,7 @@ class Takeover:
         self.gate = PoolGate(pool_wait)
         #: Instances reloaded at start and not taken over (reclaim checks ownership).
         self.not_taken_over: set[str] = set()
+        self._installations: dict[str, installations.Retention] = {}
         self.attempt_timeout = ATTEMPT_TIMEOUT
         self.backoff = (0.5, 30.0)
         self._active = 0
@@ -190,7 +200,8 @@ class Takeover:
                     inst.boot_scope = scope
                     try:
                         await trio.to_thread.run_sync(installation_retained, self.root, inst,
-                                                      launch, self.launcher)
+                                                      launch, self.launcher,
+                                                      self._installations)
                         await self.reattach_storage(inst)
                     except StageFailed as exc:
                         await self._fail(inst, exc.stage, exc.message)
