@@ -13,12 +13,11 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import subprocess
-import sys
 import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -30,6 +29,7 @@ from instance_harness import (
     stop_all_units,
     write_template,
 )
+from stuck_fuse_helpers import StuckFs
 
 from kibotos import atomicfile
 from kibotos.config import NodeConfig, parse
@@ -42,8 +42,6 @@ from kibotos.plugins import load_plugins
 
 pytestmark = pytest.mark.skipif(not Path("/dev/fuse").exists() or shutil.which("mount")
                                 is None, reason="needs /dev/fuse and mount(8)")
-
-HERE = Path(__file__).resolve().parent
 
 
 def _config(base: Path, stuck: Path) -> NodeConfig:
@@ -74,35 +72,6 @@ backend = "direct"
 kill_grace = 0.5
 """
     return parse(NodeConfig, tomllib.loads(text), "test node.toml")
-
-
-class StuckFs:
-    """`stuck_fuse.py` in a child process."""
-
-    def __init__(self, mountpoint: Path) -> None:
-        self.mountpoint = mountpoint
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "stuck_fuse.py"),
-                                      str(mountpoint)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        assert self._line() == "ready"
-
-    def _line(self) -> str:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.readline().strip()
-
-    async def wait_held(self) -> None:
-        """A lookup is held: some process now waits in the kernel."""
-        with trio.fail_after(DEADLINE):
-            line = await trio.to_thread.run_sync(self._line)
-        assert line.startswith("held "), line
-
-    def release(self) -> None:
-        assert self.proc.stdin is not None
-        if not self.proc.stdin.closed:
-            self.proc.stdin.close()  # answers every held request, unmounts, exits
-        self.proc.wait(timeout=DEADLINE)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 @asynccontextmanager
@@ -139,7 +108,7 @@ def _lines(caplog: pytest.LogCaptureFixture, message: str) -> list[str]:
             if r.name == "kibotos.node" and r.getMessage().startswith(message + " ")]
 
 
-async def _pending_frame(node: Node) -> dict:
+async def _pending_frame(node: Node) -> dict[str, Any]:
     frame = await node.wait_state("inst-1", STOPPING)
     while "cleanup" not in frame:  # the first STOPPING frame is the stop's start
         feed = node.manager.state_feed()
