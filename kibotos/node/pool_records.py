@@ -11,8 +11,10 @@ never rewrite the same file, and decisions across hosts depend on no lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kibotos import atomicfile, ids
-from kibotos.errors import FailedPrecondition, InvalidArgument, Unavailable
+from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
 
 RETAINED_LAYERS = "retained-layers"
 VOLUMES = "volumes"
@@ -28,6 +30,15 @@ KINDS = (RETAINED_LAYERS, VOLUMES)
 #: How long a takeover waits for the previous holder's release receipt (spec: 15 s).
 RECEIPT_WAIT = 15.0
 _LABELS = {RETAINED_LAYERS: "retained layer", VOLUMES: "volume"}
+#: How long an operation waits for the object's flock before it fails retryably.  The
+#: lock covers only record reads and writes here, so a long wait means another process
+#: on this machine is stuck, or (NFS without ``nolock``) the lock of a previous node
+#: process was not released yet or the server is in its lock recovery period.
+LOCK_WAIT = 30.0
+_LOCK_POLL = 0.05
+#: The spec's wording for a lock that cannot be had (troubleshooting table).
+_LOCK_HELD = {RETAINED_LAYERS: "retained layer lock is held",
+              VOLUMES: "Volume operation lock is held"}
 
 
 def now() -> str:
@@ -62,6 +73,7 @@ class PoolRecords:
         self.node_id = node_id
         self.receipt_wait = receipt_wait
         self.unavailable = unavailable
+        self.lock_wait = LOCK_WAIT
 
     # ------------------------------------------------------------------ paths
 
@@ -101,10 +113,32 @@ class PoolRecords:
                 "still mounted?)", details={"reason": "pool_unavailable",
                                             "pool_id": self.pool_id}) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._flock(fd, object_id, lock)
             yield
         finally:
             os.close(fd)
+
+    def _flock(self, fd: int, object_id: str, lock: Path) -> None:
+        """LOCK_EX within `lock_wait` seconds (monotonic), else `Aborted` with the
+        spec's message: a retryable conflict rather than a command that never returns."""
+        deadline = time.monotonic() + self.lock_wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as exc:
+                busy = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+                if busy and time.monotonic() < deadline:
+                    time.sleep(_LOCK_POLL)
+                    continue
+                why = (f"another operation has held {lock} for {self.lock_wait:g} s"
+                       if busy else f"flock {lock}: {exc.strerror or exc}")
+                raise Aborted(
+                    f"{_LOCK_HELD[self.kind]}: {self._what(object_id)}: {why} (on NFS: the "
+                    "lock of a previous node process was not released yet, or the server "
+                    "is in its lock recovery period); retry later",
+                    details={"reason": "object_lock_held", "pool_id": self.pool_id,
+                             "object_id": object_id}) from None
 
     # ------------------------------------------------------------------ records
 

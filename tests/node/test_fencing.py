@@ -169,6 +169,7 @@ async def wait_holder(pool: Path, node_id: str) -> None:
 async def shared_pool() -> AsyncIterator[Path]:
     pool = short_dir("kfp-")
     try:
+        pool.chmod(0o755)  # mkdtemp's 0700: the VMM identity must traverse a pool
         init_pool("pool-a", pool, adopt=True)
         prepare_pool_dirs("pool-a", pool)
         vols = PoolObjects("pool-a", pool, VOLUMES, "node-a")  # ctrl's volume.create

@@ -129,10 +129,10 @@ def test_tcg_command_line_carries_testbed_flags(launch: dict):
     assert f"file={launch['template_image']}" in drives[0]
     devices = _pairs(args, "-device")
     assert [d for d in devices if d.startswith("virtio-blk-device")] == [
-        "virtio-blk-device,drive=template,serial=kibotos-root",
-        "virtio-blk-device,drive=rw,serial=kibotos-rw",
-        "virtio-blk-device,drive=vol0,serial=vol-a",
-        "virtio-blk-device,drive=vol1,serial=kibotos-vol1"]
+        "virtio-blk-device,drive=template,serial=kibotos-root,discard=off",
+        "virtio-blk-device,drive=rw,serial=kibotos-rw,discard=off",
+        "virtio-blk-device,drive=vol0,serial=vol-a,discard=off",
+        "virtio-blk-device,drive=vol1,serial=kibotos-vol1,discard=off"]
     assert "virtserialport,chardev=agent,name=org.kibotos.agent.0" in devices
     assert "virtserialport,chardev=agentdp,name=org.kibotos.agent.1" in devices
     assert "virtio-balloon-device,free-page-reporting=on" in devices

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
+import stat
 import subprocess
 from pathlib import Path
 
@@ -99,6 +101,35 @@ def prepare_pool_dirs(pool_id: str, pool_path: Path, *, group: str = VMM_GROUP) 
         _set_owner(top, gid, TOP_MODE, f"prepare host layout: hand {top} to the VMM identity")
         _set_owner(top / "data", gid, DATA_MODE,
                    f"prepare host layout: hand {top / 'data'} to the VMM identity")
+
+
+def check_traversable(pool_id: str, pool_path: Path, *, group: str = VMM_GROUP) -> None:
+    """Refuse to start when the VMM identity cannot traverse the pool directory itself.
+
+    spec/storage-pools-on-nfs.txt, "Prerequisites" and "Troubleshooting": the node
+    manages only the subdirectories, so an operator who mounted the export (or made the
+    directory 0700) must ``chown root:kibotos-vmm`` and ``chmod 0710`` it; without that
+    every VMM fails to open its block files later, far from the cause.  Traversable
+    means search permission for the group ``kibotos-vmm`` (as others, as the group when
+    the directory has that group, or as the owner when a ``kibotos-vmm`` user owns it).
+    """
+    gid = vmm_gid(group) if os.geteuid() == 0 else os.getegid()
+    try:
+        vmm_uid: int | None = pwd.getpwnam(group).pw_uid
+    except KeyError:
+        vmm_uid = None
+    st = os.stat(pool_path)
+    mode = stat.S_IMODE(st.st_mode)
+    if (mode & stat.S_IXOTH or (st.st_gid == gid and mode & stat.S_IXGRP)
+            or (vmm_uid is not None and st.st_uid == vmm_uid and mode & stat.S_IXUSR)):
+        return
+    raise FailedPrecondition(
+        f"prepare host layout: pool directory {pool_path} of pool {pool_id!r} is not "
+        f"traversable by VMM identity (group {group}, gid {gid}): it is owned by "
+        f"{st.st_uid}:{st.st_gid} with mode {mode:04o}; the node does not change the pool "
+        f"directory itself: run `chown root:{group} {pool_path}` and "
+        f"`chmod 0710 {pool_path}`", details={"reason": "pool_not_traversable",
+                                              "pool_id": pool_id, "path": str(pool_path)})
 
 
 def hand_block_file(path: Path, kind: str, *, group: str = VMM_GROUP) -> None:

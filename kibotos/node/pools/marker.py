@@ -25,6 +25,7 @@ from typing import Any
 
 from kibotos import atomicfile, ids
 from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.node.pools.dirs import TOP_MODE, vmm_gid
 
 MARKER_NAME = ".kibotos-storage-pool"
 MARKER_VERSION = 1
@@ -137,7 +138,8 @@ def init_pool(pool_id: str, path: Path, *, adopt: bool = False) -> InitResult:
     """``kibotos-node storage-pool init``: every rule of "Initializing a pool".
 
     * a bad ID or a relative path is refused before anything is written;
-    * a missing directory is created (its parents too);
+    * a missing directory is created (its parents too), root:kibotos-vmm 0710 as the
+      spec's "Prerequisites" ask of a pool directory;
     * a directory that already has a marker: the same ID is a no-op, another ID is
       refused and the marker is left as it is;
     * a non-empty directory without a marker is refused unless `adopt` (it keeps the
@@ -163,7 +165,13 @@ def init_pool(pool_id: str, path: Path, *, adopt: bool = False) -> InitResult:
                 details={"reason": "not_empty"})
     else:
         try:
-            path.mkdir(mode=0o700, parents=True)
+            path.mkdir(mode=TOP_MODE, parents=True)
+            # The mode and owner the spec's "Prerequisites" ask the operator to give a
+            # pool directory, so the node's traversal check passes on a directory init
+            # made (the node itself never changes the pool directory).
+            if os.geteuid() == 0:
+                os.chown(path, 0, vmm_gid())
+            os.chmod(path, TOP_MODE)
         except FileExistsError:
             pass
         except OSError as exc:

@@ -21,7 +21,7 @@ from kibotos.config import NodeConfig, PoolSection
 from kibotos.node.logs import EventLogger
 from kibotos.node.pools import legacy_names
 from kibotos.node.pools.availability import PoolMonitor
-from kibotos.node.pools.dirs import SUBDIRS, prepare_pool_dirs
+from kibotos.node.pools.dirs import SUBDIRS, check_traversable, prepare_pool_dirs
 from kibotos.node.pools.tempfiles import Sweep, sweep_local, sweep_pool
 
 log = EventLogger()
@@ -29,8 +29,14 @@ log = EventLogger()
 
 def prepare(config: NodeConfig) -> None:
     """Pool directories, then local leftovers (pool subtrees under storage.root are
-    left to the pool rules)."""
+    left to the pool rules).
+
+    Each existing pool directory must be traversable by the VMM identity before the
+    node creates anything in it (spec's troubleshooting table: the node fails to start);
+    a pool at storage.root is the node's own directory and not checked here."""
     for pool in config.storage.pool:
+        if pool.path.is_dir() and pool.path != config.storage.root:
+            check_traversable(pool.id, pool.path)
         prepare_pool_dirs(pool.id, pool.path)
     skip: list[Path] = []
     for pool in config.storage.pool:

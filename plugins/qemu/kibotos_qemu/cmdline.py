@@ -11,7 +11,8 @@ reason in docs/vm.md):
   cache from costing a gigabyte; ``mitigations=off audit=0 8250.nr_uarts=1
   cryptomgr.notests`` cut the boot from 3.6 s to 2.75 s.  KVM: ``-cpu host`` and none
   of the TSC trims (the guest gets kvmclock).
-* Disks: ``cache=none,aio=threads``; the Template read-only.  Each disk carries a
+* Disks: ``cache=none,aio=threads``; the Template read-only; ``discard=off`` (no DISCARD
+  for the guest: block files are never hole-punched).  Each disk carries a
   virtio serial by which the guest init finds it.
 * The agent channels: virtio-serial port ``org.kibotos.agent.0`` (the node's) on
   ``agent.sock`` and ``org.kibotos.agent.1`` (the data plane's) on ``agent-dp.sock``,
@@ -66,7 +67,9 @@ def _drive(name: str, path: str, serial: str, read_only: bool) -> list[str]:
     return [
         "-drive",
         f"id={name},file={_opt(path)},format=raw,if=none,cache=none,aio=threads{ro}",
-        "-device", f"virtio-blk-device,drive={name},serial={serial}",
+        # discard=off: the guest is not offered DISCARD (spec, storage pools: block
+        # files are never hole-punched; the device property defaults to on).
+        "-device", f"virtio-blk-device,drive={name},serial={serial},discard=off",
     ]
 
 
