@@ -16,7 +16,7 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl import instances as inst_mod
-from kibotos.ctrl import use_rights, volume_txns
+from kibotos.ctrl import use_rights, volume_attach
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.auth import Caller
 from kibotos.ctrl.routing import Api, Route, read_body, read_query
@@ -144,7 +144,7 @@ def routes(api: Api) -> list[Route]:
             ws = w.get_workspace(session, workspace_id)
             _node_or_404(session, query.node_id)
             # An object being expanded or moved: the move stops before doing anything.
-            volume_txns.check_startable(session, workspace_id)
+            volume_attach.check_startable(session, workspace_id)
             return {"workspace": w.workspace_json(ws),
                     "objects": _objects(session, ws.workspace_id)}
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from kibotos import ids
 from kibotos.ctrl import instances as inst_mod
 from kibotos.ctrl import pool_capacity
-from kibotos.ctrl import volume_txns as vt
+from kibotos.ctrl import volume_attach as va
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.context import CtrlContext
@@ -193,7 +193,7 @@ class WorkspaceService:
         async def attempt() -> dict[str, Any]:
             template = await self.template(body.template)
             volumes = await self.store.run(partial(
-                vt.attach_plans, wanted=[(v.volume_id, v.mount()) for v in body.volumes]))
+                va.attach_plans, wanted=[(v.volume_id, v.mount()) for v in body.volumes]))
             demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels,
                             frozenset(v.right.pool_id for v in volumes))
             rooms = await self.store.run(pool_capacity.snapshot)
@@ -220,7 +220,7 @@ class WorkspaceService:
             def commit(node_id: str, instance_id: str) -> Callable[[Session], dict[str, Any]]:
                 pool = self.index.nodes[node_id].default_pool
                 assert pool is not None
-                return partial(vt.commit_create, plans=volumes, workspace_id=workspace_id,
+                return partial(va.commit_create, plans=volumes, workspace_id=workspace_id,
                                template=template, labels=body.labels,
                                cpu_millis=body.cpu_millis, memory_bytes=body.memory_bytes,
                                layer_size_bytes=body.layer_size_bytes, layer_ref=layer_ref,
@@ -246,7 +246,7 @@ class WorkspaceService:
         async def attempt() -> dict[str, Any]:
             async with self.lock(workspace_id):
                 plan, mounts = await self.store.run(partial(
-                    vt.start_plan, workspace_id=workspace_id, expected=body.expected_version))
+                    va.start_plan, workspace_id=workspace_id, expected=body.expected_version))
                 demand = Demand(plan.cpu_millis, plan.memory_bytes,
                                 frozenset(r.pool_id for r in plan.rights), plan.labels)
 
@@ -269,7 +269,7 @@ class WorkspaceService:
 
                 def commit(node_id: str,
                            instance_id: str) -> Callable[[Session], dict[str, Any]]:
-                    return partial(vt.commit_start, plan=plan, expected=body.expected_version,
+                    return partial(va.commit_start, plan=plan, expected=body.expected_version,
                                    node_id=node_id, instance_id=instance_id,
                                    now=self.ctx.now(), verify=self.verify_in_store)
 

@@ -19,7 +19,7 @@ import trio
 
 from kibotos.ctrl import instances as inst_mod
 from kibotos.ctrl import pool_ops, use_rights
-from kibotos.ctrl import volume_txns as vt
+from kibotos.ctrl import volume_attach as va
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
 from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
@@ -181,7 +181,7 @@ class Tasks:
         store, now = self.service.store, self.ctx.now
         if right.kind != use_rights.RETAINED_LAYER:
             # A Volume outlives its Workspace: it is detached, not deleted.
-            await store.write(partial(vt.detach, volume_id=right.object_id, now=now()))
+            await store.write(partial(va.detach, volume_id=right.object_id, now=now()))
             return True
         node_id = self._node_for(right)
         if node_id is None:
