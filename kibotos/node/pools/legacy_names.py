@@ -48,7 +48,7 @@ import trio
 from kibotos import atomicfile, failpoints, ids
 from kibotos.errors import InvalidArgument, Unavailable
 from kibotos.node.logs import EventLogger
-from kibotos.node.objects import Opened, PoolObjects, UseRightTakenOver
+from kibotos.node.objects import Holder, Opened, PoolObjects, UseRightTakenOver
 from kibotos.node.pools.dirs import RETAINED_LAYERS, VOLUMES
 
 if TYPE_CHECKING:
@@ -257,6 +257,16 @@ class NamedPoolObjects(PoolObjects):
         await trio.to_thread.run_sync(settle, self, object_id, epoch)
         return await super().open(object_id, epoch, create_capacity=create_capacity,
                                   lower=lower, **extra)
+
+    async def take(self, object_id: str, epoch: int, *, may_create: bool) -> Holder | None:
+        """A Workspace's objects are attached by `take` / `wait_released` /
+        `finish_open` (`Launcher.open_objects`), not `open`: the rename must come
+        before the takeover table here too, or a start would not find the block file
+        under its new name (and a first start could make a new one beside the old)."""
+        self._check(object_id)
+        self.check_available()
+        await trio.to_thread.run_sync(settle, self, object_id, epoch)
+        return await super().take(object_id, epoch, may_create=may_create)
 
     def release(self, object_id: str, epoch: int, *, confirmed_on_disk: bool) -> bool:
         settle(self, object_id, epoch)
