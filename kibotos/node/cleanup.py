@@ -146,12 +146,10 @@ class PendingCleanups:
                             inst, confirmed_on_disk=pending.confirmed)
                     except STUCK_ERRORS as exc:
                         pending.attempts += 1
-                        held = held_parts(inst, exc)
-                        changed = held != pending.held
-                        pending.held = held
+                        pending.held = held_parts(inst, exc)
                         self._log(pending)
-                        if changed:
-                            self._publish(inst, pending.frame_extra())
+                        # Every attempt: a ctrl that reconnected meanwhile learns it too.
+                        self._publish(inst, pending.frame_extra())
                         continue
                     except (KibotosError, OSError) as exc:
                         pending.attempts += 1
