@@ -73,10 +73,17 @@ def objects(session: Session, pool_id: str) -> list[dict[str, Any]]:
 
 
 def snapshot(session: Session) -> dict[str, Room]:
-    """Every known pool's room, read once before a placement (not binding)."""
-    pools = session.scalars(select(StoragePool)).all()
-    return {p.pool_id: Room(p.pool_id, p.capacity_bytes, reserved_bytes(session, p.pool_id))
-            for p in pools}
+    """Every known pool's room, read once before a placement (not binding).  Three
+    queries whatever the number of pools (each node has its own default pool): summing
+    per pool made every create cost a query per node."""
+    layers = dict(session.execute(
+        select(Workspace.layer_pool_id, func.sum(Workspace.layer_size_bytes))
+        .where(Workspace.state != w.DELETED).group_by(Workspace.layer_pool_id)).all())
+    others = volume_pools.reserved_by_pool(session)
+    return {pool_id: Room(pool_id, capacity,
+                          int(layers.get(pool_id) or 0) + others.get(pool_id, 0))
+            for pool_id, capacity in session.execute(
+                select(StoragePool.pool_id, StoragePool.capacity_bytes)).all()}
 
 
 def check_snapshot(rooms: dict[str, Room], pool_id: str, add_bytes: int, what: str,

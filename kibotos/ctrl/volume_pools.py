@@ -32,20 +32,34 @@ def _ops(session: Session) -> dict[tuple[str, str], ObjectOperation]:
 
 def reserved_bytes(session: Session, pool_id: str) -> int:
     """Bytes of `pool_id` reserved by Volumes and by operations on pool objects."""
-    total = 0
+    return reserved_by_pool(session, pool_id).get(pool_id, 0)
+
+
+def reserved_by_pool(session: Session, pool_id: str | None = None) -> dict[str, int]:
+    """`reserved_bytes` of every pool (or only `pool_id`), in one pass over the
+    Volumes and one over the operations: a create's capacity snapshot reads every pool,
+    and a query per pool made that cost grow with the number of nodes."""
+    totals: dict[str, int] = {}
+
+    def add(pool: str | None, amount: int) -> None:
+        if pool is not None and (pool_id is None or pool == pool_id):
+            totals[pool] = totals.get(pool, 0) + amount
+
     ops = _ops(session)
-    for vol in session.scalars(select(Volume).where(Volume.pool_id == pool_id,
-                                                    Volume.state != DELETED)):
+    volumes = select(Volume).where(Volume.state != DELETED)
+    if pool_id is not None:
+        volumes = volumes.where(Volume.pool_id == pool_id)
+    for vol in session.scalars(volumes):
         op = ops.get((use_rights.VOLUME, vol.volume_id))
         target = op.target_capacity_bytes if op is not None and op.op == "expand" else None
-        total += max(vol.capacity_bytes, target or 0)
+        add(vol.pool_id, max(vol.capacity_bytes, target or 0))
     for op in ops.values():
-        if op.op == "move" and op.status == "running" and op.target_pool_id == pool_id:
-            total += op.capacity_bytes
+        if op.op == "move" and op.status == "running":
+            add(op.target_pool_id, op.capacity_bytes)
         elif (op.op == "expand" and op.object_kind == use_rights.RETAINED_LAYER
-              and op.pool_id == pool_id and op.target_capacity_bytes):
-            total += max(0, op.target_capacity_bytes - op.capacity_bytes)
-    return total
+              and op.target_capacity_bytes):
+            add(op.pool_id, max(0, op.target_capacity_bytes - op.capacity_bytes))
+    return totals
 
 
 def objects(session: Session, pool_id: str) -> list[dict[str, Any]]:
