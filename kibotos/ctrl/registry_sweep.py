@@ -40,6 +40,8 @@ log = logging.getLogger("kibotos.ctrl.registry_sweep")
 #: At most this many records per node each time (spec).
 LIMIT = 100
 COMMAND_TIMEOUT = 30.0
+#: Nodes swept at the same time.
+CONCURRENCY = 16
 #: Workspace states in which a command is in progress: its records wait.
 BUSY = frozenset({w.CREATING, w.STARTING, w.STOPPING, w.DELETING})
 STATUSES = frozenset({inst_mod.IN_USE, inst_mod.PENDING, inst_mod.RELEASED,
@@ -130,14 +132,17 @@ class RegistrySweep:
             await self.sweep_all()
 
     async def sweep_all(self) -> None:
-        nodes = self.live_nodes()
+        """One round over the live nodes, a few at a time (a large cluster must not
+        flood the store with a thousand transactions at once)."""
+        limiter = trio.CapacityLimiter(CONCURRENCY)
         async with trio.open_nursery() as nursery:
-            for node_id in nodes:
-                nursery.start_soon(self._sweep_logged, node_id)
+            for node_id in self.live_nodes():
+                nursery.start_soon(self._sweep_logged, node_id, limiter)
 
-    async def _sweep_logged(self, node_id: str) -> None:
+    async def _sweep_logged(self, node_id: str, limiter: trio.CapacityLimiter) -> None:
         try:
-            await self.sweep_node(node_id)
+            async with limiter:
+                await self.sweep_node(node_id)
         except KibotosError as exc:
             log.info("node %s: ended-Instance records not collected now: %s", node_id,
                      exc.message)
