@@ -4,15 +4,25 @@ what the command answers, the node log line ``storage object expansion failed`` 
 failed step and the tool's output, and that expanding again to the same target
 continues from the block file's state.  The failing tools are stand-ins put in front of
 the real e2fsprogs (their exit codes and messages are e2fsprogs'); the rerun uses the
-real tools."""
+real tools.  And the row after it: a root directory lost to an aborted resize2fs is
+repaired by the next expansion into ``lost+found``."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
-from storage_cmd_helpers import MIB, Storage, fsck_clean, make_pool, put_data, read_back
+from storage_cmd_helpers import (
+    ENV,
+    MIB,
+    Storage,
+    fsck_clean,
+    make_pool,
+    put_data,
+    read_back,
+)
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
@@ -82,3 +92,35 @@ async def test_a_failed_tool_is_named_in_the_log_and_the_rerun_continues(
     for name, content in files.items():
         assert read_back(image, name) == content
     assert fsck_clean(image)
+
+
+def inode_of(image: Path, name: str) -> int:
+    out = subprocess.run(["debugfs", "-R", f"stat {name}", str(image)], capture_output=True,
+                         text=True, env=ENV, check=True).stdout
+    return int(out.split("Inode:")[1].split()[0])
+
+
+def clear_root_inode(image: Path) -> None:
+    subprocess.run(["debugfs", "-w", "-R", "clri <2>", str(image)], capture_output=True,
+                   env=ENV, check=True)
+
+
+async def test_a_lost_root_directory_is_repaired_into_lost_and_found(
+        tmp_path: Path) -> None:
+    """The row "after an expansion that failed on v0.1.0-rc.2 or earlier … the files and
+    directories that were in the root directory are gone": an aborted resize2fs had left
+    the root directory unusable.  Here the root inode is cleared by hand (the same
+    damage to the root directory); the next expansion's first step (``e2fsck -f -y``)
+    repairs it, the expansion completes, and the entries are under ``lost+found``
+    named ``#<inode>`` with their contents unchanged."""
+    pool = make_pool(tmp_path / "pool-a", "pool-a")
+    image, files = await make_volume(pool, tmp_path)
+    hello, data_dir = inode_of(image, "/hello.txt"), inode_of(image, "/data")
+    clear_root_inode(image)
+    assert not fsck_clean(image)
+
+    h = storage_handlers(Storage("node-a", {"pool-a": pool}).storage)
+    assert await h["object.expand"](expand_args(256 * MIB)) == {"capacity_bytes": 256 * MIB}
+    assert fsck_clean(image)
+    assert read_back(image, f"/lost+found/#{hello}") == files["/hello.txt"]
+    assert read_back(image, f"/lost+found/#{data_dir}/blob.bin") == files["/data/blob.bin"]
