@@ -111,6 +111,7 @@ async def copy_object(src: PoolObjects, dst: PoolObjects, object_id: str, epoch:
     run = trio.to_thread.run_sync
     if await run(_done, dst, object_id, src.pool_id, epoch):
         return False
+    await src.settle_names(object_id, epoch)
     meta = await run(src.metadata, object_id)
     if meta is None or not await run(src.data_path(object_id).is_file):
         raise NotFound(f"{src.label} {object_id} does not exist in pool {src.pool_id}")

@@ -98,6 +98,11 @@ class PoolRecords:
                               details={"reason": "pool_unavailable",
                                        "pool_id": self.pool_id})
 
+    async def settle_names(self, object_id: str, epoch: int) -> None:
+        """Bring the object's files to their current names before anything reads them
+        by name (expand, copy, export).  Nothing to do here; `NamedPoolObjects` (what
+        the node runs) renames the SHA-256 names of versions before v0.1.0."""
+
     @contextlib.contextmanager
     def locked(self, object_id: str) -> Iterator[None]:
         """flock on ``locks/<id>.lock``: one operation on an object at a time here."""

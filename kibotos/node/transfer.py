@@ -187,6 +187,7 @@ class NodeTransfers:
         staged = self.staging(objs) / f".{self.node_id}.export-{_rand()}.tar"
         try:
             with self.guard("exported", (objs.kind, pool_id, object_id)):
+                await objs.settle_names(object_id, epoch)
                 if not await run(objs.data_path(object_id).is_file):
                     raise NotFound(f"{objs.label} {object_id} does not exist in pool "
                                    f"{pool_id}")

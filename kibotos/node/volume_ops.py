@@ -221,6 +221,7 @@ class NodeStorage:
         run = trio.to_thread.run_sync
         with self._working("expanded", key):
             pool.check_available()
+            await pool.settle_names(object_id, epoch)
             meta = await run(pool.metadata, object_id)
             path = pool.data_path(object_id)
             if meta is None or not await run(path.is_file):

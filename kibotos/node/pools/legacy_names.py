@@ -268,6 +268,10 @@ class NamedPoolObjects(PoolObjects):
         await trio.to_thread.run_sync(settle, self, object_id, epoch)
         return await super().take(object_id, epoch, may_create=may_create)
 
+    async def settle_names(self, object_id: str, epoch: int) -> None:
+        self._check(object_id)
+        await trio.to_thread.run_sync(settle, self, object_id, epoch)
+
     def release(self, object_id: str, epoch: int, *, confirmed_on_disk: bool) -> bool:
         settle(self, object_id, epoch)
         return super().release(object_id, epoch, confirmed_on_disk=confirmed_on_disk)
