@@ -146,7 +146,9 @@ async def test_create_runs_the_vm_and_records_the_launch() -> None:
         assert (held.instance_count, held.volume_count) == (1, 1)
         assert held.to_wire()["instances"] == [
             {"instance_id": "inst-1", "workspace_id": "ws-1", "state": "RUNNING",
-             "reason": None}]
+             "reason": None, "objects": [
+                 {"kind": "retained-layers", "pool_id": "pool-a", "object_id": "ws-1",
+                  "epoch": 1, "released_cleanly": None}]}]  # a new layer: no handoff
         cores, rss = node.manager.vm_usage()
         assert rss is not None
         assert rss > 0
@@ -615,7 +617,7 @@ async def test_node_killed_during_a_launch(name: str, unit_left: bool) -> None:
                                       capture_stderr=True)
         assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
         sup_dir = base / "root" / "runtime" / "supervisor"
-        left = [p for p in sup_dir.glob("kibotos-vmm-*.json")] if unit_left else []
+        left = list(sup_dir.glob("kibotos-vmm-*.json")) if unit_left else []
         assert len(left) == (1 if unit_left else 0)
         first_pid = json.loads(left[0].read_text())["main_pid"] if left else None
         async with running_node(base=base) as node:
