@@ -1,0 +1,98 @@
+#!/bin/sh
+# Makes the package's virtual environment, /usr/lib/kibotos/venv, inside the staging
+# directory DEST (debian/kibotos), from the wheels in WHEELHOUSE only (no index, no
+# network), and the links into it.  Called by debian/rules (dh_auto_install).
+#
+# The venv is built in DEST but runs from /usr/lib/kibotos/venv, and also from any
+# other place the package is extracted to (`dpkg-deb -x pkg.deb /tmp/kibotos-next`,
+# which docs/upgrades.md uses to run the next version's check-upgrade before
+# installing it).  So nothing in it names DEST or a fixed location:
+#   * console scripts start with a two-line sh trampoline that runs the python3 next
+#     to the script's real path (links resolved);
+#   * bin/python3 is a link to the system's /usr/bin/python3.11 (pyvenv.cfg: home =
+#     /usr/bin); Python finds the venv from the path it was started by;
+#   * .pyc files are compiled with their final /usr/lib/... names and checked by hash,
+#     not by time stamp (dpkg and dh clamp the time stamps);
+#   * activate scripts (they hard-code the path) and pip itself are left out: nothing
+#     is ever installed into this venv on a host.
+set -eu
+
+DEST=$1
+WHEELHOUSE=$2
+PY=/usr/bin/python3.11
+VENV=/usr/lib/kibotos/venv
+SITE=lib/python3.11/site-packages
+TOP=$(pwd)
+
+if [ ! -d "$WHEELHOUSE" ]; then
+    echo "build-venv: wheelhouse $WHEELHOUSE does not exist (packaging/deb/build.sh fills it)" >&2
+    exit 1
+fi
+
+rm -rf "$DEST$VENV"
+mkdir -p "$DEST/usr/lib/kibotos" "$DEST/usr/bin"
+"$PY" -m venv "$DEST$VENV"
+pip() { "$DEST$VENV/bin/python3" -m pip --no-input --disable-pip-version-check "$@"; }
+
+# Runtime requirements (pinned), then kibotos and every built-in plugin, built from this
+# tree in isolated environments whose setuptools also comes from the wheelhouse.
+grep -v '^setuptools==' packaging/deb/requirements.txt > "$DEST/../venv-requirements.txt"
+set --
+for plugin in plugins/*/pyproject.toml; do
+    set -- "$@" "./$(dirname "$plugin")"
+done
+pip install --no-index --find-links "$WHEELHOUSE" --no-compile --only-binary=:all: \
+    -r "$DEST/../venv-requirements.txt"
+pip install --no-index --find-links "$WHEELHOUSE" --no-compile --no-deps . "$@"
+pip check
+pip uninstall -q -y pip setuptools
+rm -f "$DEST/../venv-requirements.txt"
+
+# Fill in the source revision when the caller knows it (a git archive has no .git).
+if [ -n "${KIBOTOS_SOURCE_REVISION:-}" ]; then
+    sed -i "s/^SOURCE_REVISION = \"unknown\"$/SOURCE_REVISION = \"$KIBOTOS_SOURCE_REVISION\"/" \
+        "$DEST$VENV/$SITE/kibotos/_version.py"
+fi
+
+rm -f "$DEST$VENV"/bin/activate* "$DEST$VENV"/bin/Activate.ps1
+# direct_url.json records the build directory the local projects came from.
+find "$DEST$VENV/$SITE" -name direct_url.json -delete
+find "$DEST$VENV" -name __pycache__ -prune -exec rm -rf {} +
+
+# Console scripts: replace "#!<DEST>/usr/lib/kibotos/venv/bin/python3" with a
+# trampoline (valid as sh and as Python, the form pip itself uses for long paths).
+for script in "$DEST$VENV"/bin/*; do
+    [ -f "$script" ] && [ ! -L "$script" ] || continue
+    first=$(head -c 2 "$script")
+    [ "$first" = "#!" ] || continue
+    if head -n 1 "$script" | grep -q "^#!$DEST$VENV/bin/python"; then
+        {
+            printf '%s\n' '#!/bin/sh' \
+                "'''exec' \"\$(dirname -- \"\$(realpath -- \"\$0\")\")/python3\" \"\$0\" \"\$@\"" \
+                "' '''"
+            tail -n +2 "$script"
+        } > "$script.new"
+        chmod 0755 "$script.new"
+        mv "$script.new" "$script"
+    fi
+done
+
+# Byte-compile under the final names.
+"$PY" -m compileall -q -j 0 --invalidation-mode checked-hash -s "$DEST" -p / \
+    "$DEST$VENV/lib"
+
+# Nothing may still name the staging directory.
+if leftovers=$(grep -rlF -- "$DEST" "$DEST$VENV"); then
+    echo "build-venv: these files still name the build directory $DEST:" >&2
+    echo "$leftovers" >&2
+    exit 1
+fi
+
+# The commands, and the runtime directory of docs/upgrades.md (`check-upgrade
+# --runtime-dir /usr/lib/kibotos/node`): the directory that holds the kibotos package.
+for cmd in kibotos kibo kibotos-node; do
+    test -x "$DEST$VENV/bin/$cmd"
+    ln -sfn "../lib/kibotos/venv/bin/$cmd" "$DEST/usr/bin/$cmd"
+done
+ln -sfn "venv/$SITE" "$DEST/usr/lib/kibotos/node"
+cd "$TOP"
