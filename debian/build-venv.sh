@@ -43,7 +43,17 @@ for plugin in plugins/*/pyproject.toml; do
 done
 pip install --no-index --find-links "$WHEELHOUSE" --no-compile --only-binary=:all: \
     -r "$DEST/../venv-requirements.txt"
-pip install --no-index --find-links "$WHEELHOUSE" --no-compile --no-deps . "$@"
+# One build environment (setuptools from the wheelhouse) for all ten local projects is
+# much faster than pip's isolated environment per project.
+BUILDENV=$TOP/debian/.buildenv
+rm -rf "$BUILDENV" "$TOP/debian/.wheels"
+"$PY" -m venv "$BUILDENV"
+"$BUILDENV/bin/python3" -m pip install -q --no-index --find-links "$WHEELHOUSE" \
+    "$(grep '^setuptools==' packaging/deb/requirements.txt)"
+"$BUILDENV/bin/python3" -m pip wheel -q --no-index --no-deps --no-build-isolation \
+    -w "$TOP/debian/.wheels" . "$@"
+pip install --no-index --no-compile --no-deps "$TOP"/debian/.wheels/*.whl
+rm -rf "$BUILDENV" "$TOP/debian/.wheels"
 pip check
 pip uninstall -q -y pip setuptools
 rm -f "$DEST/../venv-requirements.txt"
@@ -54,6 +64,8 @@ if [ -n "${KIBOTOS_SOURCE_REVISION:-}" ]; then
         "$DEST$VENV/$SITE/kibotos/_version.py"
 fi
 
+# pyvenv.cfg: Python 3.11.4+ records the creating command line (with DEST).
+sed -i '/^command = /d' "$DEST$VENV/pyvenv.cfg"
 rm -f "$DEST$VENV"/bin/activate* "$DEST$VENV"/bin/Activate.ps1
 # direct_url.json records the build directory the local projects came from.
 find "$DEST$VENV/$SITE" -name direct_url.json -delete
