@@ -42,10 +42,12 @@ class InstanceSummary:
     workspace_id: str
     state: str
     reason: str | None = None
+    #: ``{kind, pool_id, object_id, epoch, released_cleanly}`` of what it opened.
+    objects: tuple[dict[str, Any], ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "workspace_id": self.workspace_id,
-                "state": self.state, "reason": self.reason}
+                "state": self.state, "reason": self.reason, "objects": list(self.objects)}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ confirms none of its processes remains, and only then releases the objects.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,19 +78,26 @@ class Settings:
 
 @dataclass(frozen=True)
 class HeldObject:
+    """An object an Instance opened.  `released_cleanly` is how it came to this node:
+    True after a clean release or a receipt, False when the receipt wait ended without
+    one (spec: storage-pools-on-nfs, "Epochs and takeover"), None when it was no
+    handoff (a new object, a retry, an adoption).  It is not part of the identity."""
+
     kind: str
     pool_id: str
     object_id: str
     epoch: int
+    released_cleanly: bool | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "pool_id": self.pool_id, "object_id": self.object_id,
-                "epoch": self.epoch}
+                "epoch": self.epoch, "released_cleanly": self.released_cleanly}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> HeldObject:
+        clean = value.get("released_cleanly")  # absent in records of older nodes
         return cls(str(value["kind"]), str(value["pool_id"]), str(value["object_id"]),
-                   int(value["epoch"]))
+                   int(value["epoch"]), clean if isinstance(clean, bool) else None)
 
 
 @dataclass(eq=False)
@@ -117,6 +125,11 @@ class Instance:
     @property
     def holding(self) -> bool:
         return self.state in HOLDING_STATES
+
+    def objects_wire(self) -> list[dict[str, Any]]:
+        """``objects`` of its ``instance_state`` frames and ``hello``/``report`` entries:
+        what it opened and how each handoff went (docs/architecture.md)."""
+        return [h.to_json() for h in self.held]
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -214,15 +227,18 @@ class Launcher:
             opened = await self.pool(obj.pool_id, obj.kind).finish_open(
                 obj.object_id, obj.epoch, clean[i], create_capacity=cap,
                 lower=lower if obj.kind == RETAINED_LAYERS else None)
-            self._hold(inst, obj)
+            self._hold(inst, dataclasses.replace(obj, released_cleanly=opened.handoff_clean))
             paths.append(opened.path)
         failpoints.hit("node.instance.after-objects-open")
         return paths[0], paths[1:]
 
     @staticmethod
     def _hold(inst: Instance, obj: HeldObject) -> None:
+        """Add `obj`; a retry's open (no handoff) keeps what the first open found."""
         if obj not in inst.held:
             inst.held.append(obj)
+        elif obj.released_cleanly is not None:
+            inst.held[inst.held.index(obj)] = obj
         inst.released = False
 
     async def launch_description(self, inst: Instance, layer: Path, volumes: Sequence[Path]

@@ -133,7 +133,7 @@ class VmInstanceManager:
             if not inst.released:
                 objects.update((h.pool_id, h.kind, h.object_id) for h in inst.held)
         summaries = tuple(InstanceSummary(i.instance_id, i.spec.workspace_id, i.state,
-                                          i.reason)
+                                          i.reason, tuple(i.objects_wire()))
                           for i in sorted(self._instances.values(),
                                           key=lambda i: i.instance_id))
         return Holdings(cpu, memory, count, len(objects), summaries)
@@ -412,7 +412,8 @@ class VmInstanceManager:
     def _publish(self, inst: Instance, extra: dict[str, Any] | None = None) -> None:
         frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
                                  "workspace_id": inst.spec.workspace_id, "state": inst.state,
-                                 "reason": inst.reason, "at": records.now_iso(), **(extra or {})}
+                                 "reason": inst.reason, "at": records.now_iso(),
+                                 "objects": inst.objects_wire(), **(extra or {})}
         if inst.state == RUNNING and inst.guest is not None:
             frame["guest"] = inst.guest
         self._feed.publish(frame)

@@ -71,7 +71,8 @@ _RECEIPT_POLL = 0.2
 @dataclass(frozen=True)
 class Opened:
     """The outcome of `PoolObjects.open`: the block file, and whether the handoff to
-    this node was clean (None when no handoff happened: a new object or a retry)."""
+    this node was clean (None when no handoff happened: a new object, a retry or an
+    adoption; True also when this node reopens what it released itself)."""
 
     path: Path
     handoff_clean: bool | None
@@ -245,9 +246,20 @@ class PoolObjects(PoolRecords):
                                              f"({path} is missing)")
                 self._create(object_id, create_capacity, lower)
                 created = True
+            if clean is None and self._reopened_after_release(object_id, epoch):
+                clean = True
             self._drop_own_receipt(object_id, epoch)
             self._attach(object_id, epoch, clean)
             return Opened(path, clean, created)
+
+    def _reopened_after_release(self, object_id: str, epoch: int) -> bool:
+        """This node opens again, at the same epoch, what it released cleanly itself
+        (a stop and a start on the same node): the use right went back and came out
+        again, a clean handoff.  A retry or an adoption finds it still attached."""
+        meta = self.metadata(object_id)
+        return bool(meta and meta.get("state") == "released"
+                    and meta.get("holder") == self.node_id and meta.get("epoch") == epoch
+                    and meta.get("released_cleanly") is True)
 
     def _drop_own_receipt(self, object_id: str, epoch: int) -> None:
         """Reopening at an epoch this node already released: that receipt no longer

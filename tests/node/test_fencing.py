@@ -180,6 +180,12 @@ async def shared_pool() -> AsyncIterator[Path]:
         shutil.rmtree(pool, ignore_errors=True)
 
 
+def handoffs(frame: dict[str, Any]) -> dict[tuple[str, str, int], bool | None]:
+    """``released_cleanly`` of each object of an ``instance_state`` frame."""
+    return {(o["kind"], o["object_id"], o["epoch"]): o["released_cleanly"]
+            for o in frame["objects"]}
+
+
 def unix_time(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
@@ -213,8 +219,11 @@ async def test_isolated_node_resumed_fences_itself_and_hands_off_cleanly() -> No
             failed = await a.state("inst-a", "FAILED")
             assert "use right was taken over" in failed["reason"]
             assert "node node-b at epoch 2" in failed["reason"]
-            await b.state("inst-b", "RUNNING")
+            running = await b.state("inst-b", "RUNNING")
             await wait_records(block, "inst-b", 5)
+            # What node-b tells ctrl: both handoffs were clean (docs/architecture.md).
+            assert handoffs(running) == {("retained-layers", "ws-1", 2): True,
+                                         ("volumes", "vol-1", 2): True}
 
             meta = record(pool, "metadata")
             assert (meta["holder"], meta["epoch"], meta["state"]) == ("node-b", 2, "attached")
@@ -256,7 +265,10 @@ async def test_node_that_stays_stopped_gets_no_receipt_and_an_unclean_handoff() 
             a.proc.send_signal(signal.SIGSTOP)
             try:
                 await b.command("instance.create", create_args(b, "inst-b", 2, create=False))
-                await b.state("inst-b", "RUNNING")  # after the 15 s receipt wait
+                running = await b.state("inst-b", "RUNNING")  # after the 15 s wait
+                # What node-b tells ctrl (the writable layer then shows UNKNOWN).
+                assert handoffs(running) == {("retained-layers", "ws-1", 2): False,
+                                             ("volumes", "vol-1", 2): False}
                 meta = record(pool, "metadata")
                 assert (meta["holder"], meta["epoch"]) == ("node-b", 2)
                 assert meta["released_cleanly"] is False

@@ -528,7 +528,7 @@ async def test_instance_record_is_json_with_the_spec() -> None:
                                         "capacity_bytes": 64 << 20, "epoch": 1,
                                         "create": True}
         assert rec["held"] == [{"kind": "retained-layers", "pool_id": "pool-a",
-                                "object_id": "ws-1", "epoch": 1}]
+                                "object_id": "ws-1", "epoch": 1, "released_cleanly": None}]
 
 
 async def serve_blobs(blobs: dict[str, bytes], seen: list[str], *,

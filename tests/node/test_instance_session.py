@@ -121,7 +121,11 @@ async def test_commands_states_and_reports(monkeypatch: pytest.MonkeyPatch) -> N
     assert report["instance_count"] == 1
     assert report["allocated"] == {"cpu_millis": 1000, "memory_bytes": 128 << 20}
     assert report["instances"] == [{"instance_id": "inst-1", "workspace_id": "ws-1",
-                                    "state": "RUNNING", "reason": None}]
+                                    "state": "RUNNING", "reason": None, "objects": [
+                                        {"kind": "retained-layers", "pool_id": "pool-a",
+                                         "object_id": "ws-1", "epoch": 1,
+                                         "released_cleanly": None}]}]
+    assert running["objects"] == report["instances"][0]["objects"]
     assert seen["stop"]["result"] == {"confirmed_on_disk": True}
     assert seen["destroy"]["result"] == {"destroyed": True}
     assert seen["bad"]["error"]["code"] == "invalid_argument"
