@@ -118,6 +118,7 @@ def volume_sections(vol: dict[str, Any]) -> list[Section]:
     main.add("Mount point", dash(vol.get("mount_point")))
     main.add("Holder", dash(vol.get("holder_node_id")))
     main.add("Epoch", dash(vol.get("epoch")))
+    main.add("Handoff", dash(vol.get("handoff")))
     main.add("Operation", operation_text(vol.get("operation")))
     labels = ",".join(f"{k}={v}" for k, v in sorted(_dict(vol.get("labels")).items()))
     main.add("Labels", labels or "-")

@@ -78,6 +78,8 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
     size = layer.get("size_bytes")
     main.add("Writable layer", f"{format_bytes(size) if isinstance(size, int) else '-'} in "
                                f"pool {dash(layer.get('pool_id'))}")
+    # CLEAN, or UNKNOWN after a takeover without a release receipt (docs/storage.md)
+    main.add("Layer handoff", dash(layer.get("handoff")))
     main.add("Revision", dash(ws.get("revision")))
     main.add("Created", dash(ws.get("created_at")))
     main.add("Updated", dash(ws.get("updated_at")))

@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl import use_rights
+from kibotos.ctrl import handoffs, use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.nodes import IsolateCounts
 from kibotos.ctrl.store.models import Allocation, Instance, Workspace
@@ -177,13 +177,18 @@ def gone(session: Session, ws: Workspace | None, inst: Instance, now: datetime,
 def on_instance_state(session: Session, node_id: str, instance_id: str, state: str,
                       reason: str | None, now: datetime,
                       guest: dict[str, Any] | None = None,
-                      cleanup: dict[str, Any] | None = None) -> list[Followup]:
-    """Apply one report of the node about one Instance (see the module docstring)."""
+                      cleanup: dict[str, Any] | None = None,
+                      objects: list[Any] | None = None) -> list[Followup]:
+    """Apply one report of the node about one Instance (see the module docstring);
+    `objects` are the handoffs of what it opened (`handoffs`)."""
     inst = session.get(Instance, instance_id, with_for_update=True)
     if inst is None or inst.node_id != node_id:
         # Not ours (a create ctrl gave up on, or a ctrl that lost its store): it must
         # not keep resources on the node.
         return [] if state == I_DESTROYED else [Followup("destroy", node_id, instance_id)]
+    if objects:
+        handoffs.note_objects(session, node_id=node_id, instance_id=instance_id,
+                              workspace_id=inst.workspace_id, objects=objects, now=now)
     if inst.state == I_DESTROYED or (inst.state == state and inst.reason == reason
                                      and guest is None and cleanup is None):
         return []
@@ -233,9 +238,10 @@ def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
         if not isinstance(instance_id, str) or state not in INSTANCE_STATES:
             continue
         seen.add(instance_id)
-        reason = item.get("reason")
+        reason, objects = item.get("reason"), item.get("objects")
         followups += on_instance_state(session, node_id, instance_id, str(state),
-                                       reason if isinstance(reason, str) else None, now)
+                                       reason if isinstance(reason, str) else None, now,
+                                       objects=objects if isinstance(objects, list) else None)
         if state in (I_CREATING, I_RUNNING, I_STOPPING, I_FAILED):
             inst = session.get(Instance, instance_id)
             ws = session.get(Workspace, inst.workspace_id) if inst is not None else None

@@ -96,6 +96,8 @@ class InstanceState(_Msg):
     guest: dict[str, Any] | None = None
     #: A stuck release (STOPPING): ``{pending_since, held: [{item, part}]}``.
     cleanup: dict[str, Any] | None = None
+    #: What it opened: ``[{kind, pool_id, object_id, epoch, released_cleanly}]``.
+    objects: list[dict[str, Any]] | None = None
     at: str | None = None
 
     @field_validator("at")

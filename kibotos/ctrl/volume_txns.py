@@ -72,7 +72,7 @@ def volume_json(session: Session, vol: Volume) -> dict[str, Any]:
         "labels": dict(vol.labels), "workspace_id": vol.workspace_id,
         "mount_point": vol.mount_point,
         "holder_node_id": right.holder_node_id if right is not None else None,
-        "epoch": right.epoch if right is not None else None,
+        "epoch": right.epoch if right is not None else None, "handoff": vol.handoff,
         "operation": operation_json(op), "revision": vol.revision,
         "created_at": iso(vol.created_at), "updated_at": iso(vol.updated_at),
         "deleted_at": iso(vol.deleted_at),

@@ -162,6 +162,8 @@ class VolumeOut(Result):
     mount_point: str | None
     holder_node_id: str | None
     epoch: int | None
+    #: How it last changed hands (`kibotos.ctrl.handoffs`); null before any handoff.
+    handoff: Literal["CLEAN", "UNKNOWN"] | None = None
     operation: OperationOut | None
     revision: int
     created_at: str

@@ -86,7 +86,7 @@ class NodeFeed:
         followups = await self.service.store.write(partial(
             inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
             state=frame.state, reason=frame.reason, now=self.service.ctx.now(),
-            guest=frame.guest, cleanup=frame.cleanup))
+            guest=frame.guest, cleanup=frame.cleanup, objects=frame.objects))
         self.remember(frame.instance_id, seen)
         self.service.tasks.follow(followups)
 

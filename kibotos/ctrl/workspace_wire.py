@@ -198,6 +198,8 @@ class LayerOut(Result):
     pool_id: str
     ref: str
     size_bytes: int
+    #: How it last changed hands (`kibotos.ctrl.handoffs`); null before any handoff.
+    handoff: Literal["CLEAN", "UNKNOWN"] | None = None
 
 
 class InstanceOut(Result):

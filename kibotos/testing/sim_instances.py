@@ -14,7 +14,12 @@ benchmarked with a thousand nodes) against real sessions.
   ``object.copy``) work on `objects`, a simulated pool content keyed by (kind, pool,
   object ID) with each object's capacity and holder epoch; an older epoch than the
   recorded one is refused as the node refuses a taken-over use right.  Nodes attached
-  to one shared pool can be given the same `objects` dict.
+  to one shared pool can be given the same `objects` dict;
+* an Instance "opens" its layer and Volumes at create and reports each handoff as the
+  node does (``objects`` of its frames and report entries, ``released_cleanly``): null
+  for a new object or a retry, true after a release (a stop or destroy on any node
+  sharing `objects`), false when the previous holder never released it (its node
+  went away: the node waited for a receipt in vain).
 
 Other command kinds are left unanswered, for a test to answer by hand.
 
@@ -65,14 +70,22 @@ class SimInstance:
     args: dict[str, Any]
     state: str = "CREATING"
     reason: str | None = None
+    #: ``{kind, pool_id, object_id, epoch, released_cleanly}`` as the node reports them.
+    objects: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
 class SimObject:
-    """A block file in a simulated pool."""
+    """A block file in a simulated pool; `released` is whether its last holder let go
+    of it (a release receipt exists)."""
 
     capacity_bytes: int
     epoch: int
+    released: bool = True
+
+
+#: ctrl's object kinds → the node's (its pool directories), as ``objects`` names them.
+NODE_KINDS = {"retained_layer": "retained-layers", "volume": "volumes"}
 
 
 TAKEN_OVER = "the use right was taken over by a newer epoch; retrying will not succeed"
@@ -116,7 +129,7 @@ class SimInstances:
             "memory_tight": self.memory_tight,
             "memory_tight_since": _now() if self.memory_tight else None,
             "instances": [{"instance_id": i.instance_id, "workspace_id": i.workspace_id,
-                           "state": i.state, "reason": i.reason}
+                           "state": i.state, "reason": i.reason, "objects": i.objects}
                           for i in sorted(self.instances.values(),
                                           key=lambda i: i.instance_id)],
         }
@@ -131,7 +144,7 @@ class SimInstances:
             return
         frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
                                  "workspace_id": inst.workspace_id, "state": state,
-                                 "reason": reason, "at": _now()}
+                                 "reason": reason, "at": _now(), "objects": inst.objects}
         if state == "RUNNING":
             frame["guest"] = {"boot_id": f"boot-{inst.instance_id}", "capabilities": []}
         await self._send(frame)
@@ -209,7 +222,11 @@ class SimInstances:
         key = ("retained_layer", str(layer.get("pool_id")), str(layer["ref"]))
         if layer.get("create") and key not in self.objects:
             self.objects[key] = SimObject(int(layer.get("capacity_bytes", 0)),
-                                          int(layer.get("epoch", 0)))
+                                          int(layer.get("epoch", 0)), released=False)
+        inst.objects = [self._open(key, int(layer.get("epoch", 0)))]
+        inst.objects += [self._open(("volume", str(v["pool_id"]), str(v["volume_id"])),
+                                    int(v.get("epoch", 0)))
+                         for v in args.get("volumes") or ()]
         self.instances[instance_id] = inst
         if self._nursery is not None:
             self._nursery.start_soon(self._boot, inst)
@@ -228,6 +245,27 @@ class SimInstances:
         else:
             await self._set(inst, "RUNNING")
 
+    def _open(self, key: tuple[str, str, str], epoch: int) -> dict[str, Any]:
+        """Take the object at `epoch` the way the node's takeover table does and say
+        how it came (see the module docstring)."""
+        found = self.objects.get(key)
+        clean: bool | None = None
+        if found is not None and found.epoch <= epoch:  # a newer epoch: the node refuses
+            if found.epoch < epoch or found.released:
+                clean = found.released
+            found.epoch, found.released = epoch, False
+        return {"kind": NODE_KINDS[key[0]], "pool_id": key[1], "object_id": key[2],
+                "epoch": epoch, "released_cleanly": clean}
+
+    def _release(self, inst: SimInstance) -> None:
+        """The Instance ended: each object it opened gets its release receipt (unless
+        a newer epoch took it over meanwhile)."""
+        for obj in inst.objects:
+            kind = next(k for k, v in NODE_KINDS.items() if v == obj["kind"])
+            found = self.objects.get((kind, obj["pool_id"], obj["object_id"]))
+            if found is not None and found.epoch == obj["epoch"]:
+                found.released = True
+
     async def _stop(self, args: dict[str, Any]) -> dict[str, Any]:
         inst = self.instances.get(str(args["instance_id"]))
         if inst is None:
@@ -240,6 +278,7 @@ class SimInstances:
             return {"confirmed_on_disk": not force}
         running = inst.state == "RUNNING"
         await self._set(inst, "STOPPING")
+        self._release(inst)
         await self._set(inst, "STOPPED")
         return {"confirmed_on_disk": running and not force}
 
@@ -247,6 +286,7 @@ class SimInstances:
         inst = self.instances.pop(str(args["instance_id"]), None)
         if inst is not None:
             self.destroyed.add(inst.instance_id)
+            self._release(inst)
             await self._set(inst, "DESTROYED")
         return {"destroyed": True}
 

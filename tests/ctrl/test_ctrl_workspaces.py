@@ -24,7 +24,7 @@ async def test_create_places_boots_and_records(tmp_path: Path) -> None:
         assert created["template"]["name"] == TEMPLATE
         assert created["labels"] == {"team": "ml"}
         assert created["layer"] == {"pool_id": "node-a-local", "ref": created["layer"]["ref"],
-                                    "size_bytes": 2 * GI}
+                                    "size_bytes": 2 * GI, "handoff": None}
         ws = await ctrl.settled(created["workspace_id"])
         WorkspaceOut.model_validate(ws)
         assert ws["state"] == "AVAILABLE"

@@ -202,6 +202,9 @@ class Workspace(Base):
     last_instance_id: Mapped[str | None] = mapped_column(String(40))
     last_node_id: Mapped[str | None] = mapped_column(String(63))
     stop_force: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: How the writable layer last changed hands (`kibotos.ctrl.handoffs`): CLEAN,
+    #: UNKNOWN (opened without the previous holder's release receipt), NULL before any.
+    layer_handoff: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     deleted_at: Mapped[datetime | None]
@@ -344,6 +347,8 @@ class Volume(Base):
     labels: Mapped[dict[str, Any]]
     workspace_id: Mapped[str | None] = mapped_column(String(40), index=True)
     mount_point: Mapped[str | None] = mapped_column(Text)
+    #: As `Workspace.layer_handoff`, for this Volume.
+    handoff: Mapped[str | None] = mapped_column(String(16))
     revision: Mapped[int] = mapped_column(BigInteger, default=1)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
