@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from systemd_helpers import Raw
 
-from kibotos.backends import Supervisor
+from kibotos.backends import Supervisor, UnitSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -77,6 +77,9 @@ def check_vmm_unit(raw: Raw, name: str, expected_props: dict) -> dict:
     unit = raw.props(name, "Unit")
     for key in NO_STOP_DEPENDENCY:  # systemd's defaults only (basic.target, the slice)
         assert all(u.endswith((".target", ".slice")) for u in unit.get(key, [])), key
+    # At host shutdown systemd stops it in its default order (DefaultDependencies).
+    assert "shutdown.target" in unit["Conflicts"]
+    assert "shutdown.target" in unit["Before"]
     return service
 
 
@@ -171,3 +174,24 @@ async def test_the_firecracker_vmm_unit(sup: Supervisor, raw: Raw, short_dir: Pa
     assert info.netns_inode == os.stat(netns).st_ino != os.stat("/proc/self/ns/net").st_ino
     await sup.stop(spec.name, timeout=5)
     assert await sup.describe(spec.name) is None
+
+
+async def test_the_dataplane_unit(sup: Supervisor, raw: Raw):
+    """The data-plane unit's properties (``kibotos.node.dataplane_supervisor``): its own
+    slice under kibotos.slice, Restart=no, KillMode=control-group, OOMScoreAdjust=-900,
+    no stop dependency on the node."""
+    from kibotos.node.dataplane_supervisor import UNIT_PROPERTIES, scope_of, unit_name
+
+    name = unit_name(scope_of(Path("/run/kibotos/node")), 1) + ".service"
+    info = await sup.start(UnitSpec(name=name, argv=["sleep", "1000"],
+                                    properties=UNIT_PROPERTIES))
+    assert info.main_pid is not None
+    service = raw.props(name)
+    assert (service["Type"], service["Restart"], service["KillMode"]) == (
+        "exec", "no", "control-group")
+    assert service["OOMScoreAdjust"] == -900
+    assert service["ControlGroup"].endswith(f"/kibotos.slice/kibotos-dataplane.slice/{name}")
+    unit = raw.props(name, "Unit")
+    for key in NO_STOP_DEPENDENCY:
+        assert all(u.endswith((".target", ".slice")) for u in unit.get(key, [])), key
+    await sup.stop(name, timeout=5)
