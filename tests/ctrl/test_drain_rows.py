@@ -1,0 +1,109 @@
+"""spec/nodes.txt, "drain and cancel-drain": "A drain does one thing: ctrl stops placing
+new Workspaces on this node, and the node itself rejects new create requests.  Stop,
+delete, and export of existing Workspaces work as usual."  A real ctrl (loopback, real
+SQLite) with a simulated node whose ``object.export`` is the node's real code on a real
+pool directory, uploading into this ctrl's artifact store."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from volume_helpers import create_volume, settled_volume
+from ws_helpers import WsCtrl, open_ws_ctrl
+
+from kibotos.node.instance_spec import transfer_handlers
+from kibotos.node.objects import VOLUMES, PoolObjects
+from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.transfer import NodeTransfers
+from kibotos.testing.sim_instances import SimInstances
+
+MIB = 1 << 20
+CAP = 64 * MIB
+
+
+@dataclass
+class ExportingSim(SimInstances):
+    """A simulated node whose ``object.export`` runs the node's real code."""
+
+    transfers: NodeTransfers | None = None
+    KINDS = (*SimInstances.KINDS, "object.export")
+
+    async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        if kind == "object.export":
+            assert self.transfers is not None
+            self.commands.append({"kind": kind, "args": args})
+            return await transfer_handlers(self.transfers)[kind](args)
+        return await super().handle(kind, args)
+
+
+def exporting_node(tmp_path: Path, ctrl: WsCtrl, node_id: str) -> tuple[ExportingSim, Path]:
+    path = tmp_path / f"{node_id}-local"
+    path.mkdir()
+    prepare_pool_dirs(f"{node_id}-local", path)
+
+    def pool(pool_id: str, kind: str) -> PoolObjects:
+        assert pool_id == f"{node_id}-local", pool_id
+        return PoolObjects(pool_id, path, kind, node_id, receipt_wait=0.5)
+
+    return ExportingSim(transfers=NodeTransfers(
+        node_id=node_id, pool=pool, ctrl_url=ctrl.url,
+        credential=lambda: ctrl.creds[node_id])), path
+
+
+async def released_block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> None:
+    """The block file the node's ``volume.create`` would have made (the simulated node
+    only records the command), with some data, released at `epoch`."""
+    objs = PoolObjects(path.name, path, VOLUMES, node_id)
+    opened = await objs.open(volume_id, epoch, create_capacity=CAP)
+    fd = os.open(opened.path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"written before the drain" * 100, 8 * MIB)
+    finally:
+        os.close(fd)
+    objs.release(volume_id, epoch, confirmed_on_disk=True)
+
+
+async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        sim, pool = exporting_node(tmp_path, ctrl, "node-a")
+        await ctrl.connect("node-a", sim=sim)
+        made = await create_volume(ctrl, pool_id="node-a-local", capacity_bytes=CAP)
+        vid = made["volume_id"]
+        assert (await settled_volume(ctrl, vid))["state"] == "AVAILABLE"
+        await released_block_file(pool, vid, made["epoch"], "node-a")
+        running = (await ctrl.create(node_id="node-a"))["workspace_id"]
+        stopped = (await ctrl.create(node_id="node-a"))["workspace_id"]
+        for wid in (running, stopped):
+            assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
+        await ctrl.action(stopped, "stop")
+        assert (await ctrl.settled(stopped))["state"] == "STOPPED"
+
+        drained = await ctrl.call("POST", "/v1/nodes/node-a/drain", json={})
+        assert drained["drain_requested"] is True
+        assert sim.drain_requested is True  # the node was told: it refuses creates too
+        # No new placement, pinned or not; what runs keeps running (no migration).
+        err = await ctrl.create(node_id="node-a", code="failed_precondition")
+        assert "drain requested" in err["message"]
+        await ctrl.create(code="resource_exhausted")
+        assert (await ctrl.ws(running))["state"] == "AVAILABLE"
+        await ctrl.action(stopped, "start", code="resource_exhausted")
+        # Stop, delete and export work as usual.
+        await ctrl.action(running, "stop")
+        assert (await ctrl.settled(running))["state"] == "STOPPED"
+        await ctrl.action(stopped, "delete")
+        assert (await ctrl.settled(stopped))["state"] == "DELETED"
+        out = await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": vid})
+        assert (out["volume_id"], out["node_id"]) == (vid, "node-a")
+        assert [c["kind"] for c in sim.commands].count("object.export") == 1
+        blob = ctrl.ctx.config.ctrl.state_dir / "artifacts" / "sha256" / \
+            out["artifact_digest"].removeprefix("sha256:")
+        assert blob.stat().st_size == out["size"] > 0
+        # cancel-drain restores placement.
+        await ctrl.call("POST", "/v1/nodes/node-a/cancel-drain", json={})
+        await ctrl.wait_eligible("node-a")
+        assert sim.drain_requested is False
+        again = await ctrl.action(running, "start")
+        assert again["node_id"] == "node-a"
