@@ -327,9 +327,16 @@ class WorkspaceService:
                 identity_id=identity_id,
                 fn=partial(tx.begin_stop, workspace_id=workspace_id, force=body.force,
                            expected=body.expected_version, now=self.ctx.now()))
-        if outcome.result.get("state") == w.STOPPING:
+            result = outcome.result
+            if outcome.replayed and result.get("state") == w.STOPPING:
+                again = await self.store.write(partial(
+                    tx.continue_stop, workspace_id=workspace_id,
+                    instance_id=result.get("instance_id"), force=body.force,
+                    now=self.ctx.now()))
+                result = result if again is None else again
+        if result.get("state") == w.STOPPING:
             self.tasks.spawn(self.tasks.stop, workspace_id)
-        return outcome.result
+        return result
 
     async def delete(self, workspace_id: str, body: VersionedWrite,
                      identity_id: str | None) -> dict[str, Any]:

@@ -222,6 +222,21 @@ def begin_stop(session: Session, workspace_id: str, force: bool, expected: int |
     return w.workspace_json(ws)
 
 
+def continue_stop(session: Session, workspace_id: str, instance_id: str | None, force: bool,
+                  now: datetime) -> dict[str, Any] | None:
+    """The same stop command again after the node refused it (spec troubleshooting: stop
+    only the unit you confirmed, then "retry the original command with the same
+    --command-id"): while the Instance that stop was for is still the Workspace's,
+    FAILED and holding its resources, the stop begins again (the command's revision
+    check was done the first time).  Otherwise None: the stored answer stands."""
+    ws = session.get(Workspace, workspace_id, with_for_update=True)
+    if (ws is None or ws.state != w.FAILED or instance_id is None
+            or ws.current_instance_id != instance_id
+            or not inst_mod.holds_allocation(session, instance_id)):
+        return None
+    return begin_stop(session, workspace_id, force, None, now)
+
+
 def stop_done(session: Session, workspace_id: str, instance_id: str, confirmed: bool,
               node_id: str, now: datetime) -> None:
     ws = session.get(Workspace, workspace_id, with_for_update=True)

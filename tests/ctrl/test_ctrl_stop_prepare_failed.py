@@ -78,3 +78,41 @@ async def test_a_node_that_no_longer_has_the_instance(tmp_path: Path) -> None:
         assert (await ctrl.ws(wid))["state"] == "FAILED"
         await ctrl.action(wid, "start")
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
+
+
+async def test_retrying_a_refused_reclaim_with_the_same_command_id_continues_it(
+        tmp_path: Path) -> None:
+    """The row "Reclaiming such an Instance fails with … stop instance process this node
+    did not take over": after the operator stopped the unit they confirmed, "retry the
+    original command with the same --command-id" must stop the Workspace, not replay the
+    stored answer of the attempt the node refused."""
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a")
+        ws = await ctrl.settled((await ctrl.create(cpu_millis=1500))["workspace_id"])
+        wid, sim = ws["workspace_id"], ctrl.sims["node-a"]
+        sim.refuse_stop = FailedPrecondition(
+            "stop instance process this node did not take over: unit kibotos-vmm-x.service "
+            "(MainPID 42) of Instance x: the launch record is for Instance y; the unit "
+            "keeps running")
+        first = await ctrl.action(wid, "stop", force=True, command_id="reclaim-1")
+        assert first["state"] == "STOPPING"
+        ws = await ctrl.settled(wid)
+        assert ws["state"] == "FAILED"
+        assert "did not take over" in ws["reason"]
+        sim.refuse_stop = None  # the operator stopped only that unit
+        # Other input under the same ID is still refused.
+        await ctrl.action(wid, "stop", command_id="reclaim-1", code="already_exists")
+        again = await ctrl.action(wid, "stop", force=True, command_id="reclaim-1")
+        assert again["state"] == "STOPPING"
+        assert again["revision"] > first["revision"]
+        ws = await ctrl.settled(wid)
+        assert ws["state"] == "STOPPED"
+        assert ws["instance"]["confirmed_on_disk"] is False
+        assert ctrl.service.index.allocated("node-a") == (0, 0)
+        stops = [c for c in sim.commands if c["kind"] == "instance.stop"]
+        assert len(stops) == 2
+        # Once done, the same ID replays the stored answer and changes nothing.
+        replay = await ctrl.action(wid, "stop", force=True, command_id="reclaim-1")
+        assert replay["revision"] == first["revision"]
+        assert (await ctrl.ws(wid))["state"] == "STOPPED"
+        assert len([c for c in sim.commands if c["kind"] == "instance.stop"]) == 2
