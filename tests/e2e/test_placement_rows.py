@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from e2e_links import remove_short_links_into
 
 from kibotos import ids
 from kibotos.dev import DevCluster
+from kibotos.dev.cluster import script
 from kibotos.dev.layout import write_meminfo
 from kibotos.dev.procs import tail
 
@@ -190,6 +192,34 @@ def test_pinned_placement_rows(rows_cluster: DevCluster, kibo_json: Kibo) -> Non
         assert plain["node_id"] in ("node-1", "node-2")
     finally:
         kibo_json(c, "node", "cancel-drain", "node-3")
+    remove(kibo_json, c, wid)
+
+
+# ------------------------------------------------------------ drain --wait
+
+
+def test_drain_wait_ends_13_when_the_drain_is_cancelled(rows_cluster: DevCluster,
+                                                        kibo_json: Kibo,
+                                                        wait_until: Any) -> None:
+    c = rows_cluster
+    wid = create(kibo_json, c, "--node", "node-1")["workspace_id"]
+    env = {**os.environ, "KIBO_CONFIG": str(c.layout.kibo_config)}
+    waiting = subprocess.Popen([script("kibo"), "node", "drain", "node-1", "--wait",
+                                "--timeout", "120s"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: c.node("node-1")["status"] == "DRAINING", "node-1 DRAINING")
+        # A drain does not move or stop what runs.
+        assert ws(c, wid)["state"] == "AVAILABLE"
+        kibo_json(c, "node", "cancel-drain", "node-1")
+        _, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert waiting.returncode == 13, err
+    assert "cancelled" in err
+    assert c.node("node-1")["status"] == "READY"
     remove(kibo_json, c, wid)
 
 
