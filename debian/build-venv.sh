@@ -89,6 +89,11 @@ for script in "$DEST$VENV"/bin/*; do
     fi
 done
 
+# Extension modules: drop their debug information (zstandard's two modules alone carry
+# 23 MB of it).  The bundled libraries in *.libs/ stay as auditwheel made them.
+find "$DEST$VENV/$SITE" -path '*.libs' -prune -o -type f -name '*.so' \
+    -exec strip --strip-debug {} +
+
 # Byte-compile under the final names.
 "$PY" -m compileall -q -j 0 --invalidation-mode checked-hash -s "$DEST" -p / \
     "$DEST$VENV/lib"
