@@ -129,10 +129,13 @@ def _exhausted(service: WorkspaceService, demand: Demand, tried: set[str],
         reasons[reason] = reasons.get(reason, 0) + 1
     summary = "; ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items())) \
         or "no nodes are registered"
-    return ResourceExhausted(
-        f"no node can take a Workspace of {format_cores(demand.cpu_millis)} CPU and "
-        f"{format_bytes(demand.memory_bytes)} memory ({summary})",
-        details={"reasons": reasons})
+    message = (f"no node can take a Workspace of {format_cores(demand.cpu_millis)} CPU and "
+               f"{format_bytes(demand.memory_bytes)} memory ({summary})")
+    if reasons and all(" is not available" in r for r in reasons):
+        # Only storage pools not (yet) seen available: after the storage is fixed ctrl
+        # can take up to a minute to see it (spec: node-and-vmm-processes, Troubleshooting).
+        message = f"no admitted node is ready: {message}; retry a little later"
+    return ResourceExhausted(message, details={"reasons": reasons})
 
 
 class _NextNode(Exception):
