@@ -5,14 +5,24 @@ with a fresh `Session` in a worker thread (`trio.to_thread.run_sync`).  SQLite g
 mode and a busy timeout so the CLI's direct writes (``kibotos ctrl grant``) and the
 serving process do not trip over each other.  Foreign errors are translated by
 `map_sqlalchemy_errors`.
+
+Writes on SQLite are serialised (one writer) and committed in groups: the writes that
+queued up while the previous group ran share one worker-thread hop, one transaction and
+one commit, each function run in arrival order exactly as it would have run alone
+after the one before.  A caller resumes only after the commit that holds its write, so
+nothing is acknowledged that a crash could lose.  When one function of a group raises,
+the group is rolled back and every function runs again in its own transaction, so each
+caller gets the outcome it would have had alone (the transaction functions are plain
+store work, safe to run again after a rollback).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 from sqlalchemy import Engine, create_engine, event
@@ -56,13 +66,35 @@ def map_sqlalchemy_errors() -> Iterator[None]:
         raise Internal(f"store error: {exc}") from exc
 
 
+class _Queued(Generic[T]):
+    """One write waiting for its group commit, and then its outcome."""
+
+    __slots__ = ("done", "error", "fn", "taken", "value")
+
+    def __init__(self, fn: Callable[[Session], T]) -> None:
+        self.fn = fn
+        self.taken = False
+        self.value: T | None = None
+        self.error: Exception | None = None
+        self.done = trio.Event()
+
+    def outcome(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
+
+
 class Store:
+    #: At most this many queued writes share one transaction.
+    MAX_GROUP = 64
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         # SQLite allows one writer; serialising writes here avoids busy retries.
         self._sqlite = engine.dialect.name == "sqlite"
         self._write_lock = trio.Lock()
+        self._queue: deque[_Queued[Any]] = deque()
 
     def session(self) -> Session:
         return self._sessions()
@@ -73,20 +105,87 @@ class Store:
         ctrl instances share a process in tests and benchmarks)."""
         event.listen(self._sessions, name, fn)
 
+    def apply(self, fn: Callable[[Session], T], session: Session) -> T:
+        """Run one transaction function inside an open transaction (the one place every
+        function passes, for the benchmark's accounting)."""
+        return fn(session)
+
     def run_sync(self, fn: Callable[[Session], T]) -> T:
         """Run `fn` in one transaction, committed if it returns, rolled back if it raises."""
+        return self._transaction(fn)
+
+    def _transaction(self, fn: Callable[[Session], T]) -> T:
         with map_sqlalchemy_errors(), self._sessions() as session, session.begin():
-            return fn(session)
+            return self.apply(fn, session)
+
+    def run_group_sync(self, group: list[_Queued[Any]]) -> None:
+        """Run queued writes in one transaction and store each outcome.  If a function
+        raises, nothing of the group is kept and each runs again alone; if the commit
+        fails, every write of the group failed with it."""
+        if len(group) > 1:
+            raised_in = None
+            values: list[Any] = []
+            try:
+                with map_sqlalchemy_errors(), self._sessions() as session, session.begin():
+                    for item in group:
+                        raised_in = item
+                        values.append(self.apply(item.fn, session))
+                    raised_in = None
+            except Exception as exc:
+                if raised_in is None:
+                    for item in group:
+                        item.error = exc
+                    return
+            else:
+                for item, value in zip(group, values, strict=True):
+                    item.value = value
+                return
+        for item in group:
+            try:
+                item.value = self._transaction(item.fn)
+            except Exception as exc:
+                item.error = exc
 
     async def run(self, fn: Callable[[Session], T]) -> T:
         return await trio.to_thread.run_sync(self.run_sync, fn)
 
     async def write(self, fn: Callable[[Session], T]) -> T:
-        """Like `run`, for transactions that write: serialised on SQLite."""
+        """Like `run`, for transactions that write: serialised and group-committed on
+        SQLite (see the module docstring)."""
         if not self._sqlite:
             return await self.run(fn)
-        async with self._write_lock:
-            return await self.run(fn)
+        item: _Queued[T] = _Queued(fn)
+        self._queue.append(item)
+        try:
+            await self._write_lock.acquire()
+        except trio.Cancelled:
+            if not item.taken:
+                self._queue.remove(item)
+                raise
+            # Already running in another caller's group: like a cancelled `run`, the
+            # transaction finishes and its outcome is returned.
+            with trio.CancelScope(shield=True):
+                await item.done.wait()
+            return item.outcome()
+        try:
+            if not item.taken:
+                group: list[_Queued[Any]] = []
+                while self._queue and len(group) < self.MAX_GROUP:
+                    queued = self._queue.popleft()
+                    queued.taken = True
+                    group.append(queued)
+                try:
+                    await trio.to_thread.run_sync(self.run_group_sync, group)
+                except BaseException:
+                    for queued in group:  # the group never ran: nobody's write is kept
+                        queued.error = Unavailable("the store write could not run")
+                    raise
+                finally:
+                    for queued in group:
+                        queued.done.set()
+        finally:
+            self._write_lock.release()
+        return item.outcome()
 
     def close(self) -> None:
         self.engine.dispose()
