@@ -54,6 +54,16 @@ def list_row(ws: dict[str, Any], *, wide: bool = False) -> Row:
     return row
 
 
+def guest_responding(ws: dict[str, Any]) -> bool | None:
+    """What the node last said of the current Instance's guest (``guest.responding`` of
+    its ``instance_state`` frame): False while an adopted guest does not answer."""
+    inst = _dict(ws.get("instance"))
+    if not inst or inst.get("instance_id") != ws.get("instance_id"):
+        return None
+    responding = _dict(inst.get("guest")).get("responding")
+    return responding if isinstance(responding, bool) else None
+
+
 def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
                  wide: bool = False) -> list[Section]:
     """`location` is ``{node_id, instance_id}`` from the location query, or None when
@@ -61,6 +71,11 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
     main = Section(f"Workspace {ws.get('workspace_id')}")
     main.add("State", str(ws.get("state")))
     main.add("Reason", dash(ws.get("reason")))
+    inst = _dict(ws.get("instance"))
+    if guest_responding(ws) is False:
+        # spec: an adopted Instance whose guest does not answer stays AVAILABLE and
+        # "the guest is reported as no longer responding" (docs/adoption.md)
+        main.add("Guest", "not responding (the node keeps retrying)")
     if location is None:
         main.add("Node", UNKNOWN)
         if wide:
@@ -86,7 +101,6 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
     if ws.get("deleted_at"):
         main.add("Deleted", str(ws.get("deleted_at")))
     sections = [main]
-    inst = _dict(ws.get("instance"))
     if wide and inst:
         last = Section("Last Instance")
         last.add("Instance", dash(inst.get("instance_id")))
@@ -98,6 +112,9 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
                  "-" if confirmed is None else ("yes" if confirmed else "no"))
         guest = _dict(inst.get("guest"))
         last.add("Guest boot ID", dash(guest.get("boot_id")))
+        responding = guest.get("responding")
+        last.add("Guest responding", "-" if not isinstance(responding, bool)
+                 else ("yes" if responding else "no"))
         last.add("Template image", dash(template.get("image_digest")))
         sections.append(last)
     return sections
