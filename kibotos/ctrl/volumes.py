@@ -32,6 +32,7 @@ from kibotos.ctrl.journal import STORED_ERRORS
 from kibotos.ctrl.volume_wire import VolumeCreateIn
 from kibotos.ctrl.wire import VersionedWrite
 from kibotos.errors import (
+    Aborted,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -208,8 +209,9 @@ class VolumeService:
 
     async def call(self, node_id: str, kind: str, args: dict[str, object],
                    timeout: float) -> dict[str, object] | None:
-        """A node command; None when the node cannot be reached right now, or is still
-        working on the object (``object_busy``: e.g. an expansion that went on while
+        """A node command; None when the node cannot be reached right now, answers
+        that the object's lock is held (``aborted``), or is still working on the object
+        (``object_busy``: e.g. an expansion that went on while
         the session was down, asked again).  Other errors are the node's verdict and
         are raised."""
         if not self.ctx.sessions.is_alive(node_id):
@@ -218,7 +220,8 @@ class VolumeService:
             result: dict[str, object] = await self.ctx.sessions.call(node_id, kind, args,
                                                                       timeout)
             return result
-        except (Unavailable, DeadlineExceeded) as exc:
+        except (Unavailable, DeadlineExceeded, Aborted) as exc:
+            # Aborted: e.g. the object's lock is held on the node (object_lock_held).
             log.info("node %s: %s not done yet: %s", node_id, kind, exc.message)
             return None
         except FailedPrecondition as exc:

@@ -17,7 +17,7 @@ from ws_helpers import GI, open_ws_ctrl
 
 from kibotos.ctrl import volume_txns as vt
 from kibotos.ctrl.volume_wire import VolumeListOut, VolumeOut
-from kibotos.errors import Internal
+from kibotos.errors import Aborted, Internal
 from kibotos.testing.sim_instances import SimInstances
 
 MI = 1 << 20
@@ -107,6 +107,20 @@ async def test_node_refusal_fails_the_volume(tmp_path: Path) -> None:
         # A FAILED Volume can be deleted (the node deletes whatever is left).
         await ctrl.call("POST", f"/v1/volumes/{vol['volume_id']}/delete", json={})
         assert (await settled_volume(ctrl, vol["volume_id"]))["state"] == "DELETED"
+
+
+async def test_a_held_object_lock_is_retried_not_a_failure(tmp_path: Path) -> None:
+    """``aborted`` (the node's object lock is held, retryable) means "not done yet":
+    ctrl asks again and the Volume becomes AVAILABLE, not FAILED."""
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a")
+        sim = ctrl.sims["node-a"]
+        sim.fail_objects = Aborted("Volume operation lock is held",
+                                   details={"reason": "object_lock_held"})
+        created = await create_volume(ctrl)
+        vol = await settled_volume(ctrl, created["volume_id"])
+        assert vol["state"] == "AVAILABLE", vol
+        assert len(kinds(sim, "volume.create")) == 2
 
 
 async def test_create_resumes_when_the_node_returns(tmp_path: Path) -> None:
