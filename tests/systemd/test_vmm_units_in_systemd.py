@@ -191,6 +191,9 @@ async def test_the_dataplane_unit(sup: Supervisor, raw: Raw):
         "exec", "no", "control-group")
     assert service["OOMScoreAdjust"] == -900
     assert service["ControlGroup"].endswith(f"/kibotos.slice/kibotos-dataplane.slice/{name}")
+    # root: the guest sockets of both backends are open only to root and the VMM account
+    assert service["User"] == ""
+    assert int(read_status(info.main_pid).split("Uid:")[1].split()[0]) == 0
     unit = raw.props(name, "Unit")
     for key in NO_STOP_DEPENDENCY:
         assert all(u.endswith((".target", ".slice")) for u in unit.get(key, [])), key
