@@ -387,7 +387,7 @@ def move(inv: Invocation, workspace_id: str, node_id: str, no_wait: bool,
         ws = wait_settled(inv, ws, "move")  # a stop or start already under way
         check = client.get(ws_path(workspace_id, "move-check"), {"node_id": node_id})
         ws = check["workspace"]
-    if check.get("already_there"):
+    if check.get("already_there") and ws.get("state") == "AVAILABLE":  # not FAILED there
         _moved(inv, ws, f"workspace {workspace_id} already runs on node {node_id}")
         return
     # 2. Stop, if it runs.

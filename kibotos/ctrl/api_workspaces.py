@@ -163,7 +163,10 @@ def routes(api: Api) -> list[Route]:
                     details={"workspace_id": workspace_id, "node_id": query.node_id,
                              "pool_id": obj["pool_id"], "object_id": obj["object_id"]})
         return {"workspace": ws_json, "node_id": query.node_id,
-                "already_there": ws_json["node_id"] == query.node_id,
+                # Runs there: a FAILED Workspace keeps its node until stop --force, but
+                # a move must not report it as running.
+                "already_there": ws_json["node_id"] == query.node_id
+                and ws_json["state"] == "AVAILABLE",
                 "objects": objects,
                 "node_pools": sorted(p for p, fact in pools.items() if fact.available)}
 

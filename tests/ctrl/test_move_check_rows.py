@@ -1,0 +1,49 @@
+"""``GET /v1/workspaces/{id}/move-check``, the Check step of `kibo workspace move`
+(spec: nodes, "Placing a Workspace on a specific node"): "If the Workspace already runs
+on the target node, the command succeeds directly without stopping it" — only a
+Workspace that runs there.  A FAILED one keeps its node until ``stop --force`` (its
+Instance still holds resources), but it does not run: a move must not report success
+for it.  A real ctrl (loopback, real SQLite) with simulated nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctrl_helpers import wait_until
+from ws_helpers import open_ws_ctrl
+
+SHARED = [{"id": "shared-1", "shared": True, "default": True}]
+
+
+async def test_already_there_only_while_it_runs_there(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a", pools=SHARED)
+        await ctrl.connect("node-b", pools=SHARED)
+        ws = await ctrl.settled((await ctrl.create(node_id="node-a"))["workspace_id"])
+        wid = ws["workspace_id"]
+
+        async def check(node_id: str) -> dict:
+            return dict(await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                                        params={"node_id": node_id}))
+
+        running = await check("node-a")
+        assert (running["already_there"], running["workspace"]["state"]) == (True,
+                                                                             "AVAILABLE")
+        assert (await check("node-b"))["already_there"] is False
+        # The VMM exits unexpectedly: FAILED, still on node-a until stop --force.
+        await ctrl.sims["node-a"].exit(ws["instance_id"])
+
+        async def failed() -> bool:
+            return (await ctrl.ws(wid))["state"] == "FAILED"
+
+        await wait_until(failed, "the Workspace is FAILED")
+        assert (await ctrl.ws(wid))["node_id"] == "node-a"
+        there = await check("node-a")
+        assert there["workspace"]["state"] == "FAILED"
+        assert there["already_there"] is False  # it does not run there
+        # So the move goes on to its start, which says what to do first.
+        err = await ctrl.action(wid, "start", code="failed_precondition", node_id="node-a")
+        assert f"kibo workspace stop {wid} --force" in err["message"]
+        await ctrl.action(wid, "stop", force=True)
+        assert (await ctrl.settled(wid))["state"] == "STOPPED"
+        assert (await check("node-a"))["already_there"] is False
