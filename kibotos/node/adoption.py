@@ -50,7 +50,7 @@ from kibotos import atomicfile
 from kibotos.backends import Supervisor, UnitInfo
 from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.node import records
-from kibotos.node.instance_dirs import EXITED_REASON
+from kibotos.node.instance_dirs import EXITED_REASON, OOM_REASON, OOM_RESULTS
 from kibotos.node.instances import CREATING, FAILED, RUNNING, STOPPING
 from kibotos.node.lifecycle import Instance, unit_name_for
 from kibotos.node.logs import EventLogger
@@ -334,9 +334,14 @@ async def carry_out(verdicts: Sequence[Verdict], leftovers: Sequence[UnitInfo], 
                         "and no VMM runs for it", instance=inst.instance_id)
             nursery.start_soon(boot, inst)
         elif verdict.action == GONE:
+            # Killed by the host's OOM killer while the node was away, and systemd still
+            # has the failed unit: said as such, so ctrl stops the Workspace on its own
+            # (spec Troubleshooting); a unit systemd already removed cannot tell.
+            reason = OOM_REASON if info is not None and info.result in OOM_RESULTS \
+                else EXITED_REASON
             log.error("instance not taken over", instance=inst.instance_id,
-                      state=inst.state, reason=EXITED_REASON)
-            await set_state(inst, FAILED, EXITED_REASON)
+                      state=inst.state, reason=reason)
+            await set_state(inst, FAILED, reason)
         elif verdict.action == LEAVE and active:
             takeover.not_taken_over.add(inst.instance_id)
     if verdicts or leftovers:

@@ -34,6 +34,11 @@ log = EventLogger()
 
 #: The reason the spec and docs/architecture.md give for a VMM that ended on its own.
 EXITED_REASON = "node reports the Instance as no longer running"
+#: The node's reason for a VMM the kernel's OOM killer ended.
+OOM_REASON = "oom_killed"
+#: `UnitInfo.result` values that mean the kernel's OOM killer ended the unit.  systemd
+#: reports ``oom-kill``; ``direct`` cannot tell (it reports ``gone``).
+OOM_RESULTS = frozenset({"oom-kill"})
 
 
 class InstanceDirs:

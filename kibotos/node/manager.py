@@ -35,7 +35,7 @@ from kibotos.errors import (
 from kibotos.node import adoption, installations, machine_logs, records
 from kibotos.node.cleanup import STUCK_ERRORS, PendingCleanups
 from kibotos.node.holder_watch import HolderWatch
-from kibotos.node.instance_dirs import EXITED_REASON, InstanceDirs
+from kibotos.node.instance_dirs import EXITED_REASON, OOM_REASON, OOM_RESULTS, InstanceDirs
 from kibotos.node.instance_spec import (
     CreateSpec,
     TransferTarget,
@@ -63,11 +63,6 @@ from kibotos.node.volume_ops import NodeStorage
 
 log = EventLogger()
 
-#: The node's reason for a VMM the kernel's OOM killer ended.
-OOM_REASON = "oom_killed"
-#: `UnitInfo.result` values that mean the kernel's OOM killer ended the unit.  systemd
-#: reports ``oom-kill``; ``direct`` cannot tell (it reports ``gone``).
-OOM_RESULTS = frozenset({"oom-kill"})
 
 
 class VmInstanceManager:
