@@ -376,6 +376,50 @@ def test_move_start_failure_names_the_start_command(rows_cluster: DevCluster,
     remove(kibo_json, c, wid)
 
 
+def guest_pids(c: DevCluster, node_id: str) -> list[int]:
+    """The test VMM's guests (the guest agent on the host) of `node_id`: their working
+    directory is an Instance directory under the node's root."""
+    root = c.layout.node_dir(node_id).resolve()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            text = (proc / "cmdline").read_bytes().decode(errors="replace")
+            cwd = Path(os.readlink(proc / "cwd")).resolve()
+        except OSError:
+            continue
+        if "guest/agent.py" in text and cwd.is_relative_to(root):
+            found.append(int(proc.name))
+    return found
+
+
+def test_move_of_a_failed_workspace_on_its_own_node(rows_cluster: DevCluster,
+                                                    kibo_json: Kibo,
+                                                    wait_until: Any) -> None:
+    """A FAILED Workspace keeps its node until `stop --force`; moving it there is not
+    "already runs there" (it does not run): the start is refused naming the force stop."""
+    c = rows_cluster
+    made = create(kibo_json, c, "--node", "node-1")
+    wid = made["workspace_id"]
+    assert listed(kibo_json, c, "--node", "node-1") == [wid]
+    pids = guest_pids(c, "node-1")
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)  # the VMM exits unexpectedly
+    failed = wait_until(lambda: (w := ws(c, wid))["state"] == "FAILED" and w,
+                        "the Workspace FAILED")
+    assert failed["node_id"] == "node-1"
+    proc = c.kibo("workspace", "move", wid, "--node", "node-1", "--timeout", "120s")
+    assert proc.returncode == 13, proc.stdout + proc.stderr
+    assert "already runs" not in proc.stdout
+    assert f"kibo workspace stop {wid} --force" in proc.stderr
+    kibo_json(c, "workspace", "stop", wid, "--force", "--timeout", "120s")
+    moved = kibo_json(c, "workspace", "move", wid, "--node", "node-1",
+                      "--timeout", "120s")["result"]
+    assert (moved["state"], moved["node_id"]) == ("AVAILABLE", "node-1")
+    remove(kibo_json, c, wid)
+
+
 # ------------------------------------------------------------ isolate (changes node-3)
 
 
