@@ -6,7 +6,7 @@ PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 # Each built-in plugin's one module, plugins/<name>/kibotos_<name>, for mypy.
 PLUGIN_MODULES := $(foreach p,$(PLUGINS),$(p)kibotos_$(notdir $(p:/=)))
 
-.PHONY: venv demo test test-fast lint clean
+.PHONY: venv demo test test-fast lint clean deb
 
 $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: venv
 # The inner loop: skip the slow end-to-end tests.
 test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow' -x -q
+
+# The Debian package, from a clean copy of HEAD, into dist/ (docs/packaging.md).
+deb:
+	./packaging/deb/build.sh --out dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

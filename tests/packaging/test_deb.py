@@ -1,0 +1,329 @@
+"""The Debian package (docs/packaging.md): built from a clean copy of HEAD with
+packaging/deb/build.sh, then checked from the outside.
+
+* control fields and conffiles (`dpkg-deb -f`, the control archive);
+* the file list: the three commands as links into the venv, every built-in plugin, the
+  guest agent files the node's runtime installations need, every unit and slice of
+  contrib/systemd (byte for byte), the example configs, nothing naming the build tree;
+* the package extracted into a temporary directory (`dpkg-deb -x`, as docs/upgrades.md
+  does with the next version) runs: `kibo --version`, `kibotos plugins list`, the
+  compiled dependencies import, the example configs load, and the runtime directory
+  `/usr/lib/kibotos/node` is complete for `check-upgrade --runtime-dir`;
+* the maintainer scripts: the real postinst, run as `postinst configure` in a private
+  mount namespace over a copy of /etc (the host's accounts are never touched), creates
+  the kibotos-vmm group and user, is idempotent and keeps an account the operator made;
+  no script starts, enables or restarts a service, and none stops a slice.
+
+The build takes one to three minutes (most of it pip and dpkg-deb on a busy machine);
+its wheelhouse is cached in ~/.cache/kibotos (packaging/deb/build.sh).  Set
+KIBOTOS_TEST_DEB to an existing .deb to check that one instead of building.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+VENV = "usr/lib/kibotos/venv"
+SITE = f"{VENV}/lib/python3.11/site-packages"
+ACCOUNT = "kibotos-vmm"
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+pytestmark = pytest.mark.slow
+
+
+def _tools_missing() -> list[str]:
+    return [t for t in ("dpkg-buildpackage", "dh", "git", "unshare")
+            if shutil.which(t, path=CLEAN_ENV["PATH"]) is None]
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("KIBOTOS_TEST_DEB")
+    if given:
+        return Path(given)
+    missing = _tools_missing()
+    if missing:
+        if IN_CI:
+            pytest.fail(f"missing build tools {missing} (packaging/apt-test-deps.txt)")
+        pytest.skip(f"missing build tools {missing}")
+    out = tmp_path_factory.mktemp("deb")
+    env = dict(os.environ, KIBOTOS_DEB_COMPRESS="-Zgzip")
+    proc = subprocess.run([str(REPO / "packaging/deb/build.sh"), "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.is_file()
+    assert path.parent == out
+    return path
+
+
+@pytest.fixture(scope="module")
+def root(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's files, extracted (not installed) into a temporary directory."""
+    where = tmp_path_factory.mktemp("root")
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(where)], check=True)
+    return where
+
+
+@pytest.fixture(scope="module")
+def control(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("control")
+    subprocess.run(["dpkg-deb", "-e", str(deb), str(where)], check=True)
+    return where
+
+
+def _field(deb: Path, name: str) -> str:
+    return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run a command of the extracted package with a clean environment, from / (so
+    nothing of this checkout or its .venv can be imported by accident)."""
+    return subprocess.run(argv, cwd="/", env=CLEAN_ENV, capture_output=True, text=True,
+                          timeout=120, check=False, **kw)  # type: ignore[call-overload]
+
+
+def _plugins() -> dict[str, str]:
+    """Built-in plugins: entry-point name -> module, from plugins/*/pyproject.toml."""
+    found = {}
+    for pyproject in sorted(REPO.glob("plugins/*/pyproject.toml")):
+        data = tomllib.loads(pyproject.read_text())
+        found.update(data["project"]["entry-points"]["kibotos"])
+    assert found
+    return found
+
+
+def _debian_version(pep440: str) -> str:
+    for tag in ("dev", "rc", "a", "b"):
+        head, sep, num = pep440.rpartition(tag)
+        if sep and num.isdigit():
+            return f"{head.rstrip('.')}~{tag}{num}"
+    return pep440
+
+
+# ------------------------------------------------------------------ control fields
+
+
+def test_control_fields_and_conffiles(deb: Path, control: Path) -> None:
+    from kibotos._version import __version__
+    assert _field(deb, "Package") == "kibotos"
+    assert _field(deb, "Architecture") == "amd64"
+    assert _field(deb, "Version") == _debian_version(__version__)
+    depends = {d.strip().split(" ")[0] for d in _field(deb, "Depends").split(",")}
+    assert {"python3.11", "qemu-system-x86", "e2fsprogs", "systemd", "dbus", "passwd",
+            "libc6"} <= depends
+    assert "debootstrap" in _field(deb, "Recommends")
+    conffiles = (control / "conffiles").read_text().split()
+    assert sorted(conffiles) == ["/etc/kibotos/ctrl.toml", "/etc/kibotos/node/config.toml"]
+
+
+def test_debian_version_spelling() -> None:
+    assert _debian_version("0.1.0.dev0") == "0.1.0~dev0"
+    assert _debian_version("0.2.0a1") == "0.2.0~a1"
+    assert _debian_version("1.0.0rc2") == "1.0.0~rc2"
+    assert _debian_version("1.2.3") == "1.2.3"
+
+
+# ------------------------------------------------------------------ file list
+
+
+def test_commands_link_into_the_venv(root: Path) -> None:
+    for cmd in ("kibotos", "kibo", "kibotos-node"):
+        link = root / "usr/bin" / cmd
+        assert link.is_symlink(), cmd
+        assert os.readlink(link) == f"../lib/kibotos/venv/bin/{cmd}"
+        assert os.access(link.resolve(), os.X_OK)
+    # The venv's interpreter is the system's, by absolute link (an extracted copy runs).
+    assert os.readlink(root / VENV / "bin/python3.11") == "/usr/bin/python3.11"
+    assert "command" not in (root / VENV / "pyvenv.cfg").read_text()
+    # Nothing is ever pip-installed on a host.
+    assert not (root / VENV / "bin/pip").exists()
+    assert not (root / VENV / "bin/activate").exists()
+
+
+def test_units_slices_and_configs(root: Path) -> None:
+    shipped = sorted(p.name for p in (REPO / "contrib/systemd").iterdir())
+    assert {"kibotos-node.service", "kibotos-ctrl.service", "kibotos-vmm.slice"} <= set(shipped)
+    assert sorted(p.name for p in (root / "lib/systemd/system").iterdir()) == shipped
+    for name in shipped:
+        assert ((root / "lib/systemd/system" / name).read_bytes()
+                == (REPO / "contrib/systemd" / name).read_bytes()), name
+    assert (root / "etc/kibotos/ctrl.toml").read_bytes() == (
+        REPO / "debian/conf/ctrl.toml").read_bytes()
+    assert (root / "etc/kibotos/node/config.toml").is_file()
+
+
+def test_every_builtin_plugin_and_the_guest_agent(root: Path) -> None:
+    site = root / SITE
+    for module in _plugins().values():
+        assert (site / module / "__init__.py").is_file(), module
+    assert (site / "kibotos/guest/agent.py").is_file()
+    agent = sorted(p.name for p in (REPO / "kibotos/guest/kibotos_guest").glob("*.py"))
+    assert sorted(p.name for p in (site / "kibotos/guest/kibotos_guest").glob("*.py")) == agent
+    # The runtime directory check-upgrade is pointed at is the venv's site-packages.
+    assert os.readlink(root / "usr/lib/kibotos/node") == "venv/lib/python3.11/site-packages"
+
+
+def test_nothing_names_the_build_tree(root: Path) -> None:
+    proc = subprocess.run(["grep", "-rlF", "kibotos-deb.", str(root)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 1, proc.stdout
+
+
+# ------------------------------------------------------------------ the extracted package runs
+
+
+def test_extracted_commands_run(root: Path) -> None:
+    from kibotos._version import __version__
+    proc = _run([str(root / "usr/bin/kibo"), "--version"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"kibo, version {__version__}"
+    proc = _run([str(root / "usr/bin/kibotos"), "plugins", "list"])
+    assert proc.returncode == 0, proc.stderr
+    for name in _plugins():
+        assert f" {name} " in proc.stdout, (name, proc.stdout)
+    proc = _run([str(root / "usr/bin/kibotos-node"), "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "check-upgrade" in proc.stdout
+
+
+def test_extracted_venv_is_self_contained(root: Path) -> None:
+    """The venv's own interpreter imports kibotos and the compiled dependencies from the
+    extracted tree, and the package's code accepts its example configs and finds its
+    runtime directory complete."""
+    node_dir = root / "usr/lib/kibotos/node"
+    code = f"""
+import sys, kibotos, psycopg, zstandard, pydantic_core, cysystemd.journal
+import cryptography.hazmat.bindings._rust, sqlalchemy.engine._row_cy
+from pathlib import Path
+from kibotos import config
+from kibotos.node import installations
+assert sys.prefix == {str(root / VENV)!r}, sys.prefix
+assert kibotos.__file__.startswith({str(root / SITE)!r}), kibotos.__file__
+config.load(config.CtrlConfig, {str(root / "etc/kibotos/ctrl.toml")!r})
+node = config.load(config.NodeConfig, {str(root / "etc/kibotos/node/config.toml")!r})
+assert node.supervisor.backend == "systemd", node.supervisor
+names = installations.required_files()
+assert len(names) > 5, names
+assert installations.missing_files(Path({str(node_dir)!r}), names) == []
+assert installations.default_runtime_dir() == Path({str(node_dir)!r}).resolve()
+print(kibotos._version.SOURCE_REVISION)
+"""
+    proc = _run([str(root / VENV / "bin/python3"), "-c", code])
+    assert proc.returncode == 0, proc.stderr
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    if not os.environ.get("KIBOTOS_TEST_DEB"):
+        assert proc.stdout.strip() == head
+
+
+# ------------------------------------------------------------------ maintainer scripts
+
+
+def test_scripts_never_start_enable_or_stop_slices(control: Path) -> None:
+    scripts = {p.name: p.read_text() for p in control.iterdir()
+               if p.name in ("preinst", "postinst", "prerm", "postrm")}
+    assert "postinst" in scripts
+    for name, text in scripts.items():
+        assert ".slice" not in text, name
+        assert re.search(r"systemctl .*(start|enable)", text) is None, name
+        for verb in ("start", "restart", "try-restart"):
+            assert f"deb-systemd-invoke {verb}" not in text, (name, verb)
+        # `enable` only re-creates links of a unit the operator had enabled before.
+        for line in text.splitlines():
+            if "deb-systemd-helper enable" in line:
+                assert line.strip().startswith("deb-systemd-helper enable"), line
+        assert "was-enabled" in text or "deb-systemd-helper enable" not in text, name
+    stops = [n for n, t in scripts.items() if "deb-systemd-invoke stop" in t]
+    assert stops == ["prerm"], stops
+    assert "remove" in scripts["prerm"]
+    # Purge never touches the state: the store, identities and Workspace data.
+    assert "/var/lib/kibotos" not in scripts.get("postrm", "").replace(
+        "# /etc/kibotos holds", "")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _private_etc(tmp: Path, *, group_extra: str = "") -> Path:
+    """A copy of /etc without any kibotos-vmm account, with a kvm group."""
+    etc = tmp / "etc"
+    shutil.copytree("/etc", etc, symlinks=True)
+    for name in ("group", "gshadow", "passwd", "shadow"):
+        f = etc / name
+        if f.exists():
+            lines = [ln for ln in f.read_text().splitlines(keepends=True)
+                     if not ln.startswith(f"{ACCOUNT}:")]
+            f.write_text("".join(lines))
+    group = (etc / "group").read_text()
+    if not any(ln.startswith("kvm:") for ln in group.splitlines()):
+        group += "kvm:x:3991:\n"
+    (etc / "group").write_text(group + group_extra)
+    if group_extra and (etc / "gshadow").exists():
+        gname = group_extra.split(":")[0]
+        with open(etc / "gshadow", "a") as f:
+            f.write(f"{gname}:!::\n")
+    return etc
+
+
+def _postinst(control: Path, etc: Path) -> subprocess.CompletedProcess[str]:
+    """`postinst configure` in a private mount namespace: the copy of /etc is bound over
+    /etc and a tmpfs over /var/lib/systemd (deb-systemd-helper's state), so the host's
+    accounts and unit state stay as they are."""
+    script = ('mount --bind "$1" /etc && mount -t tmpfs tmpfs /var/lib/systemd '
+              '&& exec "$2" configure')
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           script, "sh", str(etc), str(control / "postinst")],
+                          env=CLEAN_ENV, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def _entries(etc: Path, name: str) -> dict[str, list[str]]:
+    return {ln.split(":")[0]: ln.split(":") for ln in (etc / name).read_text().splitlines()
+            if ln}
+
+
+@pytest.mark.root
+def test_postinst_creates_the_vmm_account_idempotently(control: Path, tmp_path: Path) -> None:
+    host = {n: _digest(Path("/etc") / n) for n in ("group", "passwd")}
+    etc = _private_etc(tmp_path)
+    proc = _postinst(control, etc)
+    assert proc.returncode == 0, proc.stderr
+    group = _entries(etc, "group")[ACCOUNT]
+    user = _entries(etc, "passwd")[ACCOUNT]
+    gid = int(group[2])
+    assert gid < 1000, group                      # a system group
+    assert int(user[2]) < 1000, user
+    assert int(user[3]) == gid, user
+    assert user[5] == "/nonexistent", user
+    assert user[6] == "/usr/sbin/nologin", user
+    assert ACCOUNT in _entries(etc, "group")["kvm"][3].split(","), _entries(etc, "group")["kvm"]
+    assert not Path("/nonexistent").exists()
+    # Again (a reinstall, an upgrade): nothing changes.
+    before = {n: (etc / n).read_bytes() for n in ("group", "gshadow", "passwd", "shadow")}
+    proc = _postinst(control, etc)
+    assert proc.returncode == 0, proc.stderr
+    assert {n: (etc / n).read_bytes() for n in before} == before
+    assert {n: _digest(Path("/etc") / n) for n in host} == host
+
+
+@pytest.mark.root
+def test_postinst_keeps_an_account_the_operator_made(control: Path, tmp_path: Path) -> None:
+    etc = _private_etc(tmp_path, group_extra=f"{ACCOUNT}:x:4242:\n")
+    proc = _postinst(control, etc)
+    assert proc.returncode == 0, proc.stderr
+    assert _entries(etc, "group")[ACCOUNT][2] == "4242"
+    assert _entries(etc, "passwd")[ACCOUNT][3] == "4242"
