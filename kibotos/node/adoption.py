@@ -130,7 +130,11 @@ def _started_before_record(record: Mapping[str, Any], info: UnitInfo) -> bool:
     return boot + ticks / os.sysconf("SC_CLK_TCK") < at - 1.0
 
 
-def _is_ours(info: UnitInfo, supervisor: Supervisor, instances_dir: Path) -> bool:
+def owns_unit(info: UnitInfo, supervisor: Supervisor, instances_dir: Path) -> bool:
+    """Whether a ``kibotos-vmm-*`` unit is this node's: every unit of a ``direct``
+    supervisor is (its state directory is per storage root); systemd's units are
+    host-wide, so there one is this node's when its command line names this node's
+    Instance directory (several nodes may share a host; check-maintenance uses it too)."""
     if supervisor.name == "direct":
         return True
     root = str(instances_dir) + "/"
@@ -227,7 +231,7 @@ async def examine(insts: Sequence[Instance], supervisor: Supervisor, instances_d
         verdicts.append(verdict)
     leftovers = []
     for name, info in sorted(units.items()):
-        if name in claimed or not _is_ours(info, supervisor, instances_dir):
+        if name in claimed or not owns_unit(info, supervisor, instances_dir):
             continue
         if info.active:
             problems.append(f"unit {name} (MainPID {info.main_pid}, invocation "

@@ -35,6 +35,7 @@ from kibotos.backends import Supervisor, UnitInfo
 from kibotos.config import NodeConfig
 from kibotos.errors import FailedPrecondition
 from kibotos.node import records
+from kibotos.node.adoption import owns_unit
 from kibotos.node.check_report import (
     ReadOnlyOwnerLock,
     Report,
@@ -192,6 +193,8 @@ async def check(config: NodeConfig, operation: str, report: Report, *,
     owned = {v.instance_id for v in views}
     owned_units = {v.unit_name: v for v in views if v.unit_name}
     for info in await supervisor.list(VMM_PREFIX):
+        if not owns_unit(info, supervisor, paths.runtime / "instances"):
+            continue  # another node's VMM on this host (systemd's units are host-wide)
         if info.name not in owned_units:
             report.blocked(f"service {info.name} ({'running' if info.active else 'ended'}) "
                            "has no Instance record: a leftover with no owner")

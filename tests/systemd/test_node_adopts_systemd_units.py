@@ -144,3 +144,38 @@ async def test_launch_adopt_and_destroy_through_systemd(user_systemd: UserSystem
     finally:
         for info in await sup.list("kibotos-vmm-"):
             await sup.stop(info.name, timeout=5)
+
+
+async def test_check_maintenance_with_systemd_sees_only_this_nodes_units(
+        user_systemd: UserSystemd, base: Path) -> None:
+    """check-maintenance reads the same host-wide units: another node's VMM on this host
+    is not a leftover of this node; an unrecorded unit naming this node's Instance
+    directory is."""
+    from kibotos.node import maintenance_check
+
+    bus = user_systemd.bus
+    sup = new_supervisor(user_systemd)
+    try:
+        async with node_at(base, bus) as node:
+            args = node.create_args("inst-1", workspace_id="ws-1")
+            assert await node.command("instance.create", args) == {"accepted": True}
+            await node.wait_state("inst-1", RUNNING)
+        await sup.start(UnitSpec(name="kibotos-vmm-elsewhere.service",
+                                 argv=["sleep", "1000"],
+                                 properties={"Slice": "kibotos-vmm.slice"}))
+        report = await maintenance_check.run(node.config, "upgrade", registries=registries())
+        assert report.exit_code == 0, report.render()
+        assert any(f"service {UNIT} matches its launch record" in line
+                   for line in report.of("ok"))
+        stray = node.root / "runtime" / "instances" / "inst-9"
+        await sup.start(UnitSpec(name="kibotos-vmm-inst-9.service",
+                                 argv=["sh", "-c", f": {stray}/agent.sock; exec sleep 1000"],
+                                 properties={"Slice": "kibotos-vmm.slice"}))
+        report = await maintenance_check.run(node.config, "upgrade", registries=registries())
+        assert report.exit_code != 0
+        blocked = report.of("blocked")
+        assert any("kibotos-vmm-inst-9.service" in line for line in blocked), blocked
+        assert not any("elsewhere" in line for line in blocked), blocked
+    finally:
+        for info in await sup.list("kibotos-vmm-"):
+            await sup.stop(info.name, timeout=5)
