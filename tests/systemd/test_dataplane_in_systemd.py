@@ -1,0 +1,104 @@
+"""The node's data-plane process (`kibotos.node.dataplane_supervisor`) with the
+``systemd`` supervisor in a real systemd (a user manager, usersystemd.py): spec "Data-
+plane processes" — a unit ``kibotos-dataplane-<scope>-<generation>.service`` in
+``kibotos.slice/kibotos-dataplane.slice`` running ``kibotos dataplane serve`` as root,
+serving exec with the state the node hands over; a restarted node adopts it (same
+process, same generation); killed, the node starts the next generation.  The ``direct``
+supervisor's version is tests/dataplane/test_supervisor.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from systemd_helpers import Raw, new_supervisor
+from usersystemd import UserSystemd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
+from dp_harness import TIMEOUT, Plane, free_port, run_exec, running_agent, target
+
+from kibotos.credentials import SigningKey
+from kibotos.node.dataplane_supervisor import (
+    DataplaneSupervisor,
+    DataplaneTiming,
+    unit_name,
+)
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+FAST = DataplaneTiming(watch_interval=0.2, restart_initial=0.2, restart_cap=1.0,
+                       metrics_interval=0.5)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kdps-", dir="/tmp"))  # short socket paths
+    (path / "state").mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@asynccontextmanager
+async def running(dp: DataplaneSupervisor) -> AsyncIterator[DataplaneSupervisor]:
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(TIMEOUT):
+            await nursery.start(dp.run)
+        yield dp
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_dataplane_unit_serves_is_adopted_and_replaced(
+        user_systemd: UserSystemd, raw: Raw, base: Path) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    key = SigningKey.generate()
+
+    def dataplane() -> DataplaneSupervisor:
+        return DataplaneSupervisor(node_id="node-a", listen=listen,
+                                   socket_dir=base / "run", state_dir=base / "state",
+                                   supervisor=new_supervisor(user_systemd), timing=FAST)
+
+    sup = new_supervisor(user_systemd)
+    try:
+        with running_agent(base) as agent:
+            async with running(dataplane()) as first:
+                assert await first.set_public_key(key.public_key)
+                assert await first.set_target(target(agent))
+                name = unit_name(first.scope, 1) + ".service"
+                service = raw.props(name)
+                assert service["ControlGroup"].endswith(
+                    f"/kibotos.slice/kibotos-dataplane.slice/{name}")
+                assert (service["Restart"], service["KillMode"], service["User"]) == (
+                    "no", "control-group", "")
+                plane = Plane(base / "run", 1, key, listen)
+                result = await run_exec(plane, ["echo", "through systemd"])
+                assert result.stdout == b"through systemd\n"
+                pid = service["MainPID"]
+            # The node process ended: the unit did not.
+            assert raw.props(name)["MainPID"] == pid
+            assert (await run_exec(plane, ["echo", "alone"])).stdout == b"alone\n"
+            restarted = dataplane()
+            restarted.preload([target(agent)])  # the Instances the node reloaded
+            async with running(restarted) as second:
+                assert (second.generation, second.starts, second.adopted) == (1, 0, 1)
+                os.kill(pid, signal.SIGKILL)
+                with trio.fail_after(TIMEOUT):
+                    while second.generation != 2 or not second.confirmed:
+                        await trio.sleep(0.05)
+                assert (base / "state" / "dataplane-generation").read_text() == "2\n"
+                again = Plane(base / "run", 2, key, listen)
+                assert (await run_exec(again, ["echo", "again"])).stdout == b"again\n"
+                assert raw.unit_path(unit_name(second.scope, 2) + ".service") is not None
+    finally:
+        for info in await sup.list("kibotos-dataplane-"):
+            await sup.stop(info.name, timeout=15)
