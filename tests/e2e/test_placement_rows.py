@@ -1,12 +1,12 @@
 """spec/nodes.txt row by row, end to end: the rows of "Which node runs a Workspace",
-"Placing a Workspace on a specific node" (with the `workspace move` table), "isolate",
-"retire" and "overcommit" that tests/e2e/test_workspaces.py leaves out (the index is
-docs/nodes-spec-coverage.md).
+"Placing a Workspace on a specific node" (with the `workspace move` table), "drain",
+"isolate", "retire" and "overcommit" that tests/e2e/test_workspaces.py leaves out (the
+index is docs/nodes-spec-coverage.md).
 
 One dev cluster serves the whole module (3 nodes running the test VMM, the shared pool
 every node's default pool so Workspaces can change nodes); each test deletes the
 Workspaces it made, and the tests that change a node for good (isolate, retire) run
-last.  The nodes run with a failpoint that holds every ``object.copy`` for a few seconds
+last.  The nodes run with a failpoint that holds every ``object.copy`` for 20 seconds
 before its rename, so a writable layer stays "being moved" long enough for `workspace
 move` to meet it (only the move-check test copies anything).
 """
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 TESTPLUGINS = Path(__file__).parents[1] / "testplugins"
 NODE_ENV = {"KIBOTOS_TEST_PLUGIN_MODULES": "kibotos_testvmm",
-            "KIBOTOS_FAILPOINTS": "node.copy.before-rename=sleep:10",
+            "KIBOTOS_FAILPOINTS": "node.copy.before-rename=sleep:20",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTPLUGINS),
                                                         os.environ.get("PYTHONPATH")]))}
 SMALL = ["--cpu", "0.5", "--memory", "128M", "--layer-size", "64M"]
