@@ -80,6 +80,12 @@ async def test_the_dataplane_unit_serves_is_adopted_and_replaced(
                     f"/kibotos.slice/kibotos-dataplane.slice/{name}")
                 assert (service["Restart"], service["KillMode"], service["User"]) == (
                     "no", "control-group", "")
+                # What `systemctl list-units 'kibotos-dataplane-*'` asks systemd.
+                (listed,) = raw.call("/org/freedesktop/systemd1",
+                                     "org.freedesktop.systemd1.Manager",
+                                     "ListUnitsByPatterns", "asas",
+                                     ([], ["kibotos-dataplane-*"]))
+                assert [u[0] for u in listed] == [name]
                 plane = Plane(base / "run", 1, key, listen)
                 result = await run_exec(plane, ["echo", "through systemd"])
                 assert result.stdout == b"through systemd\n"

@@ -74,6 +74,8 @@ def check_vmm_unit(raw: Raw, name: str, expected_props: dict) -> dict:
     for key, value in {**VMM_SETTINGS, **expected_props}.items():
         assert service[key] == value, key
     assert service["ControlGroup"].endswith(f"/kibotos.slice/kibotos-vmm.slice/{name}")
+    # Under host memory pressure the kernel picks VMMs before the node (-900).
+    assert service["OOMScoreAdjust"] >= 0
     unit = raw.props(name, "Unit")
     for key in NO_STOP_DEPENDENCY:  # systemd's defaults only (basic.target, the slice)
         assert all(u.endswith((".target", ".slice")) for u in unit.get(key, [])), key
