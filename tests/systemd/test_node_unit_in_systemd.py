@@ -71,7 +71,8 @@ STANDIN = textwrap.dedent("""
     def oom(pid):
         with open(f"/proc/{pid}/oom_score_adj") as f:
             return int(f.read())
-    record = {"started": time.monotonic(), "pid": os.getpid(), "check": check, "helper": helper.pid,
+    record = {"started": time.monotonic(), "pid": os.getpid(), "uid": os.getuid(),
+              "check": check, "helper": helper.pid,
               "oom": oom(os.getpid()), "helper_oom": oom(helper.pid), "vmm_pid": vmm_pid,
               "libguestfs": os.environ.get("LIBGUESTFS_BACKEND")}
     with open(os.path.join(out, f"run-{run}.json.tmp"), "w") as f:
@@ -188,12 +189,14 @@ async def test_the_shipped_settings_are_what_systemd_holds(node_unit: NodeUnit):
     assert service["SendSIGKILL"] is True
     assert service["OOMScoreAdjust"] == -900
     assert "LIBGUESTFS_BACKEND=direct" in service["Environment"]
+    assert service["User"] == ""  # the node runs as root
     assert service["MainPID"] == first["pid"]
 
     # The node's startup checks pass for the process systemd started from this unit.
     assert first["check"] == {"ok": True, "main_pid": first["pid"],
                               "cgroup": service["ControlGroup"]}
     assert first["libguestfs"] == "direct"
+    assert first["uid"] == 0
     if has_cap_sys_resource():
         assert first["oom"] == first["helper_oom"] == -900  # helpers inherit it
     else:  # TESTBED.md: the kernel refuses a negative value without CAP_SYS_RESOURCE
