@@ -287,8 +287,9 @@ def release_for_isolate(session: Session, node_id: str, now: datetime) -> Isolat
             _items(inst, UNKNOWN, RELEASED, UNKNOWN, CONTROL_PLANE, now)
         w.clear_executing(ws)
         if ws.state not in (w.DELETING, w.DELETED, w.STOPPED):
+            if ws.state != w.FAILED:  # one FAILED already did not fail as a result
+                failed += 1
             w.transition(session, ws, w.FAILED, cause, now, reason=w.UNAVAILABLE_REASON)
-            failed += 1
     return IsolateCounts(volumes, layers, failed)
 
 
