@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ctrl_helpers import wait_until
+from volume_helpers import create_volume, settled_volume
 from ws_helpers import open_ws_ctrl
 
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
@@ -47,3 +48,30 @@ async def test_already_there_only_while_it_runs_there(tmp_path: Path) -> None:
         await ctrl.action(wid, "stop", force=True)
         assert (await ctrl.settled(wid))["state"] == "STOPPED"
         assert (await check("node-a"))["already_there"] is False
+
+
+async def test_a_volume_the_target_cannot_reach_stops_the_move(tmp_path: Path) -> None:
+    """The Check row reads the pools of the Volumes as well as the writable layer's."""
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a", pools=[*SHARED, {"id": "node-a-local", "shared": False,
+                                                      "default": False}])
+        await ctrl.connect("node-b", pools=SHARED)
+        vid = (await create_volume(ctrl, pool_id="node-a-local"))["volume_id"]
+        await settled_volume(ctrl, vid)
+        ws = await ctrl.settled((await ctrl.create(
+            node_id="node-a", volumes=[{"volume_id": vid}]))["workspace_id"])
+        wid = ws["workspace_id"]
+        assert ws["layer"]["pool_id"] == "shared-1"
+        err = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                              params={"node_id": "node-b"}, code="failed_precondition")
+        assert (err["details"]["pool_id"], err["details"]["object_id"]) == ("node-a-local",
+                                                                            vid)
+        assert "not attached to" in err["message"]
+        after = await ctrl.ws(wid)
+        assert (after["state"], after["node_id"], after["revision"]) == (
+            "AVAILABLE", "node-a", ws["revision"])
+        there = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                                params={"node_id": "node-a"})
+        assert there["already_there"] is True
+        assert {(o["kind"], o["pool_id"]) for o in there["objects"]} == {
+            ("retained_layer", "shared-1"), ("volume", "node-a-local")}
