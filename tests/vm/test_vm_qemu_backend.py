@@ -124,7 +124,7 @@ def test_tcg_command_line_carries_testbed_flags(launch: dict):
                  "kibotos.port=org.kibotos.agent.0,org.kibotos.agent.1", "kibotos.disks=4"):
         assert word in append
     drives = _pairs(args, "-drive")
-    assert all("cache=none,aio=threads" in d for d in drives)
+    assert all("cache=unsafe,aio=threads" in d for d in drives)
     assert ["read-only=on" in d for d in drives] == [True, False, False, True]
     assert f"file={launch['template_image']}" in drives[0]
     devices = _pairs(args, "-device")

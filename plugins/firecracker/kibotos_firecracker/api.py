@@ -78,9 +78,10 @@ def launch_calls(launch: Launch, files: Sequence[jailmod.JailFile],
             # The initramfs builds the root; is_root_device would add root=/dev/vda.
             "is_root_device": False,
             "is_read_only": not f.writable,
-            # Writeback honours the guest's flushes: stop_prepare's sync reaches the
-            # pool file.  A read-only disk is never written, so it needs nothing.
-            "cache_type": "Writeback" if f.writable else "Unsafe",
+            # Unsafe: a guest flush is not a host fsync (spec, storage pools, Notes: both
+            # backends give a guest fsync the host page cache, no COMMIT per fsync on
+            # NFS); the node fsyncs the block file when it releases or fences it.
+            "cache_type": "Unsafe",
             # Sync, not Async: Async is io_uring, and the spec keeps Firecracker at the
             # default LimitMEMLOCK because it does not use io_uring.
             "io_engine": "Sync",

@@ -11,8 +11,11 @@ reason in docs/vm.md):
   cache from costing a gigabyte; ``mitigations=off audit=0 8250.nr_uarts=1
   cryptomgr.notests`` cut the boot from 3.6 s to 2.75 s.  KVM: ``-cpu host`` and none
   of the TSC trims (the guest gets kvmclock).
-* Disks: ``cache=none,aio=threads``; the Template read-only; ``discard=off`` (no DISCARD
-  for the guest: block files are never hole-punched).  Each disk carries a
+* Disks: ``cache=unsafe,aio=threads``: buffered I/O, and a guest flush is not a host
+  fsync (spec, storage pools, Notes: a guest fsync reaches the host page cache; the
+  node fsyncs the block file when it releases or fences it, so no COMMIT per guest
+  fsync on NFS); the Template read-only; ``discard=off`` (no DISCARD for the guest:
+  block files are never hole-punched).  Each disk carries a
   virtio serial by which the guest init finds it.
 * The agent channels: virtio-serial port ``org.kibotos.agent.0`` (the node's) on
   ``agent.sock`` and ``org.kibotos.agent.1`` (the data plane's) on ``agent-dp.sock``,
@@ -66,7 +69,7 @@ def _drive(name: str, path: str, serial: str, read_only: bool) -> list[str]:
     ro = ",read-only=on" if read_only else ""
     return [
         "-drive",
-        f"id={name},file={_opt(path)},format=raw,if=none,cache=none,aio=threads{ro}",
+        f"id={name},file={_opt(path)},format=raw,if=none,cache=unsafe,aio=threads{ro}",
         # discard=off: the guest is not offered DISCARD (spec, storage pools: block
         # files are never hole-punched; the device property defaults to on).
         "-device", f"virtio-blk-device,drive={name},serial={serial},discard=off",
