@@ -11,8 +11,8 @@
 #     to the script's real path (links resolved);
 #   * bin/python3 is a link to the system's /usr/bin/python3.11 (pyvenv.cfg: home =
 #     /usr/bin); Python finds the venv from the path it was started by;
-#   * .pyc files are compiled with their final /usr/lib/... names and checked by hash,
-#     not by time stamp (dpkg and dh clamp the time stamps);
+#   * no .pyc in the package: postinst compiles the installed tree (checked by hash, so
+#     time stamps do not matter), an extracted copy compiles or runs without them;
 #   * activate scripts (they hard-code the path) and pip itself are left out: nothing
 #     is ever installed into this venv on a host.
 set -eu
@@ -89,14 +89,14 @@ for script in "$DEST$VENV"/bin/*; do
     fi
 done
 
-# Extension modules: drop their debug information (zstandard's two modules alone carry
-# 23 MB of it).  The bundled libraries in *.libs/ stay as auditwheel made them.
+# Extension modules: strip them as dh_strip would (--strip-unneeded keeps the dynamic
+# symbols; zstandard's two modules alone carry 23 MB of debug information).  The
+# libraries auditwheel bundled in *.libs/ stay exactly as shipped.
 find "$DEST$VENV/$SITE" -path '*.libs' -prune -o -type f -name '*.so' \
-    -exec strip --strip-debug {} +
+    -exec strip --strip-unneeded --remove-section=.comment --remove-section=.note {} +
 
-# Byte-compile under the final names.
-"$PY" -m compileall -q -j 0 --invalidation-mode checked-hash -s "$DEST" -p / \
-    "$DEST$VENV/lib"
+# No byte code in the package (Debian's Python policy): postinst compiles it in place,
+# prerm removes it.
 
 # Nothing may still name the staging directory.
 if leftovers=$(grep -rlF -- "$DEST" "$DEST$VENV"); then
