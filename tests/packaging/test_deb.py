@@ -9,6 +9,7 @@ packaging/deb/build.sh, then checked from the outside.
   does with the next version) runs: `kibo --version`, `kibotos plugins list`, the
   compiled dependencies import, the example configs load, and the runtime directory
   `/usr/lib/kibotos/node` is complete for `check-upgrade --runtime-dir`;
+* no byte code in the package, and every module compiles (postinst compiles them);
 * the maintainer scripts: the real postinst, run as `postinst configure` in a private
   mount namespace over a copy of /etc (the host's accounts are never touched), creates
   the kibotos-vmm group and user, is idempotent and keeps an account the operator made;
@@ -184,6 +185,22 @@ def test_every_builtin_plugin_and_the_guest_agent(root: Path) -> None:
     assert os.readlink(root / "usr/lib/kibotos/node") == "venv/lib/python3.11/site-packages"
 
 
+def test_no_byte_code_in_the_package(deb: Path, root: Path) -> None:
+    """Debian's Python policy: postinst compiles, prerm removes; and every module of the
+    venv does compile (what postinst will do, here on the extracted copy)."""
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "__pycache__" not in listing
+    assert ".pyc" not in listing
+    with_pycache = root.parent / (root.name + "-compiled")
+    shutil.copytree(root / "usr/lib/kibotos", with_pycache, symlinks=True)
+    proc = _run([str(with_pycache / "venv/bin/python3"), "-m", "compileall", "-q",
+                 "--invalidation-mode", "checked-hash",
+                 str(with_pycache / "venv/lib/python3.11/site-packages")])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    shutil.rmtree(with_pycache)
+
+
 def test_nothing_names_the_build_tree(root: Path) -> None:
     proc = subprocess.run(["grep", "-rlF", "kibotos-deb.", str(root)], capture_output=True,
                           text=True, check=False)
@@ -213,8 +230,9 @@ def test_extracted_venv_is_self_contained(root: Path, revision: str) -> None:
     runtime directory complete."""
     node_dir = root / "usr/lib/kibotos/node"
     code = f"""
-import sys, kibotos, psycopg, zstandard, pydantic_core, cysystemd.journal
-import cryptography.hazmat.bindings._rust, sqlalchemy.engine._row_cy
+import sys, kibotos, psycopg, zstandard, pydantic_core, cysystemd.journal, cysystemd.reader
+import cryptography.hazmat.bindings._rust, sqlalchemy.engine._row_cy, markupsafe._speedups
+import _cffi_backend
 from pathlib import Path
 from kibotos import config
 from kibotos.node import installations
@@ -254,6 +272,8 @@ def test_scripts_never_start_enable_or_stop_slices(control: Path) -> None:
             if "deb-systemd-helper enable" in line:
                 assert line.strip().startswith("deb-systemd-helper enable"), line
         assert "was-enabled" in text or "deb-systemd-helper enable" not in text, name
+    assert "compileall" in scripts["postinst"]
+    assert "__pycache__" in scripts["prerm"]
     stops = [n for n, t in scripts.items() if "deb-systemd-invoke stop" in t]
     assert stops == ["prerm"], stops
     assert "remove" in scripts["prerm"]
