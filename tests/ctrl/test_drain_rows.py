@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ctrl_helpers import wait_until
 from volume_helpers import create_volume, settled_volume
 from ws_helpers import WsCtrl, open_ws_ctrl
 
@@ -83,7 +85,12 @@ async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) ->
 
         drained = await ctrl.call("POST", "/v1/nodes/node-a/drain", json={})
         assert drained["drain_requested"] is True
-        assert sim.drain_requested is True  # the node was told: it refuses creates too
+
+        async def told(value: bool) -> bool:
+            return sim.drain_requested is value
+
+        # The node is told (after the answer): it refuses creates too.
+        await wait_until(partial(told, True), "node-a told of the drain")
         # No new placement, pinned or not; what runs keeps running (no migration).
         err = await ctrl.create(node_id="node-a", code="failed_precondition")
         assert "drain requested" in err["message"]
@@ -104,6 +111,6 @@ async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) ->
         # cancel-drain restores placement.
         await ctrl.call("POST", "/v1/nodes/node-a/cancel-drain", json={})
         await ctrl.wait_eligible("node-a")
-        assert sim.drain_requested is False
+        await wait_until(partial(told, False), "node-a told of the cancel")
         again = await ctrl.action(running, "start")
         assert again["node_id"] == "node-a"
