@@ -77,8 +77,8 @@ async def test_expand_volume_needs_a_stopped_workspace(tmp_path: Path) -> None:
         assert "being expanded" in err["message"]
         sim.hold_objects.set()
         vol = await settled_volume(ctrl, vid)
-        assert vol["capacity_bytes"] == 3 * GI
-        assert vol["operation"] is None
+        assert vol["operation"] is None, vol  # (a failed operation says why)
+        assert vol["capacity_bytes"] == 3 * GI, vol
         assert kinds(sim, "object.expand") == [
             {"kind": "volume", "pool_id": "node-a-local", "object_id": vid, "epoch": 1,
              "capacity_bytes": 3 * GI}]
