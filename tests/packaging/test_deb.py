@@ -22,7 +22,6 @@ KIBOTOS_TEST_DEB to an existing .deb to check that one instead of building.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -97,11 +96,11 @@ def _field(deb: Path, name: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
-def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run a command of the extracted package with a clean environment, from / (so
     nothing of this checkout or its .venv can be imported by accident)."""
     return subprocess.run(argv, cwd="/", env=CLEAN_ENV, capture_output=True, text=True,
-                          timeout=120, check=False, **kw)  # type: ignore[call-overload]
+                          timeout=300, check=False)
 
 
 def _plugins() -> dict[str, str]:
@@ -281,8 +280,12 @@ def test_scripts_never_start_enable_or_stop_slices(control: Path) -> None:
     assert "/var/lib/kibotos" not in scripts.get("postrm", "")
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _host_account() -> list[str]:
+    """The host's kibotos-vmm entries (compared before and after: other jobs on the
+    machine may change other lines of these files meanwhile)."""
+    return [ln for name in ("group", "passwd")
+            for ln in (Path("/etc") / name).read_text().splitlines()
+            if ln.startswith(f"{ACCOUNT}:")]
 
 
 def _private_etc(tmp: Path, *, group_extra: str = "") -> Path:
@@ -325,7 +328,7 @@ def _entries(etc: Path, name: str) -> dict[str, list[str]]:
 
 @pytest.mark.root
 def test_postinst_creates_the_vmm_account_idempotently(control: Path, tmp_path: Path) -> None:
-    host = {n: _digest(Path("/etc") / n) for n in ("group", "passwd")}
+    host = _host_account()
     etc = _private_etc(tmp_path)
     proc = _postinst(control, etc)
     assert proc.returncode == 0, proc.stderr
@@ -344,7 +347,7 @@ def test_postinst_creates_the_vmm_account_idempotently(control: Path, tmp_path: 
     proc = _postinst(control, etc)
     assert proc.returncode == 0, proc.stderr
     assert {n: (etc / n).read_bytes() for n in before} == before
-    assert {n: _digest(Path("/etc") / n) for n in host} == host
+    assert _host_account() == host
 
 
 @pytest.mark.root
@@ -354,3 +357,70 @@ def test_postinst_keeps_an_account_the_operator_made(control: Path, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert _entries(etc, "group")[ACCOUNT][2] == "4242"
     assert _entries(etc, "passwd")[ACCOUNT][3] == "4242"
+
+
+# ------------------------------------------------------------------ a real dpkg run
+
+
+def _overlay_run(tmp: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """Run `command` (sh) chrooted into an overlay of the host's root file system: the
+    host's / is the read-only lower layer, `tmp/upper` takes every write (dpkg's
+    database, /etc, /usr), so dpkg really installs, upgrades, removes and purges the
+    package, with the dependencies the host has, and the host stays as it is.  A tmpfs
+    over /run makes the maintainer scripts see no running systemd.  The upper layer
+    persists between calls."""
+    upper, work, merged = tmp / "upper", tmp / "work", tmp / "merged"
+    for d in (upper, work, merged):
+        d.mkdir(exist_ok=True)
+    script = (f"mount -t overlay overlay -o lowerdir=/,upperdir={upper},workdir={work} "
+              f"{merged} && mount --rbind /dev {merged}/dev && mount --rbind /proc "
+              f"{merged}/proc && mount -t tmpfs tmpfs {merged}/run && "
+              f'exec chroot {merged} sh -ec "$1"')
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           script, "sh", command],
+                          env=dict(CLEAN_ENV, DEBIAN_FRONTEND="noninteractive"),
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.root
+def test_dpkg_install_reinstall_remove_purge(deb: Path, tmp_path: Path) -> None:
+    host = _host_account()
+    had_etc = Path("/etc/kibotos").exists()
+    assert not Path("/usr/lib/kibotos").exists()
+
+    def run(command: str) -> str:
+        proc = _overlay_run(tmp_path, command)
+        assert proc.returncode == 0, (command, proc.stdout[-3000:], proc.stderr[-3000:])
+        return proc.stdout
+
+    run(f"dpkg -i {deb}")
+    out = run("kibo --version; getent passwd kibotos-vmm; dpkg-query -W -f='${Status}' kibotos")
+    assert "kibo, version" in out
+    assert "kibotos-vmm:" in out
+    assert "install ok installed" in out
+    site = "/usr/lib/kibotos/venv/lib/python3.11/site-packages"
+    run(f"test -d {site}/kibotos/__pycache__")            # postinst compiled the venv
+    # Nothing was enabled (the operator does it).
+    run("! ls /etc/systemd/system/*.wants/kibotos-* 2>/dev/null")
+
+    # The operator edits the node's configuration; a reinstall keeps it.
+    run("sed -i 's/^id = \"node-a\"/id = \"node-7\"/' /etc/kibotos/node/config.toml")
+    run(f"dpkg -i {deb}")
+    assert 'id = "node-7"' in run("cat /etc/kibotos/node/config.toml")
+
+    # Remove: the programs go, byte code included (prerm), the configuration stays.
+    run("echo kgr-x.y > /etc/kibotos/node/grant && dpkg -r kibotos")
+    run("test ! -e /usr/lib/kibotos && test ! -e /usr/bin/kibo && "
+        "test ! -e /lib/systemd/system/kibotos-node.service")
+    assert 'id = "node-7"' in run("cat /etc/kibotos/node/config.toml")
+    # Purge: the configuration and the grant go; the account stays (it owns pool files).
+    run("dpkg -P kibotos")
+    run("test ! -e /etc/kibotos && getent group kibotos-vmm >/dev/null")
+
+    # The host saw none of it.
+    assert _host_account() == host
+    assert not Path("/usr/lib/kibotos").exists()
+    assert Path("/etc/kibotos").exists() == had_etc
+    query = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "kibotos"],
+                           capture_output=True, text=True, check=False)
+    assert "installed" not in query.stdout.replace("not-installed", "")
