@@ -11,13 +11,13 @@ argument is checked before the config is read or anything is sent.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from urllib.parse import quote
 
 import click
 
 from kibotos import ids
+from kibotos.cli import waiting
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -26,15 +26,13 @@ from kibotos.cli.options import (
     kibo_options,
 )
 from kibotos.cli.output import Row, Section, dash
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
+from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.units import format_bytes, parse_size
 from kibotos.volume_mounts import check_mount_point
 
 SETTLED = frozenset({"AVAILABLE", "FAILED", "DELETED"})
 LIST_COLUMNS = ("VOLUME", "STATE", "POOL", "CAPACITY", "WORKSPACE", "MOUNT POINT",
                 "OPERATION")
-#: The longest one wait request asks ctrl to hold (ctrl's limit is 60 s).
-WAIT_SLICE = 20.0
 POLL = 1.0
 
 
@@ -151,38 +149,30 @@ def follow(inv: Invocation, record: dict[str, Any], path: str, what: str, verb: 
     """Read `path` until the record's state is in `settled` (if given) and no
     operation runs on it; only the global --timeout ends the wait (exit 16)."""
     client = inv.client()
-    announced = False
 
     def done(r: dict[str, Any]) -> bool:
         return (settled is None or r.get("state") in settled) and not _busy(r)
 
-    while not done(record):
-        if not announced:
-            doing = operation_text(record.get("operation")) if _busy(record) \
-                else record.get("state")
-            inv.out.message(f"waiting for {what} ({doing})")
-            announced = True
-        remaining = inv.deadline.remaining()
-        if remaining is not None and remaining <= 0:
-            raise DeadlineExceeded(
-                f"{what} is not done after the global --timeout of "
-                f"{inv.deadline.seconds:g}s; the {verb} was accepted and goes on in ctrl",
-                details={"state": record.get("state"), "operation": record.get("operation")})
-        hold = min(WAIT_SLICE, max(0.0, client.request_timeout - 5.0))
-        if remaining is not None:
-            hold = min(hold, max(0.0, remaining - 1.0))
-        try:
-            if not holds or hold < 1.0:
-                time.sleep(min(POLL, remaining if remaining is not None else POLL))
-                record = client.get(path)
-            else:
-                record = client.get(path, {"wait_s": round(hold, 3)})
-        except (Unavailable, DeadlineExceeded) as exc:
-            if inv.deadline.expired():
-                raise
-            inv.out.message(f"{exc.message}; still waiting")
-            time.sleep(min(2.0, inv.deadline.remaining() or 2.0))
-    return record
+    def doing(r: dict[str, Any]) -> str:
+        state = operation_text(r.get("operation")) if _busy(r) else r.get("state")
+        return f"waiting for {what} ({state})"
+
+    def read(hold: float) -> dict[str, Any]:
+        if not holds or hold < 1.0:
+            waiting.pause(inv, POLL)
+            result: dict[str, Any] = client.get(path)
+        else:
+            result = client.get(path, {"wait_s": round(hold, 3)})
+        return result
+
+    def timed_out(r: dict[str, Any]) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"{what} is not done after the global --timeout of "
+            f"{inv.deadline.seconds:g}s; the {verb} was accepted and goes on in ctrl",
+            details={"state": r.get("state"), "operation": r.get("operation")})
+
+    return waiting.wait_until(inv, record, done=done, waiting=doing, read=read,
+                              timed_out=timed_out, keep_read_error=True)
 
 
 def check_outcome(record: dict[str, Any], what: str, verb: str) -> dict[str, Any]:

@@ -12,7 +12,6 @@ config is read or anything is sent.
 from __future__ import annotations
 
 import re
-import time
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote
@@ -20,7 +19,7 @@ from urllib.parse import quote
 import click
 
 from kibotos import ids
-from kibotos.cli import volume_cmds
+from kibotos.cli import volume_cmds, waiting
 from kibotos.cli import workspace_render as render
 from kibotos.cli.exec_cmds import exec_command
 from kibotos.cli.options import (
@@ -37,13 +36,10 @@ from kibotos.errors import (
     InvalidArgument,
     KibotosError,
     NotFound,
-    Unavailable,
 )
 from kibotos.units import format_bytes, parse_size
 
 SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
-#: The longest one wait request asks ctrl to hold (ctrl's limit is 60 s).
-WAIT_SLICE = 20.0
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 
 
@@ -105,30 +101,20 @@ def wait_settled(inv: Invocation, ws: dict[str, Any], verb: str) -> dict[str, An
     """Follow the Workspace until it is settled.  A restarting or slow ctrl is waited
     out; only the global --timeout ends the wait (16, the request stays accepted)."""
     client = inv.client()
-    workspace_id = str(ws.get("workspace_id"))
-    announced = False
-    while ws.get("state") not in SETTLED:
-        if not announced:
-            inv.out.message(f"waiting for workspace {workspace_id} ({ws.get('state')})")
-            announced = True
-        remaining = inv.deadline.remaining()
-        if remaining is not None and remaining <= 0:
-            raise _still(inv, ws, verb)
-        hold = min(WAIT_SLICE, max(0.0, client.request_timeout - 5.0))
-        if remaining is not None:
-            hold = min(hold, max(0.0, remaining - 1.0))
-        try:
-            if hold < 1.0:
-                # ctrl cannot hold the request (a short request timeout, or little time
-                # left): poll, but not in a busy loop.
-                time.sleep(min(0.5, remaining if remaining is not None else 0.5))
-            ws = client.get(ws_path(workspace_id), {"wait_s": round(hold, 3)})
-        except (Unavailable, DeadlineExceeded) as exc:
-            if inv.deadline.expired():
-                raise _still(inv, ws, verb) from None
-            inv.out.message(f"{exc.message}; still waiting")
-            time.sleep(min(2.0, inv.deadline.remaining() or 2.0))
-    return ws
+    path = ws_path(str(ws.get("workspace_id")))
+
+    def read(hold: float) -> dict[str, Any]:
+        if hold < 1.0:
+            # ctrl cannot hold the request (a short request timeout, or little time
+            # left): poll, but not in a busy loop.
+            waiting.pause(inv, 0.5)
+        result: dict[str, Any] = client.get(path, {"wait_s": round(hold, 3)})
+        return result
+
+    return waiting.wait_until(
+        inv, ws, done=lambda r: r.get("state") in SETTLED,
+        waiting=lambda r: f"waiting for workspace {ws.get('workspace_id')} ({r.get('state')})",
+        read=read, timed_out=lambda r: _still(inv, r, verb))
 
 
 def _still(inv: Invocation, ws: dict[str, Any], verb: str) -> DeadlineExceeded:
