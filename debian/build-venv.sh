@@ -74,7 +74,9 @@ find "$DEST$VENV" -name __pycache__ -prune -exec rm -rf {} +
 # Console scripts: replace "#!<DEST>/usr/lib/kibotos/venv/bin/python3" with a
 # trampoline (valid as sh and as Python, the form pip itself uses for long paths).
 for script in "$DEST$VENV"/bin/*; do
-    [ -f "$script" ] && [ ! -L "$script" ] || continue
+    if [ ! -f "$script" ] || [ -L "$script" ]; then
+        continue
+    fi
     first=$(head -c 2 "$script")
     [ "$first" = "#!" ] || continue
     if head -n 1 "$script" | grep -q "^#!$DEST$VENV/bin/python"; then
@@ -112,4 +114,3 @@ for cmd in kibotos kibo kibotos-node; do
     ln -sfn "../lib/kibotos/venv/bin/$cmd" "$DEST/usr/bin/$cmd"
 done
 ln -sfn "venv/$SITE" "$DEST/usr/lib/kibotos/node"
-cd "$TOP"
