@@ -1,0 +1,85 @@
+"""Fast checks of the Debian packaging sources (no build; the build and the package are
+tests/packaging/test_deb.py): what would otherwise fail only minutes into a
+`make deb`, or only on an operator's host."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[2]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SCRIPTS = ["debian/kibotos.postinst", "debian/kibotos.prerm", "debian/kibotos.postrm",
+           "debian/build-venv.sh", "packaging/deb/build.sh"]
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "packaging/deb/requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep, f"not an exact pin: {line!r}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_every_runtime_dependency_is_pinned_in_a_matching_version() -> None:
+    """debian/rules installs with `pip --no-index` from the pinned wheels only: a
+    dependency pyproject.toml gains without a pin here breaks the package build."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for r in project["optional-dependencies"]["postgresql"]]
+    for pyproject in REPO.glob("plugins/*/pyproject.toml"):
+        deps = tomllib.loads(pyproject.read_text())["project"].get("dependencies", [])
+        wanted += [Requirement(r) for r in deps
+                   if not canonicalize_name(Requirement(r).name).startswith("kibotos")]
+    pins = _pins()
+    for req in wanted:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req} is not pinned in packaging/deb/requirements.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (req, pins[name])
+        for extra in req.extras:          # psycopg[binary] -> psycopg-binary
+            assert canonicalize_name(f"{req.name}-{extra}") in pins, req
+    assert "setuptools" in pins       # the build of kibotos and its plugins
+
+
+def test_changelog_version_is_the_release_version() -> None:
+    from kibotos._version import __version__
+    first = (REPO / "debian/changelog").read_text().splitlines()[0]
+    match = re.match(r"kibotos \(([^)]+)\) ", first)
+    assert match, first
+    debian = re.sub(r"\.?(dev|a|b|rc)(\d+)$", r"~\1\2", __version__)
+    assert match.group(1) == debian, "add a debian/changelog entry for the new version"
+
+
+def test_every_unit_file_is_shipped_and_no_slice_is_handled_by_debhelper() -> None:
+    install = (REPO / "debian/kibotos.install").read_text()
+    assert "contrib/systemd/* lib/systemd/system/" in install
+    rules = (REPO / "debian/rules").read_text()
+    call = rules[rules.index("dh_installsystemd --"):].split("\n\n", 1)[0]
+    assert ".slice" not in call
+    assert "--no-enable" in call
+    assert "--no-start" in call
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_parse_and_pass_shellcheck(script: str) -> None:
+    path = REPO / script
+    shell = "bash" if path.read_text().startswith("#!/usr/bin/env bash") else "sh"
+    subprocess.run([shell, "-n", str(path)], check=True)
+    if shutil.which("shellcheck") is None:
+        if IN_CI:
+            pytest.fail("shellcheck missing (packaging/apt-test-deps.txt)")
+        pytest.skip("shellcheck not installed")
+    proc = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout
