@@ -8,7 +8,9 @@ packaging/deb/build.sh, then checked from the outside.
 * the package extracted into a temporary directory (`dpkg-deb -x`, as docs/upgrades.md
   does with the next version) runs: `kibo --version`, `kibotos plugins list`, the
   compiled dependencies import, the example configs load, and the runtime directory
-  `/usr/lib/kibotos/node` is complete for `check-upgrade --runtime-dir`;
+  `/usr/lib/kibotos/node` is complete for `check-upgrade --runtime-dir`, and the
+  extracted `kibotos-node check-upgrade [--preview]` passes on a fresh node, as
+  docs/upgrades.md runs it;
 * no byte code in the package, and every module compiles (postinst compiles them);
 * the maintainer scripts: the real postinst, run as `postinst configure` in a private
   mount namespace over a copy of /etc (the host's accounts are never touched), creates
@@ -250,6 +252,31 @@ print(kibotos._version.SOURCE_REVISION)
     assert proc.returncode == 0, proc.stderr
     if not os.environ.get("KIBOTOS_TEST_DEB"):
         assert proc.stdout.strip() == revision
+
+
+def test_extracted_check_upgrade_runs_as_docs_upgrades_says(root: Path, tmp_path: Path) -> None:
+    """docs/upgrades.md step 2/5: the *next* version's kibotos-node, run from where it
+    was extracted, checks a node against its own runtime directory."""
+    config = tmp_path / "node.toml"
+    config.write_text(f"""
+[node]
+id = "node-a"
+ctrl_url = "http://127.0.0.1:9"
+[storage]
+root = "{tmp_path / 'root'}"
+[resources]
+cpu = 1
+memory = "1G"
+[supervisor]
+backend = "direct"
+""")
+    runtime = root / "usr/lib/kibotos/node"
+    for extra in ([], ["--preview"]):
+        proc = _run([str(root / "usr/bin/kibotos-node"), "check-upgrade", "--config",
+                     str(config), "--runtime-dir", str(runtime), *extra])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"ok: target runtime directory {runtime} has the" in proc.stdout
+        assert "passed" in proc.stdout.splitlines()[-1]
 
 
 # ------------------------------------------------------------------ maintainer scripts
