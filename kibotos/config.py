@@ -70,8 +70,25 @@ class CtrlTestingSection(_Strict):
         return None if v is None or v == "" else units.parse_size(v, "pool_capacity")
 
 
+class CtrlMetricsSection(_Strict):
+    """``GET /metrics`` on ctrl's API address (docs/metrics.md)."""
+
+    enabled: bool = True
+    #: Ask for an operator credential (``Authorization: Bearer``), as the API does.
+    require_auth: bool = False
+    #: The gauges counted in the store (Workspaces, Instances, pools, the command
+    #: journal) are at most this old: several scrapes in a row share one read.
+    refresh_interval: float = 10.0
+
+    @field_validator("refresh_interval", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return units.parse_duration(v)
+
+
 class CtrlConfig(_Strict):
     ctrl: CtrlSection = Field(default_factory=CtrlSection)
+    metrics: CtrlMetricsSection = Field(default_factory=CtrlMetricsSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     testing: CtrlTestingSection = Field(default_factory=CtrlTestingSection)
 
@@ -94,6 +111,9 @@ class NodeSection(_Strict):
     #: ``<socket_dir>/dataplane/control.sock``, and the directory names the node's
     #: data-plane units (their scope), so several nodes on one host need their own.
     socket_dir: Path = Path("/run/kibotos/node")
+    #: ``host:port`` of the node's Prometheus ``/metrics`` (docs/metrics.md); empty:
+    #: no metrics listener.
+    metrics_listen: str = ""
 
     @field_validator("socket_dir")
     @classmethod
@@ -115,6 +135,8 @@ class NodeSection(_Strict):
             raise ValueError(exc.message) from None
 
     _listen = field_validator("dataplane_listen")(lambda v: _check_listen(v))
+    _metrics_listen = field_validator("metrics_listen")(
+        lambda v: _check_listen(v) if v else v)
 
 
 class PoolSection(_Strict):

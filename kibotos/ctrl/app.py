@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -35,6 +36,8 @@ from kibotos.ctrl.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.auth import Authenticator, Caller
 from kibotos.ctrl.context import CtrlContext
 from kibotos.ctrl.journal import Journal
+from kibotos.ctrl.metrics import RequestMetrics
+from kibotos.ctrl.metrics_cluster import install as install_metrics
 from kibotos.ctrl.openapi import build_openapi
 from kibotos.ctrl.routing import Api, Route, endpoint
 from kibotos.ctrl.session import SessionHub
@@ -127,8 +130,14 @@ def build_app(ctx: CtrlContext) -> Starlette:
         else:
             starlette_routes.append(StarletteRoute(route.path, endpoint(api, route),
                                                    methods=[route.method]))
+    middleware: list[Middleware] = []
+    if ctx.config.metrics.enabled:  # Prometheus text, outside /v1 (docs/metrics.md)
+        starlette_routes.append(StarletteRoute(
+            "/metrics", install_metrics(ctx, auth.operator), methods=["GET"]))
+        middleware.append(Middleware(RequestMetrics, metrics=ctx.metrics))
     app = Starlette(
         routes=starlette_routes,
+        middleware=middleware,
         exception_handlers={
             KibotosError: _on_kibotos_error,
             ValidationError: _on_validation_error,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kibotos.config import CtrlConfig
 from kibotos.credentials import SigningKey
+from kibotos.ctrl.metrics import CtrlMetrics
 from kibotos.ctrl.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
 from kibotos.plugins import Registries
@@ -59,3 +60,5 @@ class CtrlContext:
     #: The Workspace service (placement, Instances); built by `serve.build_context`
     #: (or by the API's route table); its `run` must be started for it to serve.
     workspaces: WorkspaceService | None = None
+    #: This ctrl's Prometheus counters, in a registry of its own (docs/metrics.md).
+    metrics: CtrlMetrics = field(default_factory=CtrlMetrics)

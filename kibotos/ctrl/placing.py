@@ -44,7 +44,20 @@ Args = Callable[[NodeEntry, str], dict[str, Any]]
 
 async def place(service: WorkspaceService, demand: Demand, pinned: str | None,
                 args: Args, commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
-    """Try candidates best first until a node accepts; record the accepted one."""
+    """Try candidates best first until a node accepts; record the accepted one.
+    Counted in ``kibotos_ctrl_placements_total`` (docs/metrics.md)."""
+    operation = "create" if demand.pools is None else "start"
+    try:
+        result = await _place(service, demand, pinned, args, commit, journal)
+    except KibotosError as exc:
+        service.ctx.metrics.placement(operation, exc.code)
+        raise
+    service.ctx.metrics.placement(operation, "placed")
+    return result
+
+
+async def _place(service: WorkspaceService, demand: Demand, pinned: str | None,
+                 args: Args, commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
     tried: set[str] = set()
     last: KibotosError | None = None
     while True:
@@ -82,7 +95,9 @@ async def _try_node(service: WorkspaceService, node_id: str, instance_id: str,
             await service.ctx.sessions.call(node_id, "instance.create",
                                             args(entry, instance_id), CREATE_TIMEOUT)
             accepted = True
+            service.ctx.metrics.node_answer("accepted")
         except KibotosError as exc:
+            service.ctx.metrics.node_answer(_answer(exc))
             reason = exc.details.get("reason")
             if isinstance(exc, ResourceExhausted) and reason == "memory_tight":
                 service.index.mark_tight(node_id)
@@ -112,6 +127,15 @@ async def _try_node(service: WorkspaceService, node_id: str, instance_id: str,
                 service.tasks.spawn(service.tasks.destroy_orphan, node_id, instance_id)
         del service.inflight[instance_id]
         done.set()
+
+
+def _answer(exc: KibotosError) -> str:
+    """The node's refusal as a label value from a small fixed set."""
+    if isinstance(exc, ResourceExhausted) and exc.details.get("reason") == "memory_tight":
+        return "memory_tight"
+    if exc.details.get("reason") == "drained":
+        return "drained"
+    return exc.code
 
 
 def _exhausted(service: WorkspaceService, demand: Demand, tried: set[str],
