@@ -31,6 +31,11 @@ KNOWN: dict[str, str] = {
     "atomic.after-rename": "an atomic file write, after the rename and before the dir fsync",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
+    "node.instance.after-attachment-record": "Instance launch, after the attachment records "
+                                             "are written and before the objects are opened",
+    "node.instance.before-attachment-removal": "Instance stop, destroy or fencing, after an "
+                                               "object's release is recorded and before its "
+                                               "attachment record is removed",
     "node.instance.after-objects-open": "Instance launch, after the writable layer and Volumes "
                                         "are opened and before the launch record",
     "node.instance.after-launch-record": "Instance launch, after systemd.json is written and "

@@ -14,7 +14,7 @@ the node, on its own and whether or not it can reach ctrl:
 3. flushes each block file (fsync: on NFS the client's dirty pages must reach the
    server before the successor opens) and writes the release receipt of each object
    that was taken over (`PoolObjects.fence`); objects of the same Instance that were
-   not taken over get an ordinary release;
+   not taken over get an ordinary release; then each one's attachment record goes;
 4. reports the Instance FAILED with a reason saying the use right was taken over.
 
 A check that cannot read a record (an NFS hiccup) logs it and tries again next time.
@@ -130,6 +130,7 @@ class HolderWatch:
                 else:
                     await trio.to_thread.run_sync(functools.partial(
                         pool.release, obj.object_id, obj.epoch, confirmed_on_disk=False))
+                await self.manager.launcher.drop_attachment(inst, obj)
             inst.released = True
             what = (f"{first.kind.rstrip('s').replace('-', ' ')} {first.object_id} in "
                     f"pool {first.pool_id}")

@@ -5,8 +5,9 @@ change); `Launcher` does the work with the VMM backend, the supervisor, the pool
 objects and the guest agent.  The order of a launch is the spec's
 (node-and-vmm-processes, "Launch records and adoption"):
 
-1. open the writable layer (create it on the first start) and the Volumes, each after
-   the takeover check of its holder record (`kibotos.node.objects`);
+1. write this node's attachment records (`kibotos.node.attachments`), then open the
+   writable layer (create it on the first start) and the Volumes, each after the
+   takeover check of its holder record (`kibotos.node.objects`);
 2. find the Template's blobs and link them into the Instance directory;
 3. build the unit (`VmmBackend.unit_for`) and write the launch record ``systemd.json``
    *before* the unit starts;
@@ -22,7 +23,8 @@ Stops: a normal stop asks the guest to end its processes, sync and freeze
 (``stop_prepare``); if that fails the VMM is left running and the error starts with
 ``prepare guest stop:`` (spec troubleshooting).  ``force`` asks for a short sync if the
 guest answers and stops the VMM regardless.  Either way the unit is stopped, the node
-confirms none of its processes remains, and only then releases the objects.
+confirms none of its processes remains, and only then releases the objects; each
+object's attachment record goes after its release is recorded.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from kibotos.backends import Supervisor, UnitInfo, VmmBackend
 from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.guest import GuestChannel, LaunchConfig, open_guest_channel
 from kibotos.node import records
+from kibotos.node.attachments import Attachments
 from kibotos.node.build_identity import BuildIdentity
 from kibotos.node.build_identity import current as current_build
 from kibotos.node.guest_volumes import guest_volumes
@@ -173,8 +176,11 @@ class Launcher:
 
     def __init__(self, *, node_id: str, backend: VmmBackend, supervisor: Supervisor,
                  pools: Mapping[tuple[str, str], PoolObjects], templates: TemplateSource,
-                 settings: Settings) -> None:
+                 settings: Settings, attachments: Attachments) -> None:
         self.node_id = node_id
+        #: This node's attachment records (``runtime/storage-pools/``): written before
+        #: an object is opened for an Instance, removed after its release is recorded.
+        self.attachments = attachments
         self.backend = backend
         self.supervisor = supervisor
         self.pools = pools
@@ -197,10 +203,12 @@ class Launcher:
 
     async def open_objects(self, inst: Instance) -> tuple[Path, list[Path]]:
         """The writable layer (made on the first start) and the Volumes, opened at the
-        command's epochs; recorded in `inst.held` as each is opened.  All holder
-        records are written first, then the previous holders' receipts are awaited
-        together under one deadline (spec: at most 15 s when a Workspace takes over a
-        Volume and its layer), then each is opened."""
+        command's epochs; recorded in `inst.held` as each is opened.  The attachment
+        records (`kibotos.node.attachments`) are written first; then all holder
+        records, then the previous holders' receipts are awaited together under one
+        deadline (spec: at most 15 s when a Workspace takes over a Volume and its
+        layer), then each is opened.  A failure removes the attachment records of the
+        objects it did not open."""
         spec = inst.spec
         layer = spec.layer
         lower = {"template": spec.template.name, "image_digest": spec.template.image_digest}
@@ -209,10 +217,26 @@ class Launcher:
                    layer.capacity_bytes if layer.create else None)]
         wanted += [(HeldObject(VOLUMES, v.pool_id, v.volume_id, v.epoch), None)
                    for v in spec.volumes]
+        for obj, _ in wanted:
+            self.pool(obj.pool_id, obj.kind)  # an unknown pool: refused before any write
+        await self.record_attachments(inst, [o for o, _ in wanted])
+        failpoints.hit("node.instance.after-attachment-record")
+        try:
+            paths = await self._open_wanted(inst, wanted, layers.receipt_wait, lower)
+        except BaseException:
+            with trio.CancelScope(shield=True):  # records of what was not opened go
+                await trio.to_thread.run_sync(self._drop_unopened, inst,
+                                              [o for o, _ in wanted])
+            raise
+        failpoints.hit("node.instance.after-objects-open")
+        return paths[0], paths[1:]
+
+    async def _open_wanted(self, inst: Instance, wanted: list[tuple[HeldObject, int | None]],
+                           receipt_wait: float, lower: dict[str, str]) -> list[Path]:
         previous = [await self.pool(o.pool_id, o.kind).take(o.object_id, o.epoch,
                                                             may_create=cap is not None)
                     for o, cap in wanted]
-        deadline = trio.current_time() + layers.receipt_wait
+        deadline = trio.current_time() + receipt_wait
         clean: list[bool | None] = [None] * len(wanted)
 
         async def wait(i: int, obj: HeldObject) -> None:
@@ -229,8 +253,45 @@ class Launcher:
                 lower=lower if obj.kind == RETAINED_LAYERS else None)
             self._hold(inst, dataclasses.replace(obj, released_cleanly=opened.handoff_clean))
             paths.append(opened.path)
-        failpoints.hit("node.instance.after-objects-open")
-        return paths[0], paths[1:]
+        return paths
+
+    async def record_attachments(self, inst: Instance, objs: Sequence[HeldObject]) -> None:
+        """The attachment records of `objs` for `inst`, before any of them is opened."""
+        def write() -> None:
+            for obj in objs:
+                self.attachments.record(obj.pool_id, obj.kind, obj.object_id,
+                                        instance_id=inst.instance_id, epoch=obj.epoch)
+        await trio.to_thread.run_sync(write)
+
+    def _drop_unopened(self, inst: Instance, objs: Sequence[HeldObject]) -> None:
+        """An open failed: the records of the objects `inst` did not open go (those it
+        holds from an earlier open stay).  Blocking."""
+        for obj in objs:
+            if obj not in inst.held:
+                try:
+                    self.attachments.remove(obj.pool_id, obj.kind, obj.object_id,
+                                            instance_id=inst.instance_id)
+                except OSError as exc:  # the next start deletes it (not held)
+                    log.warning("attachment record not removed", instance=inst.instance_id,
+                                pool=obj.pool_id, object=obj.object_id, error=str(exc))
+
+    async def drop_attachment(self, inst: Instance, obj: HeldObject) -> None:
+        """`obj`'s release or fence is recorded: its attachment record goes."""
+        failpoints.hit("node.instance.before-attachment-removal")
+        await trio.to_thread.run_sync(functools.partial(
+            self.attachments.remove, obj.pool_id, obj.kind, obj.object_id,
+            instance_id=inst.instance_id))
+
+    def instance_objects(self, inst: Instance) -> list[HeldObject]:
+        """What `inst` holds or opens: its held objects, then its spec's others."""
+        spec = inst.spec
+        out = list(inst.held)
+        for obj in [HeldObject(RETAINED_LAYERS, spec.layer.pool_id, spec.layer.ref,
+                               spec.layer.epoch)] + \
+                [HeldObject(VOLUMES, v.pool_id, v.volume_id, v.epoch) for v in spec.volumes]:
+            if obj not in out:
+                out.append(obj)
+        return out
 
     @staticmethod
     def _hold(inst: Instance, obj: HeldObject) -> None:
@@ -420,6 +481,9 @@ class Launcher:
                             instance=inst.instance_id, kind=obj.kind, pool=obj.pool_id,
                             object=obj.object_id, epoch=obj.epoch,
                             receipt=successor is not None)
+            await self.drop_attachment(inst, obj)
+        # objects of the spec it never opened (a boot cut short) leave no record either
+        await trio.to_thread.run_sync(self._drop_unopened, inst, self.instance_objects(inst))
         inst.released = True
         failpoints.hit("node.instance.after-object-release")
 

@@ -13,7 +13,8 @@ the node service stopped, with the owner lock held (read-only: `ReadOnlyOwnerLoc
 * both: no leftovers without an owner (an Instance directory without a readable
   record, a VMM service no record names, a mount or network record not of an Instance,
   an entry of a pool's ``volumes/transfer-staging/`` that is not a temporary file, a
-  Firecracker sandbox that is not a root-only tmpfs of Instances), no helper process
+  Firecracker sandbox that is not a root-only tmpfs of Instances, an attachment record
+  in ``runtime/storage-pools/`` naming an Instance with no record), no helper process
   still working in the storage root or a pool, no corrupted record.
 
 What may stay: configuration, ``pki/``, ``installations/``, ``template-cache/``,
@@ -36,6 +37,7 @@ from kibotos.config import NodeConfig
 from kibotos.errors import FailedPrecondition
 from kibotos.node import records
 from kibotos.node.adoption import owns_unit
+from kibotos.node.attachments import Attachments
 from kibotos.node.check_report import (
     ReadOnlyOwnerLock,
     Report,
@@ -204,7 +206,8 @@ async def check(config: NodeConfig, operation: str, report: Report, *,
     _check_helpers(config, exempt, report, proc_root)
     _check_host_leftovers(config, paths, owned, report, proc_root)
     _check_registry(paths, report)
-    _check_objects(config, views, operation, report)
+    attached = _check_attachments(paths, views, report)
+    _check_objects(config, views, operation, report, attached)
     return Findings(views)
 
 
@@ -300,10 +303,35 @@ def _check_registry(paths: NodePaths, report: Report) -> None:
                            f"{exc.message}")
 
 
+def _check_attachments(paths: NodePaths, views: list[InstanceView], report: Report
+                       ) -> set[tuple[str, str, str]]:
+    """This node's attachment records (``runtime/storage-pools/``): one whose Instance
+    has no record here is a leftover with no owner, an unreadable one a corrupted
+    record.  Returns the objects attached by a record with an owner."""
+    scan = Attachments(paths.root).scan()
+    owned = {v.instance_id for v in views}
+    attached: set[tuple[str, str, str]] = set()
+    for key, why in sorted(scan.unreadable.items()):
+        report.blocked(f"attachment record of {key[1]} {key[2]} in storage pool {key[0]}: "
+                       f"corrupted record: {why}")
+    for att in scan.found:
+        if att.instance_id in owned:
+            attached.add(att.key)
+            continue
+        report.blocked(f"attachment record {Attachments(paths.root).path(*att.key)} names "
+                       f"Instance {att.instance_id}, which has no record on this node: a "
+                       "leftover with no owner")
+    return attached
+
+
 def _check_objects(config: NodeConfig, views: list[InstanceView], operation: str,
-                   report: Report) -> None:
-    attached = {(h.get("pool_id"), h.get("kind"), h.get("object_id"))
-                for v in views for h in (v.record or {}).get("held") or []}
+                   report: Report, attached: set[tuple[str, str, str]]) -> None:
+    """`attached`: by the attachment records; an Instance record's ``held`` counts too
+    (records of a node from before attachment records; its next start writes them)."""
+    attached = attached | {(str(h.get("pool_id")), str(h.get("kind")),
+                            str(h.get("object_id")))
+                           for v in views for h in (v.record or {}).get("held") or []
+                           if isinstance(h, dict)}
     detached: list[tuple[str, str, str]] = []
     for pool in config.storage.pool:
         if not pool.path.is_dir():

@@ -246,6 +246,7 @@ class VmInstanceManager:
         if self.backend_error is not None:
             raise FailedPrecondition(f"node {self.node_id} cannot run VMs: {self.backend_error}")
         layer, volumes = await self.launcher.open_objects(inst)
+        await self._persist(inst)  # `held` on disk before any VMM can have them open
         self._changed()
         launch = await self.launcher.launch_description(inst, layer, volumes)
         try:

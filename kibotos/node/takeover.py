@@ -216,7 +216,9 @@ class Takeover:
 
     async def reattach_storage(self, inst: Instance) -> None:
         """Open the layer and the Volumes again at their epochs, after their pools
-        opened; `inst.held` lists them again (a launch cut short may not have saved it)."""
+        opened; `inst.held` lists them again (a launch cut short may not have saved it),
+        and each has its attachment record (written before the open, kept on failure:
+        the running VMM still has the object open)."""
         spec = inst.spec
         wanted = [(STAGE_LAYER, HeldObject(RETAINED_LAYERS, spec.layer.pool_id,
                                            spec.layer.ref, spec.layer.epoch))]
@@ -229,6 +231,8 @@ class Takeover:
                 if reason is not None:
                     raise StageFailed(stage, f"storage pool not opened for takeover within "
                                              f"{self.gate.wait:.0f}s: {reason}")
+                # the VMM has it open already: its record stays whatever happens next
+                await self.launcher.record_attachments(inst, [obj])
                 await pool.open(obj.object_id, obj.epoch)
             except (KibotosError, OSError) as exc:
                 raise StageFailed(stage, exc.message if isinstance(exc, KibotosError)

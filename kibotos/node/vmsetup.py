@@ -6,6 +6,11 @@ chosen backend's is used.  A table named after no registered backend is refused 
 typo must not silently drop options).  The ``direct`` supervisor keeps its unit records
 in ``<storage.root>/runtime/supervisor`` unless its table says otherwise, so several
 nodes on one host (a dev cluster) never share them.
+
+Building the manager is part of the node's start: the attachment records a crash left
+in ``runtime/storage-pools/`` are settled against the Instance records here
+(`kibotos.node.attachments.Attachments.reconcile`), before the pool monitor's first
+check (which renames unattached SHA-256 names) and before adoption.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from typing import Any
 from kibotos.config import NodeConfig
 from kibotos.errors import InvalidArgument
 from kibotos.node import installations
+from kibotos.node.attachments import Attachments
 from kibotos.node.build_identity import BuildIdentity
 from kibotos.node.build_identity import current as current_build
 from kibotos.node.lifecycle import Launcher, Settings
+from kibotos.node.logs import EventLogger
 from kibotos.node.manager import VmInstanceManager
 from kibotos.node.objects import KINDS, PoolObjects
 from kibotos.node.pools.legacy_names import NamedPoolObjects
@@ -28,6 +35,8 @@ from kibotos.node.template_cache import TemplateCache
 from kibotos.node.templates import NodeTemplates
 from kibotos.node.transfer import NodeTransfers
 from kibotos.plugins import Registries, load_plugins
+
+log = EventLogger()
 
 
 def settings_from(config: NodeConfig) -> Settings:
@@ -93,8 +102,16 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
         cache = TemplateCache(root / "template-cache", ctrl_url=config.node.ctrl_url,
                               credential=credential, limit=config.storage.template_cache_limit)
     templates = NodeTemplates(cache, [root / "template-cache", *config.vmm.artifact_dirs])
+    # Attachment records a crash left are settled against the Instance records before
+    # the pool monitor (its SHA-256 rename at start) or adoption read them.
+    attachments = Attachments(root)
+    settled = attachments.reconcile()
+    if settled.deleted or settled.written:
+        log.info("attachment records reconciled", deleted=len(settled.deleted),
+                 written=len(settled.written), kept=len(settled.kept))
     launcher = Launcher(node_id=node_id, backend=backend, supervisor=supervisor, pools=pools,
-                        templates=templates, settings=settings or settings_from(config))
+                        templates=templates, settings=settings or settings_from(config),
+                        attachments=attachments)
     launcher.build = build or current_build()
     pinned = installations.pin(root, launcher.build, runtime_dir=runtime_dir, backend=backend)
     launcher.installation = pinned.launch_fields()

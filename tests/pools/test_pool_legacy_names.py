@@ -16,7 +16,7 @@ import pytest
 from kibotos import atomicfile, failpoints
 from kibotos.config import PoolSection
 from kibotos.errors import Unavailable
-from kibotos.node import records
+from kibotos.node.attachments import Attachments
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, UseRightTakenOver
 from kibotos.node.pools import legacy_names as ln
 from kibotos.node.pools.dirs import prepare_pool_dirs
@@ -94,11 +94,8 @@ def test_start_keeps_attached_and_foreign_objects(tmp_path: Path, caplog):
     pool, root = tmp_path / "pool", tmp_path / "root"
     attached_hex = old_object(pool, "vol-att")
     other_hex = old_object(pool, "vol-other", holder="node-b")
-    inst = root / "runtime" / "instances" / "inst-1"
-    inst.mkdir(parents=True)
-    records.write_instance_record(inst, {
-        "state": "RUNNING", "released": False,
-        "held": [{"kind": VOLUMES, "pool_id": "pool-a", "object_id": "vol-att", "epoch": 2}]})
+    # attached = this node's attachment record (kibotos.node.attachments)
+    Attachments(root).record("pool-a", VOLUMES, "vol-att", instance_id="inst-1", epoch=2)
     with caplog.at_level(logging.INFO, logger="kibotos.node"):
         summary = ln.rename_at_start(pool_section(pool), "node-a", root)
     assert summary.renamed == []

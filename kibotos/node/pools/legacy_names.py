@@ -6,7 +6,8 @@ hex characters); IDs are at most 32 bytes, so the two shapes never meet.  When e
 object is renamed:
 
 * at start (`rename_at_start`, when the pool is first seen available): the objects this
-  node holds that no Instance of this node has attached.  "Holds" = its holder record
+  node holds that no Instance of this node has attached (its attachment records,
+  `kibotos.node.attachments`).  "Holds" = its holder record
   names this node; in a dedicated pool an object without any holder record counts too
   (nothing else can use it).  In a shared pool only the holder renames;
 * before every attach, release and delete (`settle`, called by
@@ -47,6 +48,7 @@ import trio
 
 from kibotos import atomicfile, failpoints, ids
 from kibotos.errors import InvalidArgument, Unavailable
+from kibotos.node.attachments import Attachments
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import Holder, Opened, PoolObjects, UseRightTakenOver
 from kibotos.node.pools.dirs import RETAINED_LAYERS, VOLUMES
@@ -321,27 +323,10 @@ def scan(root: Path) -> tuple[set[str], dict[str, str]]:
 
 
 def attached_objects(storage_root: Path) -> set[tuple[str, str, str]]:
-    """(pool_id, kind, object_id) held open by an Instance of this node, from the
-    Instance records a previous node process left (``runtime/instances/*/``)."""
-    from kibotos.node.records import read_instance_record
-
-    out: set[tuple[str, str, str]] = set()
-    try:
-        dirs = [p for p in (storage_root / "runtime" / "instances").iterdir() if p.is_dir()]
-    except OSError:
-        return out
-    for d in dirs:
-        try:
-            rec = read_instance_record(d)
-        except Exception:  # an unreadable record: the manager reports it; keep names
-            rec = None
-        if not rec or rec.get("released") or rec.get("state") in ("STOPPED", "DESTROYED"):
-            continue
-        for held in rec.get("held") or []:
-            if isinstance(held, dict):
-                out.add((str(held.get("pool_id")), str(held.get("kind")),
-                         str(held.get("object_id"))))
-    return out
+    """(pool_id, kind, object_id) some Instance of this node has open: this node's
+    attachment records (``runtime/storage-pools/``, `kibotos.node.attachments`), which
+    the node settled against its Instance records before the pool monitor runs."""
+    return Attachments(storage_root).attached()
 
 
 @dataclass
