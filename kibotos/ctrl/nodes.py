@@ -9,9 +9,6 @@ resource reports and management operations all go through `bump`.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,9 +17,10 @@ from typing import Any, Protocol, cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.ctrl.page_tokens import decode_token, encode_token
 from kibotos.ctrl.store.models import EnrollmentGrant, Event, Node
 from kibotos.ctrl.wire import as_utc
-from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from kibotos.errors import Aborted, FailedPrecondition, NotFound
 
 #: Placement puts nothing new on a node whose clock offset, less its uncertainty, is
 #: beyond this (spec: nodes, "list and get").
@@ -207,25 +205,6 @@ def placeable(node: NodeFacts) -> tuple[bool, str | None]:
 # -------------------------------------------------------------------------- paging
 
 
-def _encode_token(after: str) -> str:
-    raw = json.dumps({"v": 1, "after": after}, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def _decode_token(token: str) -> str:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        data = json.loads(raw)
-        after = data["after"]
-        if data.get("v") != 1 or not isinstance(after, str):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        raise InvalidArgument(
-            "invalid page_token: pass the next_page_token of the previous page as is"
-        ) from None
-    return after
-
-
 def list_page(session: Session, page_size: int,
               page_token: str | None) -> tuple[Sequence[NodeFacts], str | None]:
     """One page in node_id order (keyset paging: stable under inserts, no OFFSET), as
@@ -233,11 +212,11 @@ def list_page(session: Session, page_size: int,
     table = Node.__table__
     query = select(*table.columns).order_by(table.c.node_id).limit(page_size + 1)
     if page_token:
-        query = query.where(table.c.node_id > _decode_token(page_token))
+        query = query.where(table.c.node_id > decode_token(page_token))
     rows = [cast(NodeFacts, row) for row in session.execute(query)]
     if len(rows) > page_size:
         rows = rows[:page_size]
-        return rows, _encode_token(rows[-1].node_id)
+        return rows, encode_token(rows[-1].node_id)
     return rows, None
 
 

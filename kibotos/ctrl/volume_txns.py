@@ -16,9 +16,6 @@ pool).  Each function runs inside one store transaction.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from datetime import datetime
 from typing import Any
 
@@ -29,10 +26,11 @@ from kibotos.ctrl import instances as inst_mod
 from kibotos.ctrl import pool_capacity, use_rights
 from kibotos.ctrl import workspaces as w
 from kibotos.ctrl.nodes import record_event
+from kibotos.ctrl.page_tokens import decode_token, encode_token
 from kibotos.ctrl.store.models import ObjectOperation, UseRight, Volume, Workspace
 from kibotos.ctrl.wire import iso
 from kibotos.ctrl.workspace_txns import RightPlan
-from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from kibotos.errors import Aborted, FailedPrecondition, NotFound
 
 CREATING = "CREATING"
 AVAILABLE = "AVAILABLE"
@@ -102,24 +100,6 @@ def check_revision(vol: Volume, expected: int | None) -> None:
                      "expected_version": expected})
 
 
-def _encode_token(after: str) -> str:
-    raw = json.dumps({"v": 1, "after": after}, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def _decode_token(token: str) -> str:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        after = data["after"]
-        if data.get("v") != 1 or not isinstance(after, str):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        raise InvalidArgument(
-            "invalid page_token: pass the next_page_token of the previous page as is"
-        ) from None
-    return after
-
-
 def list_page(session: Session, *, pool_id: str | None, workspace_id: str | None,
               deleted: bool, page_size: int, page_token: str | None
               ) -> dict[str, Any]:
@@ -132,12 +112,12 @@ def list_page(session: Session, *, pool_id: str | None, workspace_id: str | None
     if workspace_id is not None:
         query = query.where(Volume.workspace_id == workspace_id)
     if page_token:
-        query = query.where(Volume.volume_id > _decode_token(page_token))
+        query = query.where(Volume.volume_id > decode_token(page_token))
     rows = list(session.scalars(query))
     token = None
     if len(rows) > page_size:
         rows = rows[:page_size]
-        token = _encode_token(rows[-1].volume_id)
+        token = encode_token(rows[-1].volume_id)
     return {"volumes": [volume_json(session, v) for v in rows], "next_page_token": token}
 
 

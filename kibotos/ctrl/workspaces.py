@@ -14,9 +14,6 @@ transaction; the orchestration that talks to nodes is in `workspace_ops`.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -27,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from kibotos import ids
 from kibotos.ctrl.nodes import record_event
+from kibotos.ctrl.page_tokens import decode_token, encode_token
 from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel
 from kibotos.ctrl.wire import iso
 from kibotos.errors import Aborted, InvalidArgument, NotFound
@@ -174,28 +172,10 @@ def location_json(ws: Workspace) -> dict[str, Any]:
 # ------------------------------------------------------------------------ reads
 
 
-def _encode_token(after: str) -> str:
-    raw = json.dumps({"v": 1, "after": after}, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def _decode_token(token: str) -> str:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        after = data["after"]
-        if data.get("v") != 1 or not isinstance(after, str):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        raise InvalidArgument(
-            "invalid page_token: pass the next_page_token of the previous page as is"
-        ) from None
-    return after
-
-
 def _page(rows: Sequence[Workspace], page_size: int) -> tuple[list[Workspace], str | None]:
     if len(rows) > page_size:
         kept = list(rows[:page_size])
-        return kept, _encode_token(kept[-1].workspace_id)
+        return kept, encode_token(kept[-1].workspace_id)
     return list(rows), None
 
 
@@ -214,7 +194,7 @@ def list_page(session: Session, *, states: Sequence[str], labels: Mapping[str, s
             WorkspaceLabel.key == key, WorkspaceLabel.value == value).subquery(f"l{i}")
         query = query.join(alias, alias.c.workspace_id == Workspace.workspace_id)
     if page_token:
-        query = query.where(Workspace.workspace_id > _decode_token(page_token))
+        query = query.where(Workspace.workspace_id > decode_token(page_token))
     return _page(session.scalars(query).all(), page_size)
 
 
@@ -229,5 +209,5 @@ def locations_page(session: Session, *, node_id: str | None, instance_id: str | 
         query = query.where(and_(Workspace.current_instance_id == instance_id,
                                  Workspace.node_id.is_not(None)))
     if page_token:
-        query = query.where(Workspace.workspace_id > _decode_token(page_token))
+        query = query.where(Workspace.workspace_id > decode_token(page_token))
     return _page(session.scalars(query).all(), page_size)
