@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kibotos.ctrl import object_op_txns as ot
 from kibotos.ctrl.journal import STORED_ERRORS
+from kibotos.ctrl.single_flight import SingleFlight
 from kibotos.ctrl.volume_wire import ExpandIn, MoveIn
 from kibotos.errors import FailedPrecondition, KibotosError
 
@@ -50,7 +51,7 @@ class ObjectOps:
         self.volumes = volumes
         self.ctx = workspaces.ctx
         self.store = workspaces.store
-        self._active: set[tuple[str, str]] = set()
+        self._active: SingleFlight[tuple[str, str]] = SingleFlight()
         workspaces.tasks.sweepers.append(self.sweep)
 
     def _operation(self, kind: str, verb: str) -> str:
@@ -124,21 +125,17 @@ class ObjectOps:
                 self.ws.tasks.spawn(self.run, kind, object_id)
 
     async def run(self, kind: str, object_id: str) -> None:
-        key = (kind, object_id)
-        if key in self._active:
-            return
-        self._active.add(key)
-        try:
-            while True:
-                state = await self.store.run(partial(ot.op_state, kind=kind,
-                                                     object_id=object_id))
-                if state is None:
-                    return
-                if not await self._step(state):
-                    await self.ws.wait_node_change(RETRY_PAUSE)
-        finally:
-            self._active.discard(key)
-            self.volumes.changed()
+        await self._active.run((kind, object_id), partial(self._run, kind, object_id),
+                               after=self.volumes.changed)
+
+    async def _run(self, kind: str, object_id: str) -> None:
+        while True:
+            state = await self.store.run(partial(ot.op_state, kind=kind,
+                                                 object_id=object_id))
+            if state is None:
+                return
+            if not await self._step(state):
+                await self.ws.wait_node_change(RETRY_PAUSE)
 
     async def _step(self, state: ot.OpState) -> bool:
         """One step of the operation; False when no node could do it now."""

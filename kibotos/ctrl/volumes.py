@@ -29,6 +29,7 @@ from kibotos import ids
 from kibotos.ctrl import volume_txns as vt
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl.journal import STORED_ERRORS
+from kibotos.ctrl.single_flight import SingleFlight
 from kibotos.ctrl.volume_wire import VolumeCreateIn
 from kibotos.ctrl.wire import VersionedWrite
 from kibotos.errors import (
@@ -62,7 +63,7 @@ class VolumeService:
         self.ctx = workspaces.ctx
         self.store = workspaces.store
         self.journal = workspaces.journal
-        self._active: set[str] = set()
+        self._active: SingleFlight[str] = SingleFlight()
         self._changed = trio.Event()
         workspaces.tasks.sweepers.append(self.sweep)
 
@@ -153,14 +154,8 @@ class VolumeService:
         return outcome.result
 
     async def finish_create(self, volume_id: str) -> None:
-        if volume_id in self._active:
-            return
-        self._active.add(volume_id)
-        try:
-            await self._finish_create(volume_id)
-        finally:
-            self._active.discard(volume_id)
-            self.changed()
+        await self._active.run(volume_id, partial(self._finish_create, volume_id),
+                               after=self.changed)
 
     async def _finish_create(self, volume_id: str) -> None:
         store, now = self.store, self.ctx.now
@@ -247,14 +242,8 @@ class VolumeService:
         return outcome.result
 
     async def finish_delete(self, volume_id: str) -> None:
-        if volume_id in self._active:
-            return
-        self._active.add(volume_id)
-        try:
-            await self._finish_delete(volume_id)
-        finally:
-            self._active.discard(volume_id)
-            self.changed()
+        await self._active.run(volume_id, partial(self._finish_delete, volume_id),
+                               after=self.changed)
 
     async def _finish_delete(self, volume_id: str) -> None:
         store, now = self.store, self.ctx.now

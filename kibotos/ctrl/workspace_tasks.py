@@ -22,6 +22,7 @@ from kibotos.ctrl import pool_ops, use_rights
 from kibotos.ctrl import volume_attach as va
 from kibotos.ctrl import workspace_txns as tx
 from kibotos.ctrl import workspaces as w
+from kibotos.ctrl.single_flight import SingleFlight
 from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class Tasks:
     def __init__(self, service: WorkspaceService) -> None:
         self.service = service
         self.nursery: trio.Nursery | None = None
-        self._active: set[str] = set()
+        self._active: SingleFlight[str] = SingleFlight()
         #: Other parts' resumptions (Volumes, object operations), run with the sweep.
         self.sweepers: list[Callable[[], Awaitable[None]]] = []
 
@@ -101,13 +102,7 @@ class Tasks:
     # ------------------------------------------------------------------ stop
 
     async def stop(self, workspace_id: str) -> None:
-        if workspace_id in self._active:
-            return
-        self._active.add(workspace_id)
-        try:
-            await self._stop(workspace_id)
-        finally:
-            self._active.discard(workspace_id)
+        await self._active.run(workspace_id, partial(self._stop, workspace_id))
 
     async def _stop(self, workspace_id: str) -> None:
         store, now = self.service.store, self.ctx.now
@@ -144,13 +139,7 @@ class Tasks:
     # ------------------------------------------------------------------ delete
 
     async def delete(self, workspace_id: str) -> None:
-        if workspace_id in self._active:
-            return
-        self._active.add(workspace_id)
-        try:
-            await self._delete(workspace_id)
-        finally:
-            self._active.discard(workspace_id)
+        await self._active.run(workspace_id, partial(self._delete, workspace_id))
 
     async def _delete(self, workspace_id: str) -> None:
         store, now = self.service.store, self.ctx.now
