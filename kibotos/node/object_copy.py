@@ -20,7 +20,6 @@ epoch and released is the answer; an unfinished copy is made again from the star
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 from datetime import UTC, datetime
@@ -34,28 +33,12 @@ from kibotos.errors import AlreadyExists, NotFound
 from kibotos.node.object_records import claim, release_or_fence, update_metadata
 from kibotos.node.objects import PoolObjects
 from kibotos.node.pools.dirs import hand_block_file
+from kibotos.transfer_archive import data_ranges
 
 _CHUNK = 1 << 20
 #: Metadata keys that describe one holder's use, not the object: not copied.
 _PER_HOLDER = ("state", "holder", "epoch", "attached_at", "released_at", "handoff_clean",
                "confirmed_on_disk", "released_cleanly")
-
-
-def data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
-    """The (start, end) ranges of `fd` that hold data, by SEEK_DATA/SEEK_HOLE."""
-    ranges = []
-    offset = 0
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole remains
-                break
-            raise
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        ranges.append((start, end))
-        offset = end
-    return ranges
 
 
 def sparse_copy(src: Path, target: Path, *, prefix: str, kind: str) -> int:
@@ -68,7 +51,8 @@ def sparse_copy(src: Path, target: Path, *, prefix: str, kind: str) -> int:
         size = os.fstat(fd_in).st_size
         fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            for start, end in data_ranges(fd_in, size):
+            for start, length in data_ranges(fd_in, size):
+                end = start + length
                 for offset in range(start, end, _CHUNK):
                     data = os.pread(fd_in, min(_CHUNK, end - offset), offset)
                     os.lseek(fd_out, offset, os.SEEK_SET)
