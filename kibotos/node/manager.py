@@ -103,6 +103,9 @@ class VmInstanceManager:
         self.transfers: TransferTarget | None = None
         self.cleanups = PendingCleanups(launcher, finish=self._finish_release,
                                         publish=self._publish)
+        #: What this start did with the Instances it found (adoption verdict → count;
+        #: the node's ``/metrics``, docs/metrics.md).
+        self.adoption_counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the protocol
 
@@ -471,6 +474,7 @@ class VmInstanceManager:
                                                      self.dirs.instances)
         for verdict in verdicts:
             self._instances[verdict.inst.instance_id] = verdict.inst
+            self.adoption_counts[verdict.action] = self.adoption_counts.get(verdict.action, 0) + 1
         assert self._nursery is not None
         if await adoption.carry_out(verdicts, leftovers, supervisor=self.launcher.supervisor,
                                     takeover=self.takeover, nursery=self._nursery,

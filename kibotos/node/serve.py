@@ -19,7 +19,8 @@ Startup order matters, and each step fails with a message naming what was wrong:
    (`kibotos.node.dataplane_targets`);
 8. then the pool availability monitor (marker and driver, now and every 30 s; its
    facts go to ctrl in hello and every report, a change triggers a report), the
-   host-usage sampler, the manager's background work and the control session, with the
+   host-usage sampler, the manager's background work, the ``/metrics`` listener when
+   ``metrics_listen`` is set (`kibotos.node.metrics`) and the control session, with the
    manager's command handlers, until cancelled.  The data-plane process is
    not stopped when the node stops: it keeps serving (spec).
 
@@ -44,6 +45,7 @@ from kibotos.node.identity import NodeIdentity, ensure_identity
 from kibotos.node.incarnation import next_incarnation
 from kibotos.node.instances import InstanceManager
 from kibotos.node.logs import EventLogger
+from kibotos.node.metrics import NodeMetrics, NodeParts, serve_metrics
 from kibotos.node.pools import startup as pools_startup
 from kibotos.node.pools.availability import REFRESH as POOL_REFRESH
 from kibotos.node.pools.availability import PoolMonitor
@@ -71,6 +73,8 @@ class NodeRuntime:
     session: ControlSession
     dataplane: DataplaneTargets | None = None
     pools: PoolMonitor | None = None
+    #: ``host:port`` of ``/metrics`` when ``[node] metrics_listen`` is set
+    metrics_address: str | None = None
 
 
 def notify_ready() -> None:
@@ -165,6 +169,12 @@ async def serve_node(
                 await nursery.start(manager.run)
                 if targets is not None:  # after the manager reloaded its Instances
                     await nursery.start(targets.run)
+                if config.node.metrics_listen:  # docs/metrics.md
+                    metrics = NodeMetrics(NodeParts(
+                        manager, sampler, session.status, pools.facts,
+                        targets.dataplane if targets is not None else None))
+                    runtime.metrics_address = await nursery.start(functools.partial(
+                        serve_metrics, metrics, config.node.metrics_listen, paths.runtime))
                 task_status.started(runtime)
                 await session.run()
         except BaseExceptionGroup as group:
