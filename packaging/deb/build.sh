@@ -12,7 +12,7 @@
 #      requirements>), reused while the requirements do not change;
 #   2. the package: debian/rules installs from that wheelhouse only (pip --no-index),
 #      so this step runs without network.
-# Missing build tools (debhelper, python3.11-venv) are installed with apt-get when run
+# Missing build tools (build-essential, debhelper, python3.11-venv) are installed with apt-get when run
 # as root; they are also in packaging/apt-test-deps.txt.
 set -euo pipefail
 
@@ -36,6 +36,8 @@ py=/usr/bin/python3.11
 missing=()
 command -v dpkg-buildpackage >/dev/null || missing+=(dpkg-dev)
 command -v dh >/dev/null || missing+=(debhelper)
+dpkg-query -W -f='${Status}' build-essential 2>/dev/null | grep -q 'ok installed' \
+    || missing+=(build-essential)
 [[ -x $py ]] || missing+=(python3.11)
 $py -c 'import ensurepip' 2>/dev/null || missing+=(python3.11-venv)
 if [[ ${#missing[@]} -gt 0 ]]; then
