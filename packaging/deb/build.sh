@@ -12,8 +12,8 @@
 #      requirements>), reused while the requirements do not change;
 #   2. the package: debian/rules installs from that wheelhouse only (pip --no-index),
 #      so this step runs without network.
-# Missing build tools (build-essential, debhelper, python3.11-venv) are installed with apt-get when run
-# as root; they are also in packaging/apt-test-deps.txt.
+# Missing build tools (build-essential, debhelper, python3.11-venv) are installed with
+# apt-get when run as root; they are also in packaging/apt-test-deps.txt.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +24,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --rev) rev=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
