@@ -47,8 +47,8 @@ from kibotos.errors import (
     NotFound,
     ResourceExhausted,
     Unavailable,
-    error_from_wire,
 )
+from kibotos.node.ctrl_http import refusal
 from kibotos.node.logs import EventLogger
 from kibotos.units import format_bytes
 
@@ -272,20 +272,12 @@ class _Corrupt(Exception):
 
 
 def _refusal(resp: httpx.Response, hexdigest: str) -> KibotosError:
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        err = error_from_wire(body)
-    else:
-        err = Unavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+    err = refusal(resp, f"fetch artifact sha256:{hexdigest}")
     if isinstance(err, NotFound):
         return FailedPrecondition(
             f"artifact sha256:{hexdigest} is not in ctrl's artifact store (upload it with "
             "`kibo template import` or `kibo template build`)",
             details={"reason": "artifact_missing", "digest": f"sha256:{hexdigest}"})
-    err.message = f"fetch artifact sha256:{hexdigest}: {err.message}"
     return err
 
 

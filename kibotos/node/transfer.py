@@ -41,11 +41,10 @@ from kibotos import atomicfile, ids, transfer_archive
 from kibotos.errors import (
     AlreadyExists,
     FailedPrecondition,
-    KibotosError,
     NotFound,
     Unavailable,
-    error_from_wire,
 )
+from kibotos.node.ctrl_http import refusal
 from kibotos.node.logs import EventLogger
 from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, Holder, PoolObjects, UseRightTakenOver
 from kibotos.node.pools.dirs import hand_block_file
@@ -136,7 +135,7 @@ class NodeTransfers:
             raise Unavailable(f"upload Transfer archive {digest}: cannot reach ctrl at "
                               f"{self.ctrl_url}: {exc or type(exc).__name__}") from None
         if resp.status_code != 200:
-            raise _refusal(resp, f"upload Transfer archive {digest}")
+            raise refusal(resp, f"upload Transfer archive {digest}")
 
     async def _download(self, digest: str, path: Path) -> int:
         """Stream the artifact into `path` (a new file), checking its digest."""
@@ -148,7 +147,7 @@ class NodeTransfers:
                     client.stream("GET", self._url(digest), headers=self._headers()) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
-                    err = _refusal(resp, f"download Transfer archive {digest}")
+                    err = refusal(resp, f"download Transfer archive {digest}")
                     if isinstance(err, NotFound):
                         raise FailedPrecondition(
                             f"artifact {digest} is not in ctrl's artifact store",
@@ -313,16 +312,3 @@ class NodeTransfers:
                                        "pool_id": manifest.source.get("pool_id"),
                                        "epoch": manifest.source.get("epoch"), "at": now})
             objs._write("metadata", object_id, meta)
-
-
-def _refusal(resp: httpx.Response, what: str) -> KibotosError:
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        err = error_from_wire(body)
-    else:
-        err = Unavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
-    err.message = f"{what}: {err.message}"
-    return err
