@@ -23,7 +23,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -167,9 +167,12 @@ class Journal:
         if row is not None:
             return _stored(row)
         result = fn(session)
-        session.add(Command(command_id=command_id, operation=operation, input_digest=digest,
-                            status="succeeded", result=result, error=None,
-                            identity_id=identity_id, created_at=self.now()))
+        # A plain INSERT: the entry is never changed in this transaction, so the ORM's
+        # unit of work would only add its bookkeeping to every journaled write.
+        session.execute(insert(Command), [{
+            "command_id": command_id, "operation": operation, "input_digest": digest,
+            "status": "succeeded", "result": result, "error": None,
+            "identity_id": identity_id, "created_at": self.now()}])
         return result
 
     def _record_failure(self, command_id: str, operation: str, digest: str,

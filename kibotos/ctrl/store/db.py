@@ -130,6 +130,7 @@ class Store:
                     for item in group:
                         raised_in = item
                         values.append(self.apply(item.fn, session))
+                        session.flush()  # a flush error is this function's, not the group's
                     raised_in = None
             except Exception as exc:
                 if raised_in is None:
