@@ -16,10 +16,10 @@ import pytest
 import trio
 import trio.testing
 from sqlalchemy import text
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from kibotos.ctrl.store.db import Store, _Queued, make_engine
-from kibotos.errors import FailedPrecondition, Unavailable
+from kibotos.errors import FailedPrecondition, Internal, Unavailable
 
 
 class RecordingStore(Store):
@@ -176,3 +176,32 @@ async def test_store_events_see_each_group_commit_once(store: RecordingStore) ->
 
     await grouped(store, [partial(put, f"k{i}", i) for i in range(5)])
     assert len(commits) == 2  # the blocker's transaction, then the group's
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class KV(_Base):
+    """The test table, mapped, for writes that only reach SQL at the flush."""
+
+    __tablename__ = "kv"
+    k: Mapped[str] = mapped_column(primary_key=True)
+    v: Mapped[int]
+
+
+def add(key: str, value: int, session: Session) -> str:
+    session.add(KV(k=key, v=value))  # no SQL yet: a duplicate key fails at the flush
+    return key
+
+
+async def test_a_flush_error_belongs_to_its_write(store: RecordingStore) -> None:
+    """A write whose pending rows fail only when flushed (here a duplicate key) fails
+    alone, as it would in its own transaction; the others of its group commit."""
+    await store.write(partial(put, "taken", 0))
+    outcomes = await grouped(store, [partial(add, "a", 1), partial(add, "taken", 2),
+                                     partial(add, "b", 3)])
+    assert outcomes[0] == "a"
+    assert outcomes[2] == "b"
+    assert isinstance(outcomes[1], Internal)
+    assert rows(store) == {"taken": 0, "first": 0, "a": 1, "b": 3}
