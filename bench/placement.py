@@ -10,38 +10,72 @@ returns once a node accepted it and ctrl recorded it, so each is one whole place
 
     .venv/bin/python bench/placement.py [--nodes 1000] [--creates 10000]
         [--concurrency 64] [--policy binpack] [--profile ctrl.prof]
+        [--group-max N] [--switch-interval S]
 
 At the end it checks the outcome through the API: every Workspace recorded once, every
 node within its schedulable CPU and memory, and how many reached AVAILABLE.  It prints
-the CPU each process spent per placement; ``--profile`` adds ctrl's cProfile of the
-trio thread, a profile of the store transactions (``.threads``) and their time by kind
-(``.txns``).  Target (issue 3): >= 1,500 placements/s.
+the CPU each process spent per placement; ``--profile`` adds ctrl's cProfile (CPU time,
+`time.thread_time`, so waiting for the GIL is not counted) of the trio thread, a
+profile of the store's worker threads (``.threads``) and the CPU of each transaction
+function by kind, with the worker-thread calls and how many functions each carried
+(``.txns``).  ``--group-max 1`` turns the store's group commit off (every write its
+own transaction, as before it), for comparison at the same load.  Target (issue 3):
+>= 1,500 placements/s.
 
-Measured on the 2-core test machine, shared with other test runs: 10,000 creates
-across 1,000 nodes, binpack, concurrency 64: 63 placements/s at load average 4 (p50
-0.9 s, p99 5.4 s: queueing), 85/s at load average 2 (4,000 creates; p50 0.7 s, p99
-3.8 s); every Workspace AVAILABLE, no node over its schedulable amount.  ctrl is then
-CPU-bound on one core (the GIL): about 10.5-11.5 ms of CPU per placement.  Where it
-goes, per create:
+Measured on the 2-core test machine, shared with other test runs (load average 3-7,
+given with each figure), 200 nodes, 2,000 creates, binpack, concurrency 64; every
+Workspace AVAILABLE, no node over its schedulable amount:
 
-* placement itself (admission, ranking among 1,000 nodes, the reservation and the
-  index update when the Allocation commits) is about 0.1 ms: the in-memory index and
-  the cached sort keys took it off the list (ranking 1,000 nodes by `Fraction` shares
-  took about 11 ms per create, by the integer key 0.8 ms, from the cache a `min`);
-* about 8 ms in store transactions (SQLAlchemy on SQLite, serialised writes, one
-  worker-thread hop each): the create's record with its journal entry (~2.4 ms; 3.2 ms
-  through the ORM unit of work before it became plain INSERTs), the node's two reports
-  per create (CREATING, then RUNNING: ~1.5-2 ms each, `session_store.store_report`
-  writes the node row, as the contract's "ctrl stores it and bumps
-  registration_version" says), the RUNNING frame (~1.5 ms), the journal look-up
-  (~0.5 ms); the CREATING frame is skipped (the create recorded it);
-* about 3 ms in HTTP (hypercorn, starlette, pydantic) and WebSocket framing, with the
-  loopback TCP sends counted in the sender's system time.
+* at the start of this round the run did not finish: creates timed out after 120 s.
+  The pool-capacity pre-check added with storage pools (`pool_capacity.snapshot`,
+  read before each placement) summed each pool with queries of its own, and every
+  node has its own default pool: ~170 ms of store work per create at 20 nodes, growing
+  with nodes x Workspaces.  Three grouped queries now (`volume_pools.reserved_by_pool`).
+* then, without group commit (``--group-max 1``): 46/s at load 3.5 and 43/s at 4.5
+  (15.1 ms of ctrl CPU per placement both), 37/s at 5.5 (16.4 ms), 22/s at 7.3
+  (19.7 ms); p50 latency 1.4-2.1 s (queueing behind 64 callers);
+* with group commit (the default): 75/s and 56/s at load 3.1 (12.3 and 14.5 ms), 58/s
+  at 4.6 (12.7 ms), 41-43/s at 5.6 (12.7-13.9 ms), 32/s at 7.1 (14.5 ms); p50 0.8-1.9 s.
+  About a sixth less ctrl CPU per placement and a quarter to a third more placements
+  per second at the same load.  A group carries ~15 writes on average under this load
+  (the node reports, the RUNNING frames and the create records of concurrent
+  placements): one worker-thread hop and one commit for all of them.
+  A shorter GIL switch interval (``--switch-interval 0.0005``) changed nothing
+  measurable (43/s against 41/s at load 5.6).  Two runs at load ~7 (one profiled) ended
+  early, the server closing connections while nodes enrolled; not reproduced in six
+  runs since, the cause not found (the bench now prints ctrl.log's tail when a run
+  fails).
 
-Reaching 1,500/s (0.6 ms per placement) needs a different store path rather than
-tuning: group commit of concurrent transactions, Core SQL instead of the ORM on the hot
-path, node reports folded into memory and written in batches, and more than one
-process; none of that changes the placement rules tested here.
+The earlier figure, 1,000 nodes and 10,000 creates before storage pools: 63/s at load
+4, 85/s at load 2, 10.5-11.5 ms of ctrl CPU per placement.
+
+ctrl is CPU-bound on one core (the GIL), and on this machine gets about half of it.
+Where its CPU goes now (the CPU profile of the run above: store worker threads ~57%,
+the trio thread ~43%):
+
+* the store, by transaction function (share of the worker threads' CPU): the create's
+  record with its journal entry 29% (of which the pool-capacity check in the same
+  transaction, `pool_capacity.check_room`, 12%: an unindexed sum over the Workspaces
+  of the pool plus the Volume and operation reads); the capacity snapshot before
+  placing 19% (a grouped sum over all Workspaces: grows with their number); the
+  node's two reports per create 12% (`session_store.store_report`, the node row read
+  and written, as the contract's "ctrl stores it and bumps registration_version"
+  says; the second report, after RUNNING, changes only the report time); the RUNNING
+  frame 12% (Instance and Workspace rows, the transition's event); the journal
+  look-up 3%; session starts, clock and usage ~10%; sessions, flushes and commits
+  the rest.  Most of it is SQLAlchemy's per-statement work (ORM ``get``, autoflush,
+  unit of work), not SQLite: the create path runs about 30 statements;
+* the trio thread: HTTP (hypercorn's h11 and the starlette app with pydantic) ~40%,
+  the WebSocket session frames (command, result, two ``instance_state``, two reports,
+  pings) ~30%, trio's scheduling, sockets and worker-thread hand-offs the rest;
+  placement itself (admission and ranking from the in-memory index) is well under
+  0.1 ms.
+
+Reaching 1,500/s (0.6 ms per placement) still needs a different store path rather than
+tuning: the pool reservations kept as running totals (or an index on the Workspaces'
+pool) instead of summed per create, Core SQL instead of the ORM on the report and
+frame paths, node reports folded in memory, and more than one process; none of that
+changes the placement rules tested here.
 """
 
 from __future__ import annotations
@@ -69,23 +103,33 @@ HERE = Path(__file__).resolve()
 # ------------------------------------------------------------------------ ctrl
 
 
-def start_ctrl(workdir: Path, policy: str,
-               profile: str | None) -> tuple[subprocess.Popen[bytes], str, Path]:
+def start_ctrl(workdir: Path, policy: str, profile: str | None, group_max: int | None,
+               switch_interval: float | None) -> tuple[subprocess.Popen[bytes], str, Path]:
     argv = [sys.executable, str(HERE), "--role", "ctrl"]
     if profile:
         argv += ["--profile", profile]
+    if group_max is not None:
+        argv += ["--group-max", str(group_max)]
+    if switch_interval is not None:
+        argv += ["--switch-interval", str(switch_interval)]
     config = (f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{workdir / "state"}"\n'
               f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n'
               '[testing]\npool_capacity = "1P"\n')
     return spawn_ctrl(workdir, config, argv)
 
 
-def run_ctrl(config_path: str, profile: str | None) -> None:
+def run_ctrl(config_path: str, profile: str | None, group_max: int | None,
+             switch_interval: float | None) -> None:
     """The ctrl process: `serve_ctrl`, under cProfile when asked (the trio thread; the
     SQLite work in worker threads shows as time the loop waits for them)."""
     from kibotos import config as config_mod
     from kibotos.ctrl.serve import serve_ctrl
+    from kibotos.ctrl.store.db import Store
 
+    if group_max is not None:  # 1: every write its own transaction, as before groups
+        Store.MAX_GROUP = group_max
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     cfg = config_mod.load(config_mod.CtrlConfig, config_path)
     if not profile:
         trio.run(serve_ctrl, cfg)
@@ -93,38 +137,52 @@ def run_ctrl(config_path: str, profile: str | None) -> None:
     import cProfile
     from functools import partial
 
-    from kibotos.ctrl.store.db import Store
-
-    prof = cProfile.Profile()
-    # The store's transactions run in worker threads, which cProfile does not see: time
-    # each one by the function it runs.
-    txn_time: dict[str, list[float]] = {}
-    original = Store.run_sync
+    prof = cProfile.Profile(time.thread_time)  # CPU time, not wall: GIL waits excluded
+    # The store's transactions run in worker threads, which cProfile does not see:
+    # profile each thread call, and time each transaction function by what it runs
+    # (`Store.apply`: inside its transaction, without the session set-up and commit,
+    # which show in the per-call totals instead).
+    fn_time: dict[str, list[float]] = {}
+    calls: dict[str, list[tuple[int, float]]] = {}
 
     import pstats
     import threading
 
     stats_lock = threading.Lock()
     thread_stats: list[pstats.Stats] = []
+    original_apply = Store.apply
 
-    def timed(self: Store, fn: Any) -> Any:
+    def timed_apply(self: Store, fn: Any, session: Any) -> Any:
         inner = fn.func if isinstance(fn, partial) else fn
         name = getattr(inner, "__qualname__", repr(inner))
-        local = cProfile.Profile()
-        t0 = time.perf_counter()
-        local.enable()
+        t0 = time.thread_time()
         try:
-            return original(self, fn)
+            return original_apply(self, fn, session)
         finally:
-            local.disable()
-            txn_time.setdefault(name, []).append(time.perf_counter() - t0)
-            with stats_lock:
-                if thread_stats:
-                    thread_stats[0].add(local)
-                else:
-                    thread_stats.append(pstats.Stats(local))
+            fn_time.setdefault(name, []).append(time.thread_time() - t0)
 
-    Store.run_sync = timed  # type: ignore[method-assign]
+    def profiled(kind: str, original: Any) -> Any:
+        def wrapper(self: Store, arg: Any) -> Any:
+            local = cProfile.Profile(time.thread_time)
+            t0 = time.thread_time()
+            local.enable()
+            try:
+                return original(self, arg)
+            finally:
+                local.disable()
+                size = len(arg) if isinstance(arg, list) else 1
+                calls.setdefault(kind, []).append((size, time.thread_time() - t0))
+                with stats_lock:
+                    if thread_stats:
+                        thread_stats[0].add(local)
+                    else:
+                        thread_stats.append(pstats.Stats(local))
+        return wrapper
+
+    Store.apply = timed_apply  # type: ignore[method-assign]
+    Store.run_sync = profiled("transaction", Store.run_sync)  # type: ignore[method-assign]
+    Store.run_group_sync = profiled(  # type: ignore[method-assign]
+        "write group", Store.run_group_sync)
 
     def dump(*_: Any) -> None:
         prof.disable()
@@ -132,9 +190,15 @@ def run_ctrl(config_path: str, profile: str | None) -> None:
         if thread_stats:
             thread_stats[0].dump_stats(profile + ".threads")
         with open(profile + ".txns", "w") as f:
-            for name, times in sorted(txn_time.items(), key=lambda kv: -sum(kv[1])):
+            for name, times in sorted(fn_time.items(), key=lambda kv: -sum(kv[1])):
                 mean = 1000 * sum(times) / len(times)
                 f.write(f"{sum(times):8.2f}s {len(times):7d} x {mean:6.2f} ms  {name}\n")
+            for kind, made in calls.items():
+                total = sum(t for _, t in made)
+                items = sum(n for n, _ in made)
+                f.write(f"{total:8.2f}s {len(made):7d} x {1000 * total / len(made):6.2f} ms  "
+                        f"worker-thread call: {kind} ({items} functions, "
+                        f"{items / len(made):.1f} per call)\n")
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
@@ -302,7 +366,9 @@ async def run(args: argparse.Namespace, url: str, operator: str, workdir: Path,
             nodes.wait(timeout=30)
     ms = [v * 1000 for v in lat]
     print(f"\n{done} placements in {elapsed:.2f}s: {done / elapsed:.0f} placements/s "
-          f"(policy {args.policy}, {args.nodes} nodes, concurrency {args.concurrency})")
+          f"(policy {args.policy}, {args.nodes} nodes, concurrency {args.concurrency}, "
+          f"group commit {args.group_max or 'default'}, switch interval "
+          f"{args.switch_interval or 'default'})")
     print(f"create latency: p50 {percentile(ms, 0.5):.1f} ms, p99 {percentile(ms, 0.99):.1f} "
           f"ms, mean {statistics.fmean(ms):.1f} ms")
     print(f"errors: {errors or 'none'}; Workspace states: {states}")
@@ -321,6 +387,11 @@ def main() -> None:
     parser.add_argument("--cpu-millis", type=int, default=250)
     parser.add_argument("--memory-mib", type=int, default=256)
     parser.add_argument("--profile", help="write ctrl's cProfile statistics to this file")
+    parser.add_argument("--switch-interval", type=float,
+                        help="ctrl's sys.setswitchinterval (s), for comparison")
+    parser.add_argument("--group-max", type=int,
+                        help="at most this many store writes per commit (1: no group "
+                             "commit, for comparison)")
     parser.add_argument("--role", choices=["bench", "ctrl", "nodes"], default="bench",
                         help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -328,16 +399,21 @@ def main() -> None:
     parser.add_argument("--creds", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "ctrl":
-        run_ctrl(args.config, args.profile)
+        run_ctrl(args.config, args.profile, args.group_max, args.switch_interval)
         return
     if args.role == "nodes":
         trio.run(hold_sessions, args.url, args.creds)
         return
     with tempfile.TemporaryDirectory(prefix="kibotos-bench-placement-") as tmp:
-        proc, url, config = start_ctrl(Path(tmp), args.policy, args.profile)
+        proc, url, config = start_ctrl(Path(tmp), args.policy, args.profile,
+                                       args.group_max, args.switch_interval)
         try:
             operator = operator_credential(config, url)
             trio.run(run, args, url, operator, Path(tmp), proc.pid)
+        except BaseException:
+            log = (Path(tmp) / "ctrl.log").read_text(errors="replace").splitlines()
+            print("ctrl.log (last 40 lines):", *log[-40:], sep="\n", file=sys.stderr)
+            raise
         finally:
             os.killpg(proc.pid, signal.SIGUSR1 if args.profile else signal.SIGTERM)
             proc.wait(timeout=60)
