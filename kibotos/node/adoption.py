@@ -50,7 +50,12 @@ from kibotos import atomicfile
 from kibotos.backends import Supervisor, UnitInfo
 from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.node import records
-from kibotos.node.instance_dirs import EXITED_REASON, OOM_REASON, OOM_RESULTS
+from kibotos.node.instance_dirs import (
+    EXITED_REASON,
+    OOM_REASON,
+    OOM_RESULTS,
+    fill_from_launch,
+)
 from kibotos.node.instances import CREATING, FAILED, RUNNING, STOPPING
 from kibotos.node.lifecycle import Instance, unit_name_for
 from kibotos.node.logs import EventLogger
@@ -141,19 +146,6 @@ def owns_unit(info: UnitInfo, supervisor: Supervisor, instances_dir: Path) -> bo
     return any(root in arg for arg in info.argv)
 
 
-def _fill_from_launch(inst: Instance, launch: Mapping[str, Any] | None) -> None:
-    """The node may have died before ``instance.json`` caught up with the launch
-    record: the unit name, launch description and main process come from there."""
-    if launch is None:
-        return
-    inst.unit_name = inst.unit_name or launch.get("unit_name")
-    inst.launch = inst.launch or launch.get("launch")
-    unit = launch.get("unit") or {}
-    if inst.main_process is None and isinstance(unit.get("main_pid"), int) and \
-            isinstance(unit.get("start_time_ticks"), int):
-        inst.main_process = (unit["main_pid"], unit["start_time_ticks"])
-
-
 def judge(inst: Instance, launch: dict[str, Any] | None, info: UnitInfo | None
           ) -> tuple[Verdict, str | None]:
     """The verdict for one Instance, and the mismatch that refuses startup (or None)."""
@@ -218,7 +210,7 @@ async def examine(insts: Sequence[Instance], supervisor: Supervisor, instances_d
     verdicts: list[Verdict] = []
     claimed: set[str] = set()
     for inst, (launch, unreadable) in zip(insts, launches, strict=True):
-        _fill_from_launch(inst, launch)
+        fill_from_launch(inst, launch)
         name = inst.unit_name or unit_name_for(inst.instance_id)
         claimed.add(name)
         info = units.get(name)

@@ -17,6 +17,7 @@ runtime installations, the startup refusal on a mismatch) is the next issue's.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +126,26 @@ class InstanceDirs:
         return found
 
 
+def fill_from_launch(inst: Instance, launch: Mapping[str, Any] | None) -> None:
+    """The node may have died before ``instance.json`` caught up with the launch
+    record: the unit name, launch description and main process come from there."""
+    if launch is None:
+        return
+    inst.unit_name = inst.unit_name or launch.get("unit_name")
+    inst.launch = inst.launch or launch.get("launch")
+    unit = launch.get("unit") or {}
+    if inst.main_process is None and isinstance(unit.get("main_pid"), int) and \
+            isinstance(unit.get("start_time_ticks"), int):
+        inst.main_process = (unit["main_pid"], unit["start_time_ticks"])
+
+
 async def settle(inst: Instance, supervisor: Supervisor) -> bool:
     """Compare a reloaded live Instance with its unit; True when it runs as recorded,
     else the Instance is now FAILED (persist it).  FAILED ones stay as they are."""
     if inst.state not in (RUNNING, CREATING, STOPPING):
         return False
     launch = await trio.to_thread.run_sync(records.read_launch_record, inst.dir)
-    if launch is not None:  # the node may have died before it updated instance.json
-        inst.unit_name = inst.unit_name or launch.get("unit_name")
-        inst.launch = inst.launch or launch.get("launch")
-        unit = launch.get("unit") or {}
-        if inst.main_process is None and isinstance(unit.get("main_pid"), int) and \
-                isinstance(unit.get("start_time_ticks"), int):
-            inst.main_process = (unit["main_pid"], unit["start_time_ticks"])
+    fill_from_launch(inst, launch)
     info = await supervisor.describe(inst.unit_name) if inst.unit_name else None
     if inst.state == RUNNING and launch is not None and records.unit_matches(launch, info):
         return True
