@@ -135,9 +135,16 @@ class Attachments:
 
     def record(self, pool_id: str, kind: str, object_id: str, *, instance_id: str,
                epoch: int) -> Attachment:
-        """Write (or rewrite) the record: `instance_id` opens the object at `epoch`."""
+        """Write the record: `instance_id` opens the object at `epoch`.  The same record
+        already there (a retry, an adoption) is kept as it is, `attached_at` included."""
         path = self.path(pool_id, kind, object_id)
         ids.check_object_id(instance_id, "instance ID")
+        try:
+            same = self.read(pool_id, kind, object_id)
+        except FailedPrecondition:
+            same = None  # unreadable: replaced by a whole one
+        if same is not None and (same.instance_id, same.epoch) == (instance_id, epoch):
+            return same
         self._ensure_dir(path.parent)
         att = Attachment(pool_id, kind, object_id, instance_id, int(epoch), _now())
         atomicfile.write_json(path, {"instance_id": instance_id, "epoch": att.epoch,

@@ -75,6 +75,12 @@ def test_record_shape_owner_only_removal_and_bad_ids(tmp_path: Path) -> None:
     assert value is not None
     assert set(value) == {"instance_id", "epoch", "attached_at"}
     assert (value["instance_id"], value["epoch"]) == ("inst-1", 3)
+    # a retry or an adoption keeps the record as it is; a new epoch rewrites it
+    att.record("pool-a", VOLUMES, "vol-1", instance_id="inst-1", epoch=3)
+    assert read(tmp_path, VOLUMES, "vol-1") == value
+    att.record("pool-a", VOLUMES, "vol-1", instance_id="inst-1", epoch=4)
+    assert read(tmp_path, VOLUMES, "vol-1")["epoch"] == 4  # type: ignore[index]
+    att.record("pool-a", VOLUMES, "vol-1", instance_id="inst-1", epoch=3)
     # another Instance's release never drops it
     assert not att.remove("pool-a", VOLUMES, "vol-1", instance_id="inst-2")
     assert att.attached() == {("pool-a", VOLUMES, "vol-1")}
