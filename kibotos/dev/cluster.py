@@ -98,12 +98,13 @@ class DevCluster:
            memory: str = "8G", reconcile_interval: str | None = None,
            session_timeout: str | None = None, test_inputs: bool = False,
            node_env: Mapping[str, str] | None = None, vmm_backend: str | None = None,
-           shared_default: bool = False,
+           shared_default: bool = False, vmm_options: Mapping[str, Any] | None = None,
            log: Callable[[str], None] = lambda _msg: None) -> None:
         """Start ctrl and `nodes` nodes and wait until every node is READY.
 
         `vmm_backend` sets the nodes' ``[vmm] backend`` (tests: ``testvmm``, with
-        `node_env` naming the test plugin module and its path); `shared_default` makes
+        `node_env` naming the test plugin module and its path; `vmm_options` its
+        ``[vmm.<backend>]`` table); `shared_default` makes
         the shared pool every node's default pool, so new Workspaces can move.
 
         On failure everything started is stopped again and the files are kept for a
@@ -135,7 +136,8 @@ class DevCluster:
                 lay.write_node_config(self.layout, node_id, ctrl_url=url, cpu=cpu,
                                       memory=memory, shared_pool=shared_pool,
                                       test_inputs=test_inputs, vmm_backend=vmm_backend,
-                                      shared_default=shared_default)
+                                      shared_default=shared_default,
+                                      vmm_options=vmm_options)
                 token = self._node_grant(node_id)
                 atomicfile.write_bytes(self.layout.node_dir(node_id) / "grant",
                                        token.encode() + b"\n", mode=0o600)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,8 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
 
 def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,
                       shared_pool: bool, test_inputs: bool,
-                      vmm_backend: str | None = None, shared_default: bool = False) -> None:
+                      vmm_backend: str | None = None, shared_default: bool = False,
+                      vmm_options: Mapping[str, Any] | None = None) -> None:
     d = layout.node_dir(node_id)
     pools: list[dict[str, Any]] = [
         {"id": node_id, "path": d / "pool", "default": not shared_default, "shared": False},
@@ -186,6 +188,8 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
     }
     if vmm_backend:
         doc["vmm"] = {"backend": vmm_backend}
+        if vmm_options:  # ``[vmm.<backend>]``: e.g. the test VMM's ``write_records``
+            doc["vmm"][vmm_backend] = dict(vmm_options)
     if test_inputs:
         doc["host"] = {"proc_root": layout.proc_root(node_id)}
         doc["testing"] = {"clock_skew_file": layout.clock_skew_file(node_id)}

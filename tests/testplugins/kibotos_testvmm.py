@@ -17,7 +17,8 @@ Options (``[vmm.testvmm]``): ``python`` (interpreter of the unit; default this o
 ``hang`` (the agent never starts: readiness times out), ``refuse`` (the agent announces
 protocol version 0), ``probe_error`` (probe raises this message: the backend is unusable),
 ``write_records`` (the "VM" keeps appending sequence-numbered records to each writable
-Volume's block file until it is killed: the fencing tests' stand-in for a guest's I/O).
+Volume's block file and to the writable layer's until it is killed: the fencing tests'
+stand-in for a guest's I/O).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class TestVmm:
             for vol in spec.volumes:
                 if not vol.read_only:
                     argv += ["--write", str(vol.path)]
-            argv += ["--tag", spec.instance_id]
+            argv += ["--write", str(spec.writable_layer), "--tag", spec.instance_id]
         return UnitSpec(
             name=spec.unit_name,
             argv=argv,

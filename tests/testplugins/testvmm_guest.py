@@ -12,7 +12,7 @@ configure, exec, stop_prepare, sync) runs for real, without QEMU.
 times out); ``--refuse`` starts it announcing protocol version 0, outside what the
 host accepts.
 
-``--write`` (the backend's ``write_records`` option, one per writable Volume) forks a
+``--write`` (the backend's ``write_records`` option, one per writable disk) forks a
 writer before the agent starts, in the unit's process group, so it ends with the unit
 like a VMM's I/O thread: it appends fixed-size records ``<tag> <seq> <unix time>`` to
 the block file's record region (`RECORDS_AT`, continuing after the last record found
