@@ -7,6 +7,7 @@ SIGKILLed at a failpoint."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ from instance_harness import (
     Node,
     node_config,
     registries,
+    short_dir,
     stop_all_units,
     write_template,
 )
@@ -73,6 +75,20 @@ async def node_at(base: Path, *, settings: Settings = FAST,
 
 async def stop_units(base: Path) -> None:
     await stop_all_units(node_config(base))
+
+
+@asynccontextmanager
+async def node_root(prefix: str) -> AsyncIterator[Path]:
+    """A fresh short storage root (`prefix` names the test file in it); at the end,
+    shielded from the test's cancellation, the units left on it are stopped and the
+    root is removed."""
+    path = short_dir(prefix)
+    try:
+        yield path
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_units(path)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 async def start_instance(node: Node, instance_id: str, **extra: Any) -> dict[str, Any]:

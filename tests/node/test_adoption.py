@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,8 +17,8 @@ from typing import Any
 
 import pytest
 import trio
-from adoption_harness import alive, node_at, start_instance, stop_units
-from instance_harness import DEADLINE, Node, short_dir
+from adoption_harness import alive, node_at, node_root, start_instance
+from instance_harness import DEADLINE, Node
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
@@ -29,13 +28,8 @@ from kibotos.node.instances import FAILED, RUNNING
 
 @pytest.fixture
 async def base() -> AsyncIterator[Path]:
-    path = short_dir("ka-")
-    try:
+    async with node_root("ka-") as path:
         yield path
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_units(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def launch_record(node: Node, instance_id: str) -> dict[str, Any]:

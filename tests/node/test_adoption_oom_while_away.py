@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
-from adoption_harness import alive, node_at, start_instance, stop_units
-from instance_harness import DEADLINE, Node, short_dir
+from adoption_harness import alive, node_at, node_root, start_instance
+from instance_harness import DEADLINE, Node
 
 from kibotos.node.instance_dirs import EXITED_REASON, OOM_REASON
 from kibotos.node.instances import FAILED
@@ -32,13 +31,8 @@ from kibotos.node.instances import FAILED
 
 @pytest.fixture
 async def base() -> AsyncIterator[Path]:
-    path = short_dir("ko-")
-    try:
+    async with node_root("ko-") as path:
         yield path
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_units(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def oom_reporting(node: Node) -> None:

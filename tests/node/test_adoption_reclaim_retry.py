@@ -13,14 +13,12 @@ tests/ctrl/test_ctrl_stop_prepare_failed.py.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import trio
-from adoption_harness import alive, node_at, start_instance, stop_units
-from instance_harness import Node, short_dir
+from adoption_harness import alive, node_at, node_root, start_instance
+from instance_harness import Node
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
@@ -30,13 +28,8 @@ from kibotos.node.instances import FAILED
 
 @pytest.fixture
 async def base() -> AsyncIterator[Path]:
-    path = short_dir("kr-")
-    try:
+    async with node_root("kr-") as path:
         yield path
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_units(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def narrow(node: Node) -> None:

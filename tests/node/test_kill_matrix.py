@@ -11,15 +11,13 @@ the start rows too."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
-from adoption_harness import alive, node_at, run_child, stop_units
-from instance_harness import Node, short_dir
+from adoption_harness import alive, node_at, node_root, run_child
+from instance_harness import Node
 
 from kibotos import atomicfile, failpoints
 from kibotos.node.instances import RUNNING
@@ -35,13 +33,8 @@ ID = "inst-1"
 
 @pytest.fixture
 async def base() -> AsyncIterator[Path]:
-    path = short_dir("km-")
-    try:
+    async with node_root("km-") as path:
         yield path
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_units(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def create_args(base: Path) -> dict[str, Any]:
