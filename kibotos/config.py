@@ -83,7 +83,10 @@ class CtrlMetricsSection(_Strict):
     @field_validator("refresh_interval", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
-        return units.parse_duration(v)
+        try:  # a ValueError, so the message names the key
+            return units.parse_duration(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
 
 
 class CtrlConfig(_Strict):

@@ -5,9 +5,11 @@ values, and ``[metrics] require_auth``/``enabled`` do what docs/metrics.md says.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
@@ -164,3 +166,33 @@ async def test_require_auth_and_disabled(tmp_path: Path) -> None:
             resp = await http.get("/metrics", headers=ctrl.operator)
             assert resp.status_code == 404
             assert (await http.get("/v1/health")).status_code == 200
+
+
+def test_metrics_settings_are_validated() -> None:
+    from kibotos.config import CtrlConfig, parse
+    from kibotos.errors import InvalidArgument
+
+    got = parse(CtrlConfig, {"metrics": {"require_auth": True, "refresh_interval": "30s"}},
+                "ctrl.toml")
+    assert got.metrics.require_auth is True
+    assert got.metrics.refresh_interval == 30.0
+    assert CtrlConfig().metrics.enabled is True
+    for bad, message in (({"metrics": {"listen": "x"}}, "metrics.listen: unknown key"),
+                         ({"metrics": {"refresh_interval": "soon"}},
+                          "metrics.refresh_interval: invalid duration")):
+        with pytest.raises(InvalidArgument, match=re.escape(message)):
+            parse(CtrlConfig, bad, "ctrl.toml")
+
+
+def test_node_metrics_listen_is_validated(tmp_path: Path) -> None:
+    from kibotos.config import NodeConfig, parse
+    from kibotos.errors import InvalidArgument
+
+    base = {"node": {"id": "node-a", "ctrl_url": "http://127.0.0.1:1"},
+            "storage": {"root": str(tmp_path)}, "resources": {"cpu": 1, "memory": "1G"}}
+    assert parse(NodeConfig, base, "node.toml").node.metrics_listen == ""
+    ok = {**base, "node": {**base["node"], "metrics_listen": "127.0.0.1:9465"}}
+    assert parse(NodeConfig, ok, "node.toml").node.metrics_listen == "127.0.0.1:9465"
+    bad = {**base, "node": {**base["node"], "metrics_listen": "9465"}}
+    with pytest.raises(InvalidArgument, match=re.escape("node.metrics_listen: expected host:port")):
+        parse(NodeConfig, bad, "node.toml")
