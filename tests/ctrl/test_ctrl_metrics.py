@@ -196,3 +196,38 @@ def test_node_metrics_listen_is_validated(tmp_path: Path) -> None:
     bad = {**base, "node": {**base["node"], "metrics_listen": "9465"}}
     with pytest.raises(InvalidArgument, match=re.escape("node.metrics_listen: expected host:port")):
         parse(NodeConfig, bad, "node.toml")
+
+
+async def test_store_read_failure_serves_previous_values(tmp_path: Path) -> None:
+    from sqlalchemy import text
+
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        fresh(ctrl)
+        first = await scrape(ctrl)
+        assert first.get("kibotos_ctrl_command_journal_entries") == 0
+        assert first.get("kibotos_ctrl_metrics_store_read_failures_total") == 0
+
+        def rename(old: str, new: str) -> object:
+            return lambda session: session.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
+
+        await ctrl.ctx.store.write(rename("commands", "commands_hidden"))
+        try:
+            second = await scrape(ctrl)
+        finally:
+            await ctrl.ctx.store.write(rename("commands_hidden", "commands"))
+        assert second.get("kibotos_ctrl_metrics_store_read_failures_total") == 1
+        # the previous read's values, not nothing
+        assert second.get("kibotos_ctrl_command_journal_entries") == 0
+        assert second.get("kibotos_ctrl_workspaces", state="AVAILABLE") == 0
+        third = await scrape(ctrl)
+        assert third.get("kibotos_ctrl_metrics_store_read_failures_total") == 1
+
+
+async def test_require_auth_refuses_node_credentials(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        fresh(ctrl, require_auth=True)
+        await ctrl.connect("node-a")
+        resp = await ctrl.http.get("/metrics",
+                                   headers={"Authorization": f"Bearer {ctrl.creds['node-a']}"})
+        assert resp.status_code == 403
+        assert resp.json()["error"]["code"] == "permission_denied"
