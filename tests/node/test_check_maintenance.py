@@ -20,7 +20,7 @@ import pytest
 import trio
 from click.testing import CliRunner
 from instance_harness import Node, registries, short_dir
-from upgrade_harness import node_at, snapshot, start, stop_units
+from upgrade_harness import left_node, node_at, snapshot
 
 from kibotos import atomicfile
 from kibotos.backends import UnitSpec
@@ -38,14 +38,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
 @pytest.fixture
 async def stopped() -> AsyncIterator[Node]:
     """A node that started inst-1 (ws-1) and stopped: its VMM still runs."""
-    base = short_dir()
-    try:
-        async with node_at(base, N) as node:
-            await start(node, "inst-1", "ws-1")
+    async with left_node(N) as node:
         yield node
-    finally:
-        await stop_units(base)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def check(node: Node, operation: str = "upgrade") -> Report:
@@ -144,22 +138,13 @@ async def test_upgrade_blocks_a_running_record_whose_service_is_gone(stopped: No
 
 
 async def test_upgrade_lets_detached_objects_stay_and_remove_refuses_them() -> None:
-    base = short_dir()
-    try:
-        async with node_at(base, N) as node:
-            await start(node, "inst-1", "ws-1")
-            result = await node.command("instance.stop", {"instance_id": "inst-1",
-                                                          "force": False})
-            assert result["confirmed_on_disk"] is True
+    async with left_node(N, stop_instance=True) as node:
         report = await check(node, "upgrade")
         assert report.exit_code == 0, report.render()
         assert any("1 detached Volumes and retained layers stay held by this node" in line
                    for line in report.of("ok"))
         only_blocked(await check(node, "remove"),
                      "retained layer ws-1 in storage pool pool-a is held by this node")
-    finally:
-        await stop_units(base)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_remove_requires_no_instance(stopped: Node) -> None:

@@ -9,11 +9,10 @@ next node finishes it when ctrl asks again.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from instance_harness import registries, short_dir
-from upgrade_harness import node_at, start, stop_units
+from instance_harness import registries
+from upgrade_harness import left_node
 
 from kibotos import atomicfile
 from kibotos.node import maintenance_check
@@ -27,13 +26,8 @@ def tree(base: Path) -> list[Path]:
 
 
 async def test_an_unfinished_expansion_of_a_detached_layer_may_stay() -> None:
-    base = short_dir()
-    try:
-        async with node_at(base, N) as node:
-            await start(node, "inst-1", "ws-1")
-            result = await node.command("instance.stop", {"instance_id": "inst-1",
-                                                          "force": False})
-            assert result["confirmed_on_disk"] is True
+    async with left_node(N, stop_instance=True) as node:
+        base = node.root.parent
         meta_path = node.pool / "retained-layers" / "metadata" / "ws-1.json"
         meta = atomicfile.read_json(meta_path)
         assert meta.get("expansion") is None
@@ -53,6 +47,3 @@ async def test_an_unfinished_expansion_of_a_detached_layer_may_stay() -> None:
         assert atomicfile.read_json(meta_path)["expansion"] == {"target_bytes": 64 << 30,
                                                                 "step": "resize"}
         assert tree(base) == before
-    finally:
-        await stop_units(base)
-        shutil.rmtree(base, ignore_errors=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from instance_harness import Node, registries, short_dir
-from upgrade_harness import node_at, snapshot, start, stop_units
+from instance_harness import Node, registries
+from upgrade_harness import left_node, snapshot
 
 from kibotos import atomicfile
 from kibotos.cli.node_role_cmds import node_role_group
@@ -33,14 +33,8 @@ RUNTIME = installations.default_runtime_dir()
 @pytest.fixture
 async def stopped() -> AsyncIterator[Node]:
     """A node as release N that started inst-1 (ws-1) and stopped; its VMM runs on."""
-    base = short_dir()
-    try:
-        async with node_at(base, N) as node:
-            await start(node, "inst-1", "ws-1")
+    async with left_node(N) as node:
         yield node
-    finally:
-        await stop_units(base)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def check(node: Node, build: BuildIdentity = N1, *, preview: bool = False,

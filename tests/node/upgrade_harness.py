@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from instance_harness import (
     Node,
     node_config,
     registries,
+    short_dir,
     stop_all_units,
     write_template,
 )
@@ -58,6 +60,26 @@ async def start(node: Node, instance_id: str, workspace_id: str) -> dict[str, An
 async def stop_units(base: Path) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(DEADLINE):
         await stop_all_units(node_config(base))
+
+
+@asynccontextmanager
+async def left_node(build: BuildIdentity, *, stop_instance: bool = False
+                    ) -> AsyncIterator[Node]:
+    """A node as `build` that started inst-1 (ws-1) and then stopped: its VMM runs on,
+    or, with `stop_instance`, inst-1 was stopped first (its objects detached, confirmed
+    on disk).  At the end the units left are stopped and the root is removed."""
+    base = short_dir()
+    try:
+        async with node_at(base, build) as node:
+            await start(node, "inst-1", "ws-1")
+            if stop_instance:
+                result = await node.command("instance.stop", {"instance_id": "inst-1",
+                                                              "force": False})
+                assert result["confirmed_on_disk"] is True
+        yield node
+    finally:
+        await stop_units(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def snapshot(*roots: Path) -> dict[str, tuple[Any, ...]]:
