@@ -6,8 +6,6 @@ a new one clearing the isolate)."""
 
 from __future__ import annotations
 
-import base64
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -16,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ctrl_api_harness import ctrl_grant, operator_headers
 from node_helpers import free_port, node_config, write_proc
 
 from kibotos.config import CtrlConfig, load
@@ -39,23 +36,6 @@ state_dir = "{tmp_path / 'ctrl'}"
 reconcile_interval = "0.2s"
 """)
     return path
-
-
-async def _grant(ctrl_toml: Path, *args: str) -> str:
-    proc = await trio.run_process(
-        [sys.executable, "-m", "kibotos.cli.main", "ctrl", "grant", "--config", str(ctrl_toml),
-         *args], capture_stdout=True, capture_stderr=True)
-    return proc.stdout.decode().strip()
-
-
-async def _operator(http: httpx.AsyncClient, ctrl_toml: Path) -> dict[str, str]:
-    raw = Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    resp = await http.post("/v1/enrollment/exchange", json={
-        "token": await _grant(ctrl_toml, "--kind", "operator"),
-        "public_key": base64.b64encode(raw).decode()})
-    assert resp.status_code == 200, resp.text
-    return {"Authorization": f"Bearer {resp.json()['result']['credential']}"}
 
 
 async def _wait_node(http: httpx.AsyncClient, headers: dict[str, str],
@@ -93,9 +73,9 @@ async def test_node_enrolls_reports_and_survives_a_ctrl_restart(tmp_path: Path) 
                     await serve_ctrl(ctrl_config, handle_signals=False, task_status=task_status)
 
             await outer.start(run_ctrl)
-            grant_file.write_text(await _grant(ctrl_toml, "--kind", "node",
+            grant_file.write_text(await ctrl_grant(ctrl_toml, "--kind", "node",
                                                "--node-id", "node-a") + "\n")
-            operator = await _operator(http, ctrl_toml)
+            operator = await operator_headers(http, ctrl_toml)
             config = node_config(tmp_path, ctrl_url=f"http://127.0.0.1:{port}",
                                  grant_file=grant_file, skew_file=skew_file)
             runtime = await _start_node(outer, config)
@@ -169,9 +149,9 @@ async def test_isolate_cycle(tmp_path: Path) -> None:
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
             await outer.start(partial(serve_ctrl, load(CtrlConfig, ctrl_toml),
                                       handle_signals=False))
-            grant_file.write_text(await _grant(ctrl_toml, "--kind", "node",
+            grant_file.write_text(await ctrl_grant(ctrl_toml, "--kind", "node",
                                                "--node-id", "node-a"))
-            operator = await _operator(http, ctrl_toml)
+            operator = await operator_headers(http, ctrl_toml)
             config = node_config(tmp_path, ctrl_url=f"http://127.0.0.1:{port}",
                                  grant_file=grant_file)
 

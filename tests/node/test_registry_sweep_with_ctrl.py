@@ -7,10 +7,7 @@ the node's observation time."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import shutil
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -21,8 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ctrl_api_harness import Api, ctrl_grant, operator_headers, upload_template
 from instance_harness import short_dir, stop_all_units
 from node_helpers import free_port, node_config
 from stuck_fuse_helpers import StuckFs
@@ -36,66 +32,6 @@ from kibotos.plugins import EXTRA_MODULES_ENV
 pytestmark = pytest.mark.slow
 
 TIMING = SessionTiming(backoff_initial=0.05, backoff_cap=0.5)
-
-
-async def _grant(ctrl_toml: Path, *args: str) -> str:
-    proc = await trio.run_process(
-        [sys.executable, "-m", "kibotos.cli.main", "ctrl", "grant", "--config",
-         str(ctrl_toml), *args], capture_stdout=True, capture_stderr=True)
-    return proc.stdout.decode().strip()
-
-
-async def _operator(http: httpx.AsyncClient, ctrl_toml: Path) -> dict[str, str]:
-    raw = Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    resp = await http.post("/v1/enrollment/exchange", json={
-        "token": await _grant(ctrl_toml, "--kind", "operator"),
-        "public_key": base64.b64encode(raw).decode()})
-    assert resp.status_code == 200, resp.text
-    return {"Authorization": f"Bearer {resp.json()['result']['credential']}"}
-
-
-class Api:
-    def __init__(self, http: httpx.AsyncClient, headers: dict[str, str]) -> None:
-        self.http, self.headers = http, headers
-
-    async def __call__(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self.http.request(method, path, headers=self.headers, **kw)
-        if method == "GET" and resp.status_code == 404:
-            return None
-        assert resp.status_code == 200, resp.text
-        return resp.json().get("result") if resp.headers.get(
-            "content-type", "").startswith("application/json") else None
-
-    async def create(self, body: dict[str, Any]) -> Any:
-        """Create a Workspace, again while placement has not seen the pool's capacity
-        yet (a refused create changes nothing)."""
-        while True:
-            resp = await self.http.post("/v1/workspaces", headers=self.headers, json=body)
-            if resp.status_code != 429:
-                assert resp.status_code == 200, resp.text
-                return resp.json()["result"]
-            await trio.sleep(0.2)
-
-    async def until(self, path: str, check: Any) -> Any:
-        while True:
-            got = await self("GET", path)
-            if got is not None and check(got):
-                return got
-            await trio.sleep(0.1)
-
-
-async def _upload_template(api: Api) -> None:
-    """Three blobs ctrl accepts (an ext4 superblock magic, an ELF magic) and the
-    Template naming them; the node fetches them from ctrl, the test VMM ignores them."""
-    blobs = {"image_digest": bytes(1080) + b"\x53\xef" + bytes(62),
-             "kernel_digest": b"\x7fELF" + bytes(60), "initramfs_digest": b"initramfs"}
-    body = {}
-    for key, blob in blobs.items():
-        hexdigest = hashlib.sha256(blob).hexdigest()
-        await api("PUT", f"/v1/artifacts/sha256/{hexdigest}", content=blob)
-        body[key] = f"sha256:{hexdigest}"
-    await api("PUT", "/v1/templates/tiny", json=body)
 
 
 def _time(value: str) -> datetime:
@@ -123,7 +59,7 @@ reconcile_interval = "0.5s"
             await nursery.start(partial(serve_ctrl, load(CtrlConfig, ctrl_toml),
                                         handle_signals=False))
             grant = base / "grant"
-            grant.write_text(await _grant(ctrl_toml, "--kind", "node", "--node-id",
+            grant.write_text(await ctrl_grant(ctrl_toml, "--kind", "node", "--node-id",
                                           "node-a"))
             config = node_config(base, ctrl_url=f"http://127.0.0.1:{port}",
                                  grant_file=grant, extra=f"[vmm]\n{vmm}{extra}")
@@ -131,8 +67,8 @@ reconcile_interval = "0.5s"
                 config, sample_interval=0.05, timing=TIMING, task_status=task_status))
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                                          timeout=60) as http:
-                api = Api(http, await _operator(http, ctrl_toml))
-                await _upload_template(api)
+                api = Api(http, await operator_headers(http, ctrl_toml))
+                await upload_template(api)
                 await api.until("/v1/nodes/node-a", lambda n: n["placement"]["eligible"])
                 await api.until("/v1/storage-pools/pool-a", lambda p: True)
                 await api("POST", "/v1/storage-pools/pool-a/set-capacity",

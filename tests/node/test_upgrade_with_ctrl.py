@@ -8,21 +8,16 @@ was damaged in the window is FAILED with the spec's error and its VMM left runni
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
-import sys
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ctrl_api_harness import Api, ctrl_grant, operator_headers, upload_template
 from instance_harness import registries, short_dir, stop_all_units
 from node_helpers import free_port, node_config
 
@@ -41,62 +36,6 @@ EARLIER = BuildIdentity(release="0.4.1")
 N = BuildIdentity(release="0.4.2")
 N1 = BuildIdentity(release="0.5.0")
 RUNTIME = installations.default_runtime_dir()
-
-
-async def _grant(ctrl_toml: Path, *args: str) -> str:
-    proc = await trio.run_process(
-        [sys.executable, "-m", "kibotos.cli.main", "ctrl", "grant", "--config",
-         str(ctrl_toml), *args], capture_stdout=True, capture_stderr=True)
-    return proc.stdout.decode().strip()
-
-
-class Api:
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self.http = http
-        self.headers: dict[str, str] = {}
-
-    async def login(self, ctrl_toml: Path) -> None:
-        raw = Ed25519PrivateKey.generate().public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        resp = await self.http.post("/v1/enrollment/exchange", json={
-            "token": await _grant(ctrl_toml, "--kind", "operator"),
-            "public_key": base64.b64encode(raw).decode()})
-        assert resp.status_code == 200, resp.text
-        self.headers = {"Authorization": f"Bearer {resp.json()['result']['credential']}"}
-
-    async def __call__(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self.http.request(method, path, headers=self.headers, **kw)
-        if method == "GET" and resp.status_code == 404:
-            return None
-        assert resp.status_code == 200, resp.text
-        return resp.json().get("result") if resp.headers.get(
-            "content-type", "").startswith("application/json") else None
-
-    async def create(self, body: dict[str, Any]) -> Any:
-        while True:  # placement may not have seen the pool's capacity yet
-            resp = await self.http.post("/v1/workspaces", headers=self.headers, json=body)
-            if resp.status_code != 429:
-                assert resp.status_code == 200, resp.text
-                return resp.json()["result"]
-            await trio.sleep(0.2)
-
-    async def until(self, path: str, check: Any) -> Any:
-        while True:
-            got = await self("GET", path)
-            if got is not None and check(got):
-                return got
-            await trio.sleep(0.1)
-
-
-async def _template(api: Api) -> None:
-    blobs = {"image_digest": bytes(1080) + b"\x53\xef" + bytes(62),
-             "kernel_digest": b"\x7fELF" + bytes(60), "initramfs_digest": b"initramfs"}
-    body = {}
-    for key, blob in blobs.items():
-        hexdigest = hashlib.sha256(blob).hexdigest()
-        await api("PUT", f"/v1/artifacts/sha256/{hexdigest}", content=blob)
-        body[key] = f"sha256:{hexdigest}"
-    await api("PUT", "/v1/templates/tiny", json=body)
 
 
 def _alive(pid: int) -> bool:
@@ -123,7 +62,7 @@ async def test_workspaces_survive_the_replacement_by_n_plus_1(
                 await nursery.start(partial(serve_ctrl, load(CtrlConfig, ctrl_toml),
                                             handle_signals=False))
                 grant = base / "grant"
-                grant.write_text(await _grant(ctrl_toml, "--kind", "node", "--node-id",
+                grant.write_text(await ctrl_grant(ctrl_toml, "--kind", "node", "--node-id",
                                               "node-a"))
                 config = node_config(base, ctrl_url=f"http://127.0.0.1:{port}",
                                      grant_file=grant, extra='[vmm]\nbackend = "testvmm"\n')
@@ -158,9 +97,8 @@ async def test_workspaces_survive_the_replacement_by_n_plus_1(
                 node = await node_as(EARLIER)
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                                              timeout=60) as http:
-                    api = Api(http)
-                    await api.login(ctrl_toml)
-                    await _template(api)
+                    api = Api(http, await operator_headers(http, ctrl_toml))
+                    await upload_template(api)
                     await api.until("/v1/nodes/node-a", lambda n: n["placement"]["eligible"])
                     await api.until("/v1/storage-pools/pool-a", lambda p: p is not None)
                     await api("POST", "/v1/storage-pools/pool-a/set-capacity",
