@@ -7,52 +7,18 @@ pool directory, uploading into this ctrl's artifact store."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from ctrl_helpers import wait_until
+from transfer_sims import ExportingSim, node_pool
 from volume_helpers import create_volume, settled_volume
-from ws_helpers import WsCtrl, open_ws_ctrl
+from ws_helpers import open_ws_ctrl
 
-from kibotos.node.instance_spec import transfer_handlers
 from kibotos.node.objects import VOLUMES, PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.transfer import NodeTransfers
-from kibotos.testing.sim_instances import SimInstances
 
 MIB = 1 << 20
 CAP = 64 * MIB
-
-
-@dataclass
-class ExportingSim(SimInstances):
-    """A simulated node whose ``object.export`` runs the node's real code."""
-
-    transfers: NodeTransfers | None = None
-    KINDS = (*SimInstances.KINDS, "object.export")
-
-    async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
-        if kind == "object.export":
-            assert self.transfers is not None
-            self.commands.append({"kind": kind, "args": args})
-            return await transfer_handlers(self.transfers)[kind](args)
-        return await super().handle(kind, args)
-
-
-def exporting_node(tmp_path: Path, ctrl: WsCtrl, node_id: str) -> tuple[ExportingSim, Path]:
-    path = tmp_path / f"{node_id}-local"
-    path.mkdir()
-    prepare_pool_dirs(f"{node_id}-local", path)
-
-    def pool(pool_id: str, kind: str) -> PoolObjects:
-        assert pool_id == f"{node_id}-local", pool_id
-        return PoolObjects(pool_id, path, kind, node_id, receipt_wait=0.5)
-
-    return ExportingSim(transfers=NodeTransfers(
-        node_id=node_id, pool=pool, ctrl_url=ctrl.url,
-        credential=lambda: ctrl.creds[node_id])), path
 
 
 async def released_block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> None:
@@ -70,7 +36,7 @@ async def released_block_file(path: Path, volume_id: str, epoch: int, node_id: s
 
 async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
-        sim, pool = exporting_node(tmp_path, ctrl, "node-a")
+        sim, pool = node_pool(tmp_path, ctrl, "node-a", ExportingSim)
         await ctrl.connect("node-a", sim=sim)
         made = await create_volume(ctrl, pool_id="node-a-local", capacity_bytes=CAP)
         vid = made["volume_id"]

@@ -7,54 +7,21 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
+from transfer_sims import TransferSim, node_pool
 from volume_helpers import create_volume, settled_volume
-from ws_helpers import WsCtrl, events, open_ws_ctrl
+from ws_helpers import events, open_ws_ctrl
 
 from kibotos import transfer_archive
 from kibotos.ctrl.api_transfers import TransferExportOut, TransferImportOut
-from kibotos.node.instance_spec import transfer_handlers
 from kibotos.node.objects import VOLUMES, PoolObjects
 from kibotos.node.pools.dirs import prepare_pool_dirs
 from kibotos.node.transfer import NodeTransfers
-from kibotos.testing.sim_instances import SimInstances
 
 MIB = 1 << 20
 CAP = 64 * MIB
-
-
-@dataclass
-class TransferSim(SimInstances):
-    """A simulated node whose transfer commands run the node's real code."""
-
-    transfers: NodeTransfers | None = None
-    KINDS = (*SimInstances.KINDS, "object.export", "object.import")
-
-    async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
-        if kind in ("object.export", "object.import"):
-            assert self.transfers is not None
-            self.commands.append({"kind": kind, "args": args})
-            return await transfer_handlers(self.transfers)[kind](args)
-        return await super().handle(kind, args)
-
-
-def node_pool(tmp_path: Path, ctrl: WsCtrl, node_id: str) -> tuple[TransferSim, Path]:
-    path = tmp_path / f"{node_id}-local"
-    path.mkdir()
-    prepare_pool_dirs(f"{node_id}-local", path)
-
-    def pool(pool_id: str, kind: str) -> PoolObjects:
-        assert pool_id == f"{node_id}-local", pool_id
-        return PoolObjects(pool_id, path, kind, node_id, receipt_wait=0.5)
-
-    sim = TransferSim(transfers=NodeTransfers(
-        node_id=node_id, pool=pool, ctrl_url=ctrl.url,
-        credential=lambda: ctrl.creds[node_id]))
-    return sim, path
 
 
 def read_manifest(path: Path) -> transfer_archive.Manifest:
@@ -78,8 +45,8 @@ async def block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> by
 
 async def test_export_then_import_on_another_node(tmp_path: Path) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
-        sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a")
-        sim_b, pool_b = node_pool(tmp_path, ctrl, "node-b")
+        sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a", TransferSim)
+        sim_b, pool_b = node_pool(tmp_path, ctrl, "node-b", TransferSim)
         await ctrl.connect("node-a", sim=sim_a)
         await ctrl.connect("node-b", sim=sim_b)
         created = await create_volume(ctrl, pool_id="node-a-local", command_id="v-1",
@@ -131,7 +98,7 @@ async def test_export_then_import_on_another_node(tmp_path: Path) -> None:
 
 async def test_refusals(tmp_path: Path) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
-        sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a")
+        sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a", TransferSim)
         await ctrl.connect("node-a", sim=sim_a)
         await ctrl.call("POST", "/v1/transfers/export", json={"volume_id": "vol-nope"},
                         code="not_found")

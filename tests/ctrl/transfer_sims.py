@@ -1,0 +1,62 @@
+"""Simulated nodes whose transfer commands are the node's real code
+(`kibotos.node.transfer` on a real pool directory, uploading to and downloading from a
+real ctrl's artifact store with the node's credential), for test_transfers_api and
+test_drain_rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from ws_helpers import WsCtrl
+
+from kibotos.node.instance_spec import transfer_handlers
+from kibotos.node.objects import PoolObjects
+from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.transfer import NodeTransfers
+from kibotos.testing.sim_instances import SimInstances
+
+
+@dataclass
+class TransferSim(SimInstances):
+    """A simulated node whose ``object.export`` and ``object.import`` run the node's
+    real code; the rest is simulated."""
+
+    transfers: NodeTransfers | None = None
+    REAL: ClassVar[tuple[str, ...]] = ("object.export", "object.import")
+    KINDS = (*SimInstances.KINDS, *REAL)
+
+    async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        if kind in self.REAL:
+            assert self.transfers is not None
+            self.commands.append({"kind": kind, "args": args})
+            return await transfer_handlers(self.transfers)[kind](args)
+        return await super().handle(kind, args)
+
+
+@dataclass
+class ExportingSim(TransferSim):
+    """One that only exports (it has no ``object.import``)."""
+
+    REAL: ClassVar[tuple[str, ...]] = ("object.export",)
+    KINDS = (*SimInstances.KINDS, *REAL)
+
+
+S = TypeVar("S", bound=TransferSim)
+
+
+def node_pool(tmp_path: Path, ctrl: WsCtrl, node_id: str, sim: type[S]) -> tuple[S, Path]:
+    """A simulated node `node_id` of kind `sim`, with its own real pool directory
+    ``<node_id>-local`` under `tmp_path` (returned too)."""
+    path = tmp_path / f"{node_id}-local"
+    path.mkdir()
+    prepare_pool_dirs(f"{node_id}-local", path)
+
+    def pool(pool_id: str, kind: str) -> PoolObjects:
+        assert pool_id == f"{node_id}-local", pool_id
+        return PoolObjects(pool_id, path, kind, node_id, receipt_wait=0.5)
+
+    return sim(transfers=NodeTransfers(
+        node_id=node_id, pool=pool, ctrl_url=ctrl.url,
+        credential=lambda: ctrl.creds[node_id])), path
