@@ -4,27 +4,17 @@ limit, and the blobs eviction must never take (pinned, linked, being fetched).""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from hypercorn.trio import serve as hypercorn_serve
+from artifact_ctrl_harness import loopback_ctrl
 
-from kibotos.config import CtrlConfig
-from kibotos.ctrl import enrollment
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.artifacts import artifact_root
-from kibotos.ctrl.context import utcnow
-from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
 from kibotos.errors import FailedPrecondition, ResourceExhausted, Unauthenticated, Unavailable
 from kibotos.node import template_cache
 from kibotos.node.template_cache import TemplateCache
@@ -48,38 +38,10 @@ class Ctrl:
         return f"sha256:{hexdigest}"
 
 
-async def _exchange(http: httpx.AsyncClient, token: str) -> str:
-    raw = Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    resp = await http.post("/v1/enrollment/exchange", json={
-        "token": token, "public_key": base64.b64encode(raw).decode()})
-    assert resp.status_code == 200, resp.text
-    return str(resp.json()["result"]["credential"])
-
-
 @pytest.fixture
 async def ctrl(tmp_path: Path) -> AsyncIterator[Ctrl]:
-    config = CtrlConfig.model_validate({"ctrl": {
-        "listen": "127.0.0.1:0", "state_dir": str(tmp_path / "ctrl"),
-        "reconcile_interval": "1h"}})
-    store = await open_store(config)
-    ctx = build_context(config, store)
-    try:
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(
-                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
-            async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
-                grant = await store.write(partial(
-                    enrollment.create_grant, kind="operator", node_id=None, name="op",
-                    expires_in_s=None, created_by=None, now=utcnow()))
-                operator = {"Authorization": f"Bearer {await _exchange(http, grant['token'])}"}
-                resp = await http.post("/v1/enrollment/grants", headers=operator,
-                                       json={"kind": "node", "node_id": "node-a"})
-                node = await _exchange(http, resp.json()["result"]["token"])
-                yield Ctrl(binds[0], operator, node, artifact_root(config) / "sha256", http)
-            nursery.cancel_scope.cancel()
-    finally:
-        store.close()
+    async with loopback_ctrl(tmp_path, ("node-a",)) as c:
+        yield Ctrl(c.url, c.operator, c.credentials["node-a"], c.artifacts, c.http)
 
 
 class Counting:
