@@ -319,3 +319,31 @@ async def test_check_maintenance_reports_a_record_with_no_owner(base: Path) -> N
     report = await maintenance_check.run(node.config, "remove", registries=registries())
     assert any("attachment record of volumes vol-9 in storage pool pool-a: corrupted record"
                in line for line in report.of("blocked")), report.render()
+
+
+async def test_an_open_cut_short_keeps_only_the_records_of_what_it_opened(monkeypatch
+                                                                         ) -> None:
+    """The writable layer opens, then the Volume's open fails (an I/O error at its
+    attach record): the layer keeps its record (it is held until the stop), the Volume
+    loses its own."""
+    async with running_node() as node:
+        await make_volume(node.pool)
+        args = node.create_args(volumes=[{"pool_id": "pool-a", "volume_id": "vol-1",
+                                          "epoch": 2}])
+        # atomic writes of this create: instance.json, the two attachment records, the
+        # two holder records, the new layer's metadata, its attach, the Volume's attach
+        monkeypatch.setenv(failpoints.ENV, "atomic.before-rename=error@8")
+        failpoints.reload()
+        try:
+            await node.command("instance.create", args)
+            frame = await node.wait_state(ID, FAILED)
+        finally:
+            monkeypatch.delenv(failpoints.ENV)
+            failpoints.reload()
+        assert "failpoint atomic.before-rename" in frame["reason"]
+        inst = node.manager.get(ID)
+        assert inst is not None
+        assert [h.object_id for h in inst.held] == ["ws-1"]
+        assert Attachments(node.root).attached() == {("pool-a", RETAINED_LAYERS, "ws-1")}
+        await node.command("instance.stop", {"instance_id": ID, "force": True})
+        assert Attachments(node.root).attached() == set()
