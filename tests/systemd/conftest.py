@@ -9,6 +9,8 @@ use it are skipped on a developer's machine but fail under CI (``CI=true``), whe
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -18,6 +20,8 @@ from usersystemd import UserSystemd, why_unusable
 from kibotos.backends import Supervisor
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: How long `netns_holder` waits for ``unshare --net`` to take effect.
+NETNS_DEADLINE = 60
 
 
 @pytest.fixture
@@ -45,3 +49,21 @@ async def sup(user_systemd: UserSystemd) -> AsyncIterator[Supervisor]:
 @pytest.fixture
 def raw(user_systemd: UserSystemd) -> Raw:
     return Raw(user_systemd.bus)
+
+
+@pytest.fixture
+def netns_holder() -> Iterator[subprocess.Popen[bytes]]:
+    """A process in a fresh network namespace (a stand-in for the one the node makes).
+    Its ``/proc/<pid>/ns/net`` can be opened from any mount namespace (the user manager
+    has a private one)."""
+    proc = subprocess.Popen(["unshare", "--net", "sleep", "1000"])
+    try:
+        own = os.stat("/proc/self/ns/net").st_ino
+        deadline = time.monotonic() + NETNS_DEADLINE
+        while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == own:
+            assert time.monotonic() < deadline, "unshare --net did not take effect"
+            time.sleep(0.02)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,23 +83,6 @@ def cgroup_procs(cgroup: str) -> set[int]:
                 if "cgroup.procs" in files:
                     pids |= {int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()}
     return {pid for pid in pids if alive(pid)}
-
-
-@pytest.fixture
-def netns_holder() -> Iterator[subprocess.Popen]:
-    """A process in a fresh network namespace.  Its ``/proc/<pid>/ns/net`` can be opened
-    from any mount namespace (the user manager has a private one)."""
-    proc = subprocess.Popen(["unshare", "--net", "sleep", "1000"])
-    try:
-        own = os.stat("/proc/self/ns/net").st_ino
-        deadline = time.monotonic() + DEADLINE
-        while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == own:
-            assert time.monotonic() < deadline, "unshare --net did not take effect"
-            time.sleep(0.02)
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 # ---------------------------------------------------------------------------- properties

@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,22 +82,6 @@ def check_vmm_unit(raw: Raw, name: str, expected_props: dict) -> dict:
     assert "shutdown.target" in unit["Conflicts"]
     assert "shutdown.target" in unit["Before"]
     return service
-
-
-@pytest.fixture
-def netns_holder() -> Iterator[subprocess.Popen]:
-    """A process in a fresh network namespace (a stand-in for the one the node makes)."""
-    proc = subprocess.Popen(["unshare", "--net", "sleep", "1000"])
-    try:
-        own = os.stat("/proc/self/ns/net").st_ino
-        deadline = time.monotonic() + DEADLINE
-        while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == own:
-            assert time.monotonic() < deadline, "unshare --net did not take effect"
-            time.sleep(0.02)
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 async def test_the_qemu_vmm_unit(sup: Supervisor, raw: Raw, tmp_path: Path):
