@@ -28,6 +28,7 @@ from kibotos.dataplane.serve import DataplaneServer, DataplaneSettings, serve_da
 from kibotos.dataplane.state import Target, state_message
 from kibotos.errors import Unavailable
 from kibotos.guest import AGENT_PATH, ExitStatus
+from kibotos.node.dataplane_supervisor import DataplaneSupervisor
 
 GUEST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 TIMEOUT = 60
@@ -209,3 +210,13 @@ async def run_exec(plane: Plane, argv: list[str] | tuple[str, ...], *, stdin: by
                         await during(ex, bytes(out))  # type: ignore[misc]
             assert ex.exit is not None
             return Result(ex.exit, bytes(out), bytes(err), ex.pid)
+
+
+@contextlib.asynccontextmanager
+async def running(dp: DataplaneSupervisor) -> AsyncIterator[DataplaneSupervisor]:
+    """The node process's part: `run` until the block ends (the unit stays)."""
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(TIMEOUT):
+            await nursery.start(dp.run)
+        yield dp
+        nursery.cancel_scope.cancel()

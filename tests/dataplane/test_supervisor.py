@@ -9,8 +9,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from dp_harness import (
     Plane,
     free_port,
     run_exec,
+    running,
     running_agent,
     target,
 )
@@ -92,16 +92,6 @@ def node() -> Iterator[Node]:
 
         trio.run(stop_all)
         shutil.rmtree(base, ignore_errors=True)
-
-
-@asynccontextmanager
-async def running(dp: DataplaneSupervisor) -> AsyncIterator[DataplaneSupervisor]:
-    """The node process's part: `run` until the block ends (the unit stays)."""
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(TIMEOUT):
-            await nursery.start(dp.run)
-        yield dp
-        nursery.cancel_scope.cancel()
 
 
 async def wait_for(predicate: object, what: str) -> None:

@@ -14,8 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from systemd_helpers import Raw, new_supervisor
 from usersystemd import UserSystemd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
-from dp_harness import TIMEOUT, Plane, free_port, run_exec, running_agent, target
+from dp_harness import TIMEOUT, Plane, free_port, run_exec, running, running_agent, target
 
 from kibotos.credentials import SigningKey
 from kibotos.node.dataplane_supervisor import (
@@ -47,15 +46,6 @@ def base() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@asynccontextmanager
-async def running(dp: DataplaneSupervisor) -> AsyncIterator[DataplaneSupervisor]:
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(TIMEOUT):
-            await nursery.start(dp.run)
-        yield dp
-        nursery.cancel_scope.cancel()
 
 
 async def test_the_dataplane_unit_serves_is_adopted_and_replaced(
