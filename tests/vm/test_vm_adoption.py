@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,11 +14,10 @@ from typing import Any
 
 import pytest
 import trio
+from vm_node_harness import VM_SETTINGS, qemu_config, template_blobs
 
-from kibotos import atomicfile
-from kibotos.config import NodeConfig, parse
+from kibotos.config import NodeConfig
 from kibotos.node.instances import FAILED, RUNNING
-from kibotos.node.lifecycle import Settings
 from kibotos.node.manager import VmInstanceManager
 from kibotos.node.pools.dirs import prepare_pool_dirs
 from kibotos.node.pools.marker import init_pool
@@ -30,47 +28,8 @@ pytestmark = pytest.mark.slow
 DEADLINE = 600
 
 
-def _offer(artifacts: Path, source: Path, digest: str) -> str:
-    target = artifacts / "sha256" / digest
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        try:
-            target.hardlink_to(source)
-        except OSError:
-            target.symlink_to(source)
-    return f"sha256:{digest}"
-
-
-def _template(artifacts: Path, platform_dir: Path, template_dir: Path) -> dict[str, str]:
-    plat = atomicfile.read_json(platform_dir / "platform.json")["files"]
-    image = atomicfile.read_json(template_dir / "template.json")["image"]
-    return {"name": "kibotos-base",
-            "image_digest": _offer(artifacts, template_dir / image["file"], image["sha256"]),
-            "kernel_digest": _offer(artifacts, platform_dir / "vmlinux",
-                                    plat["vmlinux"]["sha256"]),
-            "initramfs_digest": _offer(artifacts, platform_dir / "initramfs",
-                                       plat["initramfs"]["sha256"])}
-
-
 def _config(base: Path) -> NodeConfig:
-    return parse(NodeConfig, tomllib.loads(f"""
-[node]
-id = "node-vm"
-ctrl_url = "http://127.0.0.1:9"
-[storage]
-root = "{base / 'root'}"
-[[storage.pool]]
-id = "pool-a"
-path = "{base / 'pool'}"
-[resources]
-cpu = 2
-memory = "2G"
-[vmm]
-backend = "qemu"
-artifact_dirs = ["{base / 'artifacts'}"]
-[vmm.qemu]
-accelerator = "tcg"
-"""), "vm adoption test node.toml")
+    return qemu_config(base, "vm adoption test node.toml")
 
 
 @asynccontextmanager
@@ -78,8 +37,7 @@ async def _node(base: Path) -> AsyncIterator[VmInstanceManager]:
     """A node process's manager over `base`; its VMs keep running when it ends."""
     manager = build_instance_manager(
         _config(base), memory_tight=lambda: False, registries=load_plugins(),
-        settings=Settings(ready_timeout=300, stop_timeout=30, force_sync_timeout=10,
-                          monitor_interval=0.5))
+        settings=VM_SETTINGS)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
         yield manager
@@ -111,7 +69,7 @@ async def test_a_node_restart_adopts_a_real_vm_without_a_guest_restart(
     init_pool("pool-a", base / "pool")
     prepare_pool_dirs("pool-a", base / "pool")
     try:
-        template = _template(base / "artifacts", platform_dir, template_dir)
+        template = template_blobs(base / "artifacts", platform_dir, template_dir)
         args = {"instance_id": "inst-1", "workspace_id": "ws-vm", "template": template,
                 "cpu_millis": 1000, "memory_bytes": 256 << 20,
                 "layer": {"pool_id": "pool-a", "ref": "ws-vm", "capacity_bytes": 256 << 20,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,11 +19,10 @@ from typing import Any
 
 import pytest
 import trio
+from vm_node_harness import VM_SETTINGS, qemu_config, template_blobs
 
 from kibotos import atomicfile
-from kibotos.config import NodeConfig, parse
 from kibotos.node.instances import FAILED, RUNNING, STOPPED
-from kibotos.node.lifecycle import Settings
 from kibotos.node.manager import VmInstanceManager
 from kibotos.node.pools.dirs import prepare_pool_dirs
 from kibotos.node.pools.marker import init_pool
@@ -36,55 +34,14 @@ pytestmark = pytest.mark.slow
 DEADLINE = 600
 
 
-def offer(artifacts: Path, source: Path, digest: str) -> str:
-    """Put `source` in a ``sha256/<hex>`` directory (hard link, else symbolic)."""
-    target = artifacts / "sha256" / digest
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:
-        os.symlink(source, target)
-    return f"sha256:{digest}"
-
-
-def template_blobs(artifacts: Path, platform_dir: Path, template_dir: Path) -> dict[str, str]:
-    plat = atomicfile.read_json(platform_dir / "platform.json")["files"]
-    image = atomicfile.read_json(template_dir / "template.json")["image"]
-    return {
-        "name": "kibotos-base",
-        "image_digest": offer(artifacts, template_dir / image["file"], image["sha256"]),
-        "kernel_digest": offer(artifacts, platform_dir / "vmlinux", plat["vmlinux"]["sha256"]),
-        "initramfs_digest": offer(artifacts, platform_dir / "initramfs",
-                                  plat["initramfs"]["sha256"]),
-    }
-
-
 @asynccontextmanager
 async def qemu_node(base: Path) -> AsyncIterator[VmInstanceManager]:
     init_pool("pool-a", base / "pool")
     prepare_pool_dirs("pool-a", base / "pool")
-    config = parse(NodeConfig, tomllib.loads(f"""
-[node]
-id = "node-vm"
-ctrl_url = "http://127.0.0.1:9"
-[storage]
-root = "{base / 'root'}"
-[[storage.pool]]
-id = "pool-a"
-path = "{base / 'pool'}"
-[resources]
-cpu = 2
-memory = "2G"
-[vmm]
-backend = "qemu"
-artifact_dirs = ["{base / 'artifacts'}"]
-[vmm.qemu]
-accelerator = "tcg"
-"""), "vm test node.toml")
+    config = qemu_config(base, "vm test node.toml")
     manager = build_instance_manager(
         config, memory_tight=lambda: False, registries=load_plugins(),
-        settings=Settings(ready_timeout=300, stop_timeout=30, force_sync_timeout=10,
-                          monitor_interval=0.5))
+        settings=VM_SETTINGS)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)

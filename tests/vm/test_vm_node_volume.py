@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_vm_node_instance import qemu_node, run_in_guest, template_blobs, wait_state
+from test_vm_node_instance import qemu_node, run_in_guest, wait_state
+from vm_node_harness import template_blobs
 
 from kibotos.node.instances import FAILED, RUNNING
 from kibotos.platform.images import read_file
