@@ -10,12 +10,13 @@ it on node-2 with the next epoch, and node-2 waits up to 15 s for node-1's recei
 
 * Case A, node-1 resumed during the wait (its VMM went on writing all along, the danger
   the epochs fence against): its 5 s holder check stops the VMM and writes the receipts;
-  node-2 opens after them, ``Layer handoff: CLEAN``, and no record of node-1's VMM is
-  stamped after node-2 opened either file.
+  node-2 opens after them, ``Layer handoff: CLEAN`` (the Volume's ``Handoff`` too), and
+  no record of node-1's VMM is stamped after node-2 opened either file.
 * Case B, node-1's host down (the node process and its VMM frozen): node-2 opens after
-  the 15 s, ``Layer handoff: UNKNOWN``, ``released_cleanly=false``.  Then the host comes
-  back: node-1 stops its VMM (fenced by its holder check, or by the isolation ctrl tells
-  it of) and no record of it is stamped after it stopped.
+  the 15 s, both handoffs ``UNKNOWN``, ``released_cleanly=false``.  Then node-1's node
+  process comes back: it stops its VMM (fenced by its holder check, or by the isolation
+  ctrl tells it of) before that writes again, writes the receipts it owed, and no record
+  of it is stamped after node-2 opened; ctrl's handoffs stay ``UNKNOWN``.
 
 Both cases share one cluster; each ends with the Workspace AVAILABLE on node-2, running
 commands, and no VMM of node-1 left.
@@ -135,6 +136,15 @@ def layer_handoff(cluster: DevCluster, wid: str) -> str:
     return line.split(":", 1)[1].strip()
 
 
+def handoffs_are(ws: Running, state: str) -> None:
+    """The writable layer's and the Volume's last handoff as ctrl shows them (ctrl
+    records it from node-2's report of the open, which may follow the start's answer)."""
+    wait_until(lambda: kibo(ws.cluster, "volume", "get", ws.vid)["handoff"] == state,
+               f"the Volume's handoff {state}")
+    wait_until(lambda: layer_handoff(ws.cluster, ws.wid) == state,
+               f"Layer handoff: {state}")
+
+
 class Running:
     """A Workspace with a Volume, created on node-1, its VMM writing records."""
 
@@ -228,7 +238,7 @@ def test_a_resumed_node_fences_itself_and_the_handoff_is_clean(
         resumed = time.time()
         result = started.result(timeout=WAIT + 60)
     assert (result["state"], result["node_id"]) == ("AVAILABLE", "node-2")
-    assert layer_handoff(cluster, ws.wid) == "CLEAN"
+    handoffs_are(ws, "CLEAN")
     for meta in ws.metadata():
         assert (meta["holder"], meta["epoch"], meta["handoff_clean"],
                 meta["released_cleanly"]) == ("node-2", 2, True, True), meta
@@ -269,7 +279,7 @@ def test_b_a_node_that_stays_down_gets_no_receipt_and_fences_when_back(
         started = ws.isolate_and_start(pool)
         result = started.result(timeout=WAIT + 60)  # after the 15 s wait
     assert (result["state"], result["node_id"]) == ("AVAILABLE", "node-2")
-    assert layer_handoff(cluster, ws.wid) == "UNKNOWN"
+    handoffs_are(ws, "UNKNOWN")
     metas = ws.metadata()
     for meta in metas:
         assert (meta["holder"], meta["epoch"], meta["handoff_clean"],
@@ -293,7 +303,9 @@ def test_b_a_node_that_stays_down_gets_no_receipt_and_fences_when_back(
                 receipt["successor"]) == ("node-1", 1, "taken_over",
                                           {"node_id": "node-2", "epoch": 2}), receipt
     ws.after_on_node_2()
-    assert layer_handoff(cluster, ws.wid) == "UNKNOWN"  # node-1's return changes nothing
+    # node-1's return changes nothing in ctrl
+    assert layer_handoff(cluster, ws.wid) == "UNKNOWN"
+    assert kibo(cluster, "volume", "get", ws.vid)["handoff"] == "UNKNOWN"
     node_1_fresh(cluster)
     wait_until(lambda: cluster.node("node-1")["latest_report"]["instance_count"] == 0,
                "node-1 without its old Instance")
