@@ -193,6 +193,31 @@ def no_wait_option(fn: Any) -> Any:
                         help="Return once ctrl accepted it, without waiting.")(fn)
 
 
+def new_size_option(fn: Any) -> Any:
+    return click.option("--size", required=True, metavar="SIZE",
+                        help="The new capacity (never smaller than the current one).")(fn)
+
+
+def target_pool_option(fn: Any) -> Any:
+    return click.option("--pool", "pool_id", required=True, metavar="POOL",
+                        help="The target pool.")(fn)
+
+
+def expand_body(size: str, command_id: str | None, expected_version: int | None
+                ) -> dict[str, Any]:
+    """The checked request of an expansion (``volume expand``, ``workspace
+    expand-layer``)."""
+    return {"capacity_bytes": size_argument(size, "--size"),
+            "command_id": check_command_id(command_id), "expected_version": expected_version}
+
+
+def move_body(pool_id: str, command_id: str | None, expected_version: int | None
+              ) -> dict[str, Any]:
+    """The checked request of a move (``volume move``, ``workspace move-layer``)."""
+    return {"pool_id": ids.check_pool_id(pool_id), "command_id": check_command_id(command_id),
+            "expected_version": expected_version}
+
+
 def _finish(inv: Invocation, vol: dict[str, Any], verb: str, wait: bool) -> None:
     what = f"volume {vol.get('volume_id')}"
     if wait:
@@ -283,8 +308,7 @@ def list_volumes(inv: Invocation, pool_id: str | None, workspace_id: str | None,
 
 @volume_group.command("expand")
 @click.argument("volume_id", metavar="VOLUME")
-@click.option("--size", required=True, metavar="SIZE",
-              help="The new capacity (never smaller than the current one).")
+@new_size_option
 @no_wait_option
 @command_id_option
 @expected_version_option
@@ -293,15 +317,14 @@ def expand(inv: Invocation, volume_id: str, size: str, no_wait: bool,
            command_id: str | None, expected_version: int | None) -> None:
     """Expand a Volume whose Workspace is stopped (e2fsck and resize2fs on the node)."""
     volume_argument(volume_id)
-    vol = inv.client().post(volume_path(volume_id, "expand"), {
-        "capacity_bytes": size_argument(size, "--size"),
-        "command_id": check_command_id(command_id), "expected_version": expected_version})
+    vol = inv.client().post(volume_path(volume_id, "expand"),
+                            expand_body(size, command_id, expected_version))
     _finish(inv, vol, "expansion", not no_wait)
 
 
 @volume_group.command("move")
 @click.argument("volume_id", metavar="VOLUME")
-@click.option("--pool", "pool_id", required=True, metavar="POOL", help="The target pool.")
+@target_pool_option
 @no_wait_option
 @command_id_option
 @expected_version_option
@@ -310,9 +333,8 @@ def move(inv: Invocation, volume_id: str, pool_id: str, no_wait: bool,
          command_id: str | None, expected_version: int | None) -> None:
     """Copy a Volume into another pool through a node attached to both."""
     volume_argument(volume_id)
-    vol = inv.client().post(volume_path(volume_id, "move"), {
-        "pool_id": ids.check_pool_id(pool_id), "command_id": check_command_id(command_id),
-        "expected_version": expected_version})
+    vol = inv.client().post(volume_path(volume_id, "move"),
+                            move_body(pool_id, command_id, expected_version))
     _finish(inv, vol, "move", not no_wait)
 
 

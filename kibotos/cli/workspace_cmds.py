@@ -429,8 +429,7 @@ def _layer_done(inv: Invocation, workspace_id: str, status: dict[str, Any], verb
 
 @workspace_group.command("expand-layer")
 @click.argument("workspace_id", metavar="WORKSPACE")
-@click.option("--size", required=True, metavar="SIZE",
-              help="The new capacity (never smaller than the current one).")
+@volume_cmds.new_size_option
 @no_wait_option
 @command_id_option
 @expected_version_option
@@ -439,15 +438,14 @@ def expand_layer(inv: Invocation, workspace_id: str, size: str, no_wait: bool,
                  command_id: str | None, expected_version: int | None) -> None:
     """Expand a stopped Workspace's writable layer (e2fsck and resize2fs on the node)."""
     workspace_argument(workspace_id)
-    status = inv.client().post(ws_path(workspace_id, "expand-layer"), {
-        "capacity_bytes": parse_size(size, "--size"),
-        "command_id": check_command_id(command_id), "expected_version": expected_version})
+    status = inv.client().post(ws_path(workspace_id, "expand-layer"),
+                               volume_cmds.expand_body(size, command_id, expected_version))
     _layer_done(inv, workspace_id, status, "expansion", not no_wait)
 
 
 @workspace_group.command("move-layer")
 @click.argument("workspace_id", metavar="WORKSPACE")
-@click.option("--pool", "pool_id", required=True, metavar="POOL", help="The target pool.")
+@volume_cmds.target_pool_option
 @no_wait_option
 @command_id_option
 @expected_version_option
@@ -456,9 +454,8 @@ def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
                command_id: str | None, expected_version: int | None) -> None:
     """Copy a stopped Workspace's writable layer into another pool."""
     workspace_argument(workspace_id)
-    status = inv.client().post(ws_path(workspace_id, "move-layer"), {
-        "pool_id": ids.check_pool_id(pool_id), "command_id": check_command_id(command_id),
-        "expected_version": expected_version})
+    status = inv.client().post(ws_path(workspace_id, "move-layer"),
+                               volume_cmds.move_body(pool_id, command_id, expected_version))
     _layer_done(inv, workspace_id, status, "move", not no_wait)
 
 
