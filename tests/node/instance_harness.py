@@ -106,7 +106,8 @@ class Node:
 
 def node_config(base: Path, *, backend_options: str = "", shared: bool = False,
                 node_id: str = "node-a", pool: Path | None = None,
-                ctrl_url: str = "http://127.0.0.1:9", extra: str = "") -> NodeConfig:
+                ctrl_url: str = "http://127.0.0.1:9", extra: str = "",
+                backend: str = "testvmm") -> NodeConfig:
     import tomllib
 
     pool = pool or base / "pool"
@@ -128,9 +129,9 @@ shared = {str(shared).lower()}
 cpu = 4
 memory = "8G"
 [vmm]
-backend = "testvmm"
+backend = "{backend}"
 artifact_dirs = ["{base / 'artifacts'}"]
-[vmm.testvmm]
+[vmm.{backend}]
 {backend_options}
 {extra}"""
     return parse(NodeConfig, tomllib.loads(text), "test node.toml")

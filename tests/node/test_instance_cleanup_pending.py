@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from instance_harness import (
     DEADLINE,
     FAST,
     Node,
+    node_config,
     short_dir,
     stop_all_units,
     write_template,
@@ -32,11 +32,9 @@ from instance_harness import (
 from stuck_fuse_helpers import StuckFs
 
 from kibotos import atomicfile
-from kibotos.config import NodeConfig, parse
+from kibotos.config import NodeConfig
 from kibotos.errors import Unavailable
 from kibotos.node.instances import DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
 from kibotos.node.vmsetup import build_instance_manager
 from kibotos.plugins import load_plugins
 
@@ -45,33 +43,9 @@ pytestmark = pytest.mark.skipif(not Path("/dev/fuse").exists() or shutil.which("
 
 
 def _config(base: Path, stuck: Path) -> NodeConfig:
-    pool = base / "pool"
-    init_pool("pool-a", pool, adopt=True)
-    prepare_pool_dirs("pool-a", pool)
-    text = f"""
-[node]
-id = "node-a"
-ctrl_url = "http://127.0.0.1:9"
-[storage]
-root = "{base / 'root'}"
-[[storage.pool]]
-id = "pool-a"
-path = "{pool}"
-default = true
-[resources]
-cpu = 4
-memory = "8G"
-[vmm]
-backend = "stuckvmm"
-artifact_dirs = ["{base / 'artifacts'}"]
-[vmm.stuckvmm]
-stuck_path = "{stuck}"
-[supervisor]
-backend = "direct"
-[supervisor.direct]
-kill_grace = 0.5
-"""
-    return parse(NodeConfig, tomllib.loads(text), "test node.toml")
+    return node_config(base, backend="stuckvmm", backend_options=f'stuck_path = "{stuck}"',
+                       extra='[supervisor]\nbackend = "direct"\n[supervisor.direct]\n'
+                             'kill_grace = 0.5\n')
 
 
 @asynccontextmanager
