@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from adoption_harness import alive
 from instance_harness import DEADLINE, Node, running_node
 
 from kibotos import atomicfile
@@ -30,15 +31,6 @@ async def make_volume(pool: Path, node: str = "node-a", epoch: int = 1) -> None:
     vols = PoolObjects("pool-a", pool, VOLUMES, node)
     await vols.open("vol-1", epoch, create_capacity=16 * MIB)
     assert vols.release("vol-1", epoch, confirmed_on_disk=True)
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper counts as gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] not in "ZXx"
 
 
 async def start(node: Node) -> None:
