@@ -9,15 +9,13 @@ file sweep covers the directory."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
-from adoption_harness import build_node, node_at, run_child, stop_units
-from instance_harness import registries, running_node, short_dir
+from adoption_harness import build_node, node_at, node_root, run_child
+from instance_harness import registries, running_node
 
 from kibotos import atomicfile, failpoints
 from kibotos.config import NodeConfig, PoolSection, parse
@@ -241,13 +239,8 @@ async def test_a_refused_open_leaves_no_record() -> None:
 
 @pytest.fixture
 async def base() -> AsyncIterator[Path]:
-    path = short_dir("ar-")
-    try:
+    async with node_root("ar-") as path:
         yield path
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_units(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def create_args(node_base: Path) -> dict[str, Any]:
