@@ -6,32 +6,16 @@ pool directory, uploading into this ctrl's artifact store."""
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 
 from ctrl_helpers import wait_until
-from transfer_sims import ExportingSim, node_pool
+from transfer_sims import CAPACITY, ExportingSim, node_pool, released_block_file
 from volume_helpers import create_volume, settled_volume
 from ws_helpers import open_ws_ctrl
 
-from kibotos.node.objects import VOLUMES, PoolObjects
-
 MIB = 1 << 20
-CAP = 64 * MIB
-
-
-async def released_block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> None:
-    """The block file the node's ``volume.create`` would have made (the simulated node
-    only records the command), with some data, released at `epoch`."""
-    objs = PoolObjects(path.name, path, VOLUMES, node_id)
-    opened = await objs.open(volume_id, epoch, create_capacity=CAP)
-    fd = os.open(opened.path, os.O_WRONLY)
-    try:
-        os.pwrite(fd, b"written before the drain" * 100, 8 * MIB)
-    finally:
-        os.close(fd)
-    objs.release(volume_id, epoch, confirmed_on_disk=True)
+CAP = CAPACITY  # the block files transfer_sims makes
 
 
 async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) -> None:
@@ -41,7 +25,8 @@ async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) ->
         made = await create_volume(ctrl, pool_id="node-a-local", capacity_bytes=CAP)
         vid = made["volume_id"]
         assert (await settled_volume(ctrl, vid))["state"] == "AVAILABLE"
-        await released_block_file(pool, vid, made["epoch"], "node-a")
+        await released_block_file(pool, vid, made["epoch"], "node-a",
+                                  data=b"written before the drain" * 100, offset=8 * MIB)
         running = (await ctrl.create(node_id="node-a"))["workspace_id"]
         stopped = (await ctrl.create(node_id="node-a"))["workspace_id"]
         for wid in (running, stopped):

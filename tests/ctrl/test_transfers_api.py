@@ -10,18 +10,18 @@ import os
 from pathlib import Path
 
 import trio
-from transfer_sims import TransferSim, node_pool
+from transfer_sims import CAPACITY, TransferSim, node_pool, released_block_file
 from volume_helpers import create_volume, settled_volume
 from ws_helpers import events, open_ws_ctrl
 
 from kibotos import transfer_archive
 from kibotos.ctrl.api_transfers import TransferExportOut, TransferImportOut
-from kibotos.node.objects import VOLUMES, PoolObjects
+from kibotos.node.objects import PoolObjects
 from kibotos.node.pools.dirs import prepare_pool_dirs
 from kibotos.node.transfer import NodeTransfers
 
 MIB = 1 << 20
-CAP = 64 * MIB
+CAP = CAPACITY  # the block files transfer_sims makes
 
 
 def read_manifest(path: Path) -> transfer_archive.Manifest:
@@ -30,17 +30,10 @@ def read_manifest(path: Path) -> transfer_archive.Manifest:
 
 
 async def block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> bytes:
-    """What the node's ``volume.create`` would have made (the simulated node only
-    records it): a real block file with some data, released at `epoch`."""
-    objs = PoolObjects(path.name, path, VOLUMES, node_id)
-    opened = await objs.open(volume_id, epoch, create_capacity=CAP)
-    fd = os.open(opened.path, os.O_WRONLY)
-    try:
-        os.pwrite(fd, b"kept across the transfer" * 1000, 30 * MIB)
-    finally:
-        os.close(fd)
-    objs.release(volume_id, epoch, confirmed_on_disk=True)
-    return await trio.to_thread.run_sync(opened.path.read_bytes)
+    """A released block file with some data (`released_block_file`); its bytes."""
+    made = await released_block_file(path, volume_id, epoch, node_id,
+                                     data=b"kept across the transfer" * 1000, offset=30 * MIB)
+    return await trio.to_thread.run_sync(made.read_bytes)
 
 
 async def test_export_then_import_on_another_node(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ test_drain_rows."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -12,10 +13,14 @@ from typing import Any, ClassVar, TypeVar
 from ws_helpers import WsCtrl
 
 from kibotos.node.instance_spec import transfer_handlers
-from kibotos.node.objects import PoolObjects
+from kibotos.node.objects import VOLUMES, PoolObjects
 from kibotos.node.pools.dirs import prepare_pool_dirs
 from kibotos.node.transfer import NodeTransfers
 from kibotos.testing.sim_instances import SimInstances
+
+MIB = 1 << 20
+#: The capacity of the block files `released_block_file` makes.
+CAPACITY = 64 * MIB
 
 
 @dataclass
@@ -60,3 +65,19 @@ def node_pool(tmp_path: Path, ctrl: WsCtrl, node_id: str, sim: type[S]) -> tuple
     return sim(transfers=NodeTransfers(
         node_id=node_id, pool=pool, ctrl_url=ctrl.url,
         credential=lambda: ctrl.creds[node_id])), path
+
+
+async def released_block_file(path: Path, volume_id: str, epoch: int, node_id: str, *,
+                              data: bytes, offset: int) -> Path:
+    """What the node's ``volume.create`` would have made (the simulated node only
+    records it): a real block file of `CAPACITY` in pool directory `path` with `data`
+    at `offset`, released at `epoch`; returns its path."""
+    objs = PoolObjects(path.name, path, VOLUMES, node_id)
+    opened = await objs.open(volume_id, epoch, create_capacity=CAPACITY)
+    fd = os.open(opened.path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+    objs.release(volume_id, epoch, confirmed_on_disk=True)
+    return opened.path
