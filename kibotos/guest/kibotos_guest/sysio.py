@@ -30,8 +30,14 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Temporary file, fsync, rename, fsync of the directory: never a torn file."""
+def atomic_write(path: str, data: bytes, mode: int = 0o644, *, durable: bool = True
+                 ) -> None:
+    """Temporary file, rename: never a torn file.  `durable` adds the fsyncs (file,
+    then directory) that make it survive a crash.  Files configure writes again at
+    every boot and every node takeover (hostname, hosts, resolv.conf) skip them: each
+    fsync is an ext4 journal commit, tens of milliseconds in a TCG guest on the boot's
+    critical path, and a write lost in a crash is redone by the next configure (ext4's
+    auto_da_alloc keeps a replaced file from coming back empty)."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}-{os.urandom(4).hex()}.tmp")
@@ -40,10 +46,13 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if not durable:
+        return
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
