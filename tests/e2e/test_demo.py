@@ -11,14 +11,13 @@ The Template is built into the VM tests' cache (``tests/vm/conftest.py``: the sa
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from e2e_links import vm_test_cache
 
 from kibotos import config
 from kibotos.dev import DevCluster
@@ -26,24 +25,13 @@ from kibotos.dev import DevCluster
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "debugfs", "dpkg-deb",
          "apt-cache", "apt-get")
 
 
 def vm_cache() -> Path:
-    """The VM tests' build cache (tests/vm/conftest.py `_cache_root`), or a skip."""
-    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
-    missing = [t for t in TOOLS if shutil.which(t, path=path) is None]
-    if os.geteuid() != 0:
-        missing.append("root (debootstrap)")
-    if missing:
-        msg = f"the demo needs {', '.join(missing)} (packaging/apt-test-deps.txt)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-    env = os.environ.get("KIBOTOS_TEST_CACHE")
-    return Path(env) if env else Path("/var/cache/kibotos-test")
+    """The VM tests' build cache, or a skip (a failure under CI)."""
+    return vm_test_cache(TOOLS, "the demo", "debootstrap")
 
 
 def demo(directory: Path, cache: Path) -> subprocess.CompletedProcess[str]:

@@ -17,14 +17,12 @@ Two real microVM boots (TCG here); the Template is built into the VM tests' cach
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_links import remove_short_links_into
+from e2e_links import remove_short_links_into, vm_test_cache
 
 from kibotos import config
 from kibotos.dev import DevCluster
@@ -33,24 +31,13 @@ from kibotos.dev.procs import tail
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "e2fsck", "resize2fs",
          "dpkg-deb", "apt-get")
 WAIT = "10m"
 
 
 def _cache() -> Path:
-    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
-    missing = [t for t in TOOLS if shutil.which(t, path=path) is None]
-    if os.geteuid() != 0:
-        missing.append("root (debootstrap, block file owners)")
-    if missing:
-        msg = f"the Volume end-to-end test needs {', '.join(missing)}"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-    env = os.environ.get("KIBOTOS_TEST_CACHE")
-    return Path(env) if env else Path("/var/cache/kibotos-test")
+    return vm_test_cache(TOOLS, "the Volume end-to-end test", "debootstrap, block file owners")
 
 
 def kibo(cluster: DevCluster, *args: str, timeout: float = 900.0) -> Any:
