@@ -6,7 +6,8 @@
 A node's Instance manager (``direct`` supervisor, the ``testvmm`` backend whose "VM" is
 the real guest agent as a host process) starts `--count` Instances and stops; then a new
 manager over the same storage root starts `--runs` times in a row, each time adopting
-every Instance (`kibotos.node.adoption`, `kibotos.node.takeover`).  Target: adoption
+every Instance (`kibotos.node.instances.adoption`,
+`kibotos.node.instances.adoption_background`).  Target: adoption
 ≤ 2 s for 100 Instances.  Figures per restart:
 
     build       the manager built: plugins loaded, runtime installation pinned
@@ -42,9 +43,9 @@ sys.path[:0] = [str(ROOT / "tests" / "node"), str(ROOT / "tests" / "testplugins"
 from adoption_harness import build_node, stop_units  # noqa: E402
 from instance_harness import short_dir  # noqa: E402
 
-from kibotos.node import records  # noqa: E402
-from kibotos.node.adoption import VMM_PREFIX  # noqa: E402
-from kibotos.node.instances import RUNNING  # noqa: E402
+from kibotos.node.instances.adoption import VMM_PREFIX  # noqa: E402
+from kibotos.node.instances.contract import RUNNING  # noqa: E402
+from kibotos.node.records import instance_records as records  # noqa: E402
 
 
 async def start_instances(base: Path, count: int) -> float:

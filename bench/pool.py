@@ -34,8 +34,8 @@ import trio
 from benchlib import percentile
 
 from kibotos import atomicfile
-from kibotos.node.objects import VOLUMES, PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.objects import VOLUMES, PoolObjects
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 
 RECORD = 4096
 MIB = 1 << 20

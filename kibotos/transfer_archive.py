@@ -26,7 +26,7 @@ manifest shape, extents sorted, in bounds and adding up to the data member) and 
 anything else as ``invalid_argument``.
 
 Everything here is blocking (call it from a worker thread).  The node packs and unpacks
-(`kibotos.node.transfer`); ctrl reads only the manifest, to check an import.
+(`kibotos.node.storage.transfer`); ctrl reads only the manifest, to check an import.
 """
 
 from __future__ import annotations

@@ -71,8 +71,8 @@ def serve(config_path: str, log_level: str) -> None:
 def grant(config_path: str, kind: str, node_id: str | None, name: str | None,
           expires: str, as_json: bool) -> None:
     """Issue a one-time enrollment grant by writing ctrl's store directly."""
-    from kibotos.ctrl import enrollment
-    from kibotos.ctrl.context import utcnow
+    from kibotos.ctrl.live.context import utcnow
+    from kibotos.ctrl.model import enrollment
     from kibotos.ctrl.store import migrate
     from kibotos.ctrl.store.db import Store, make_engine
 

@@ -1,7 +1,7 @@
 """``kibotos dataplane serve|list|stop``: the data-plane process, and its units on a node.
 
 ``serve`` is the process, as the node starts it in the unit
-``kibotos-dataplane-<scope>-<generation>`` (see `kibotos.node.dataplane_supervisor`);
+``kibotos-dataplane-<scope>-<generation>`` (see `kibotos.node.dataplane.supervisor`);
 running it by hand is for debugging.  It reads no configuration file and never touches
 the node's state directory: everything it needs comes on the command line and,
 afterwards, over its control socket.  Exit status 0 after a signal and the drain, the
@@ -28,7 +28,7 @@ import trio
 from kibotos.errors import KibotosError
 
 if TYPE_CHECKING:
-    from kibotos.node.dataplane_supervisor import DataplaneSupervisor
+    from kibotos.node.dataplane.supervisor import DataplaneSupervisor
 
 
 @click.group("dataplane")
@@ -81,8 +81,8 @@ def serve_command(listen: str, socket_dir: Path, generation: int,
 
 def _node_dataplane(config_path: Path) -> DataplaneSupervisor:
     from kibotos import config as config_mod
-    from kibotos.node.dataplane_supervisor import DataplaneSupervisor
-    from kibotos.node.vmsetup import supervisor_options
+    from kibotos.node.dataplane.supervisor import DataplaneSupervisor
+    from kibotos.node.instances.setup import supervisor_options
     from kibotos.plugins import load_plugins
 
     cfg = config_mod.load(config_mod.NodeConfig, config_path)

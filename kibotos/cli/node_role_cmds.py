@@ -35,7 +35,7 @@ def _fail(exc: KibotosError) -> NoReturn:
 async def _run_until_signal(cfg: NodeConfig) -> None:
     """Run the node; SIGTERM or SIGINT cancel it, so the session closes cleanly and the
     owner lock is released before the process ends."""
-    from kibotos.node.logs import EventLogger
+    from kibotos.logs import EventLogger
     from kibotos.node.serve import serve_node
 
     log = EventLogger()
@@ -63,8 +63,8 @@ def serve_command(config_path: Path) -> None:
         cfg = config_mod.load(NodeConfig, config_path)
     except KibotosError as exc:
         _fail(exc)
-    from kibotos.node import logs
-    from kibotos.node.session import NodeIsolated
+    from kibotos import logs
+    from kibotos.node.session.control import NodeIsolated
 
     logs.configure()
     try:
@@ -81,7 +81,7 @@ def serve_command(config_path: Path) -> None:
 
 
 def _report_and_exit(exc: KibotosError, isolated: type[KibotosError]) -> NoReturn:
-    from kibotos.node.logs import EventLogger
+    from kibotos.logs import EventLogger
 
     log = EventLogger()
     if isinstance(exc, isolated):
@@ -109,7 +109,7 @@ def storage_pool_init_command(pool_id: str, path: Path, adopt: bool) -> None:
     Does not read the node configuration.  Creates a missing directory; refuses a
     non-empty one without --adopt; a second run with the same ID changes nothing; a
     directory initialized with another ID is refused and its marker kept."""
-    from kibotos.node.pools.marker import init_pool
+    from kibotos.node.storage.pools.marker import init_pool
 
     try:
         result = init_pool(pool_id, path, adopt=adopt)
@@ -122,7 +122,7 @@ def storage_pool_init_command(pool_id: str, path: Path, adopt: bool) -> None:
 
 def _print_report(report: object, title: str) -> NoReturn:
     """Print the report's lines, a summary, and exit with its status."""
-    from kibotos.node.check_report import BLOCKED, Report
+    from kibotos.node.checks.check_report import BLOCKED, Report
 
     assert isinstance(report, Report)
     click.echo(report.render(), nl=False)
@@ -146,7 +146,7 @@ def check_maintenance_command(config_path: Path, operation: str) -> None:
 
     Prints ok:/blocked: lines; exits 0 when nothing blocks, 13 when something does, 10
     when the configuration cannot be read."""
-    from kibotos.node import maintenance_check
+    from kibotos.node.checks import maintenance_check
 
     try:
         cfg = config_mod.load(NodeConfig, config_path)
@@ -171,7 +171,7 @@ def check_upgrade_command(config_path: Path, runtime_dir: Path, preview: bool) -
 
     Prints ok:/blocked:/pending: lines; exits 0 when nothing blocks (pending lines do
     not count), 13 when something does, 10 when the configuration cannot be read."""
-    from kibotos.node import upgrade_check
+    from kibotos.node.checks import upgrade_check
 
     try:
         cfg = config_mod.load(NodeConfig, config_path)

@@ -22,15 +22,15 @@ from hypercorn.trio import serve as hypercorn_serve
 from kibotos import atomicfile
 from kibotos.config import CtrlConfig
 from kibotos.credentials import SigningKey, key_path
-from kibotos.ctrl import session_store
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.context import CtrlContext, utcnow
-from kibotos.ctrl.reconcile import run_reconcile
-from kibotos.ctrl.registry_sweep import RegistrySweep
-from kibotos.ctrl.session import SessionHub
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.live.context import CtrlContext, utcnow
+from kibotos.ctrl.live.node_sessions import SessionHub
+from kibotos.ctrl.live.reconcile import run_reconcile
+from kibotos.ctrl.live.registry_sweep import RegistrySweep
+from kibotos.ctrl.live.workspace_service import WorkspaceService
+from kibotos.ctrl.model import session_store
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.db import Store, make_engine
-from kibotos.ctrl.workspace_ops import WorkspaceService
 from kibotos.plugins import load_plugins
 
 log = logging.getLogger("kibotos.ctrl")

@@ -36,7 +36,7 @@ from kibotos.errors import (
     Unavailable,
     error_from_wire,
 )
-from kibotos.node.logs import EventLogger
+from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -34,7 +34,7 @@ from kibotos.credentials import SessionClaims
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus, GuestChannel, GuestOutputStream, GuestProcess
-from kibotos.node.logs import EventLogger
+from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -20,7 +20,7 @@ from kibotos.dataplane.groups import kibotos_leaf
 from kibotos.errors import KibotosError, Unavailable
 from kibotos.guest import GuestChannel, connect_unix_with_retry, open_guest_channel
 from kibotos.guest.vsock import connect_vsock
-from kibotos.node.logs import EventLogger
+from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -47,7 +47,7 @@ from kibotos.errors import (
     Unauthenticated,
     Unavailable,
 )
-from kibotos.node.logs import EventLogger
+from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kibotos import atomicfile, config
-from kibotos.node.pools.marker import init_pool
+from kibotos.node.storage.pools.marker import init_pool
 
 #: Files copied from the real /proc into a node's prepared proc tree (test inputs).
 PROC_FILES = ("meminfo", "stat", "loadavg", "uptime", "pressure/cpu", "pressure/memory",

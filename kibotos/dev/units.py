@@ -14,7 +14,7 @@ from pathlib import Path
 import trio
 
 from kibotos import config
-from kibotos.node.vmsetup import supervisor_options
+from kibotos.node.instances.setup import supervisor_options
 from kibotos.plugins import load_plugins
 
 VMM_UNIT_PREFIX = "kibotos-vmm-"

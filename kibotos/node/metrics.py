@@ -33,11 +33,11 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from kibotos import atomicfile
-from kibotos.node.holder_watch import TAKEN_OVER
-from kibotos.node.instances import InstanceManager
-from kibotos.node.logs import EventLogger
-from kibotos.node.session import SessionStatus
-from kibotos.node.usage import UsageSampler
+from kibotos.logs import EventLogger
+from kibotos.node.host.usage import UsageSampler
+from kibotos.node.instances.contract import InstanceManager
+from kibotos.node.session.control import SessionStatus
+from kibotos.node.storage.holder_watch import TAKEN_OVER
 
 log = EventLogger()
 

@@ -2,12 +2,12 @@
 
 Startup order matters, and each step fails with a message naming what was wrong:
 
-0. under systemd, the startup checks of `kibotos.node.startup_checks`: this process is
+0. under systemd, the startup checks of `kibotos.node.checks.startup_checks`: this process is
    its unit's MainPID, runs in the unit's cgroup, and no leftover helper of a previous
    node run is in it;
 1. storage root and its subdirectories (nothing else can be written without them);
 2. the owner lock, so a second node process on the same root stops before it writes;
-3. the pools (`kibotos.node.pools.startup.prepare`): their fixed subdirectories with the
+3. the pools (`kibotos.node.storage.pools.startup.prepare`): their fixed subdirectories with the
    spec's owners and modes (a missing pool directory stops the start: absent means not
    mounted), then leftover temporary files under the storage root;
 4. a new incarnation, persisted before anyone hears of it;
@@ -16,7 +16,7 @@ Startup order matters, and each step fails with a message naming what was wrong:
    Instances a previous process left);
 7. with ``dataplane`` (always for ``kibotos node serve``): the data-plane process,
    adopted or started and given its state before ctrl hears from the node
-   (`kibotos.node.dataplane_targets`);
+   (`kibotos.node.dataplane.targets`);
 8. then the pool availability monitor (marker and driver, now and every 30 s; its
    facts go to ctrl in hello and every report, a change triggers a report), the
    host-usage sampler, the manager's background work, the ``/metrics`` listener when
@@ -37,23 +37,23 @@ from dataclasses import dataclass
 import trio
 
 from kibotos.config import NodeConfig
-from kibotos.node import layout
-from kibotos.node.build_identity import BuildIdentity
-from kibotos.node.clock import NodeClock
-from kibotos.node.dataplane_targets import DataplaneTargets
-from kibotos.node.identity import NodeIdentity, ensure_identity
-from kibotos.node.incarnation import next_incarnation
-from kibotos.node.instances import InstanceManager
-from kibotos.node.logs import EventLogger
+from kibotos.logs import EventLogger
+from kibotos.node.checks.startup_checks import check_startup
+from kibotos.node.dataplane.targets import DataplaneTargets
+from kibotos.node.host import layout
+from kibotos.node.host.clock import NodeClock
+from kibotos.node.host.incarnation import next_incarnation
+from kibotos.node.host.usage import SAMPLE_INTERVAL, UsageSampler
+from kibotos.node.instances.contract import InstanceManager
+from kibotos.node.instances.setup import build_instance_manager
 from kibotos.node.metrics import NodeMetrics, NodeParts, serve_metrics
-from kibotos.node.pools import startup as pools_startup
-from kibotos.node.pools.availability import REFRESH as POOL_REFRESH
-from kibotos.node.pools.availability import PoolMonitor
-from kibotos.node.report import ReportBoard
-from kibotos.node.session import DEFAULT_TIMING, ControlSession, SessionTiming
-from kibotos.node.startup_checks import check_startup
-from kibotos.node.usage import SAMPLE_INTERVAL, UsageSampler
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.runtime.build_identity import BuildIdentity
+from kibotos.node.session.control import DEFAULT_TIMING, ControlSession, SessionTiming
+from kibotos.node.session.identity import NodeIdentity, ensure_identity
+from kibotos.node.session.report import ReportBoard
+from kibotos.node.storage.pools import startup as pools_startup
+from kibotos.node.storage.pools.availability import REFRESH as POOL_REFRESH
+from kibotos.node.storage.pools.availability import PoolMonitor
 from kibotos.plugins import load_plugins
 
 log = EventLogger()
@@ -107,7 +107,7 @@ async def serve_node(
     `dataplane` runs the data-plane process too.  ``kibotos node serve`` always does;
     tests that embed the node usually do not, because its unit outlives the node and
     would have to be stopped after the test.  `build` stands for another release in
-    tests (`kibotos.node.build_identity`): its installation, its upgrade rules and the
+    tests (`kibotos.node.runtime.build_identity`): its installation, its upgrade rules and the
     release in hello; production never passes it."""
     unit = await trio.to_thread.run_sync(check_startup)  # before any state is touched
     paths = layout.NodePaths(config.storage.root)

@@ -1,4 +1,4 @@
-"""Fixed Node records in the API's JSON shape (checked against `kibotos.ctrl.wire`)."""
+"""Fixed Node records in the API's JSON shape (checked against `kibotos.ctrl.wire.base`)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 from cli_nodes import GIB, USAGE, node, offline, over
 
 from kibotos.cli import node_render
-from kibotos.ctrl.wire import NodeListOut, NodeOut
+from kibotos.ctrl.wire.base import NodeListOut, NodeOut
 
 
 def test_fixtures_match_the_wire_contract():

@@ -17,8 +17,8 @@ from ctrl_helpers import RunningCtrl, enroll_operator, make_config
 from hypercorn.trio import serve as hypercorn_serve
 
 from kibotos.config import CtrlConfig
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
 from kibotos.ctrl.store.db import Store
 

@@ -18,8 +18,8 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
-from kibotos.ctrl import enrollment
-from kibotos.ctrl.context import CtrlContext, utcnow
+from kibotos.ctrl.live.context import CtrlContext, utcnow
+from kibotos.ctrl.model import enrollment
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
 from kibotos.errors import ERROR_CLASSES

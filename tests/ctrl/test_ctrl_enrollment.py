@@ -21,9 +21,9 @@ from ctrl_helpers import (
     update_node,
 )
 
-from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.store.db import Store
-from kibotos.ctrl.wire import (
+from kibotos.ctrl.wire.base import (
     ExchangeOut,
     GrantCreateOut,
     GrantListOut,

@@ -18,9 +18,9 @@ from ws_helpers import WsCtrl, events, open_ws_ctrl
 
 from kibotos.cli.enrollment_cmds import render_config
 from kibotos.cli.main import kibo_cli
-from kibotos.ctrl import handoffs
-from kibotos.ctrl.volume_wire import VolumeOut
-from kibotos.ctrl.workspace_wire import WorkspaceOut
+from kibotos.ctrl.pools import handoffs
+from kibotos.ctrl.wire.volumes import VolumeOut
+from kibotos.ctrl.wire.workspaces import WorkspaceOut
 from kibotos.testing.sim_instances import SimInstances
 
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]

@@ -10,12 +10,12 @@ from ctrl_helpers import enroll_node, error, read_node, result, update_node
 from sqlalchemy import func, select
 
 from kibotos.config import CtrlConfig
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.journal import input_digest
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.live.journal import input_digest
 from kibotos.ctrl.serve import build_context, open_store
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Command
-from kibotos.ctrl.wire import IsolateIn, VersionedWrite
+from kibotos.ctrl.wire.base import IsolateIn, VersionedWrite
 
 
 async def _commands(store: Store) -> int:

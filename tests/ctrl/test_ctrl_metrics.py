@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
 from kibotos.config import CtrlMetricsSection
-from kibotos.ctrl.app import build_app
+from kibotos.ctrl.api.app import build_app
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 

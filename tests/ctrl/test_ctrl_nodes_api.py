@@ -12,11 +12,11 @@ from ctrl_helpers import enroll_node, error, exchange, read_node, result, update
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl.context import CtrlContext
-from kibotos.ctrl.nodes import IsolateCounts
+from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.model.nodes import IsolateCounts
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Event
-from kibotos.ctrl.wire import IsolateOut, NodeListOut, NodeOut
+from kibotos.ctrl.wire.base import IsolateOut, NodeListOut, NodeOut
 
 
 async def _drain(client: httpx.AsyncClient, op: dict[str, str], node_id: str,

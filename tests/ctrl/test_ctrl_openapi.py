@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 from ctrl_helpers import result
 
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.context import CtrlContext
-from kibotos.ctrl.routing import Route
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.api.routing import Route
+from kibotos.ctrl.live.context import CtrlContext
 
 # The HTTP API table of docs/architecture.md.
 DOCUMENTED = {

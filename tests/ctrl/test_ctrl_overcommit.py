@@ -7,9 +7,9 @@ import httpx
 import pytest
 from ctrl_helpers import enroll_node, error, read_node, result, update_node
 
-from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.store.db import Store
-from kibotos.ctrl.wire import NodeOut, OvercommitOut
+from kibotos.ctrl.wire.base import NodeOut, OvercommitOut
 
 
 async def _overview(client: httpx.AsyncClient, op: dict[str, str]) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""ctrl's side of the nodes' ended-Instance records (`kibotos.ctrl.registry_sweep`):
+"""ctrl's side of the nodes' ended-Instance records (`kibotos.ctrl.live.registry_sweep`):
 which records it may have deleted (Allocation released, no command in progress, not
 the current Instance), the observed result it stores first, UNKNOWN for a record
 deleted by hand, and a stuck release shown by cleanup-status.  Real ctrl and store, a
@@ -16,10 +16,10 @@ from ctrl_helpers import wait_until
 from sqlalchemy.orm import Session
 from ws_helpers import WsCtrl, open_ws_ctrl
 
-from kibotos.ctrl.registry_sweep import store_results
-from kibotos.ctrl.session_proto import InstanceState
+from kibotos.ctrl.live.registry_sweep import store_results
 from kibotos.ctrl.store.models import Workspace
-from kibotos.ctrl.workspace_wire import CleanupStatusOut
+from kibotos.ctrl.wire.session import InstanceState
+from kibotos.ctrl.wire.workspaces import CleanupStatusOut
 
 ITEMS = ("RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL")
 OBSERVED = "2026-01-02T03:04:05.678901+00:00"

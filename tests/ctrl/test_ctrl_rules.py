@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kibotos.ctrl import nodes
+from kibotos.ctrl.model import nodes
 from kibotos.ctrl.store.models import Node
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -26,7 +26,7 @@ from ctrl_helpers import (
 )
 
 from kibotos.cli.main import kibotos_cli
-from kibotos.ctrl.app import build_app
+from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.serve import LISTEN_ADDRESS_FILE, build_context, open_store, serve_ctrl
 from kibotos.testing.fake_node import open_sim_node
 

@@ -10,9 +10,9 @@ import trio
 from ctrl_helpers import RunningCtrl, error, read_node, result, wait_until
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from kibotos.ctrl.reconcile import reconcile_once
-from kibotos.ctrl.session import SessionHub
-from kibotos.ctrl.wire import NodeOut
+from kibotos.ctrl.live.node_sessions import SessionHub
+from kibotos.ctrl.live.reconcile import reconcile_once
+from kibotos.ctrl.wire.base import NodeOut
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from kibotos.testing.fake_node import hello_message, open_sim_node
 

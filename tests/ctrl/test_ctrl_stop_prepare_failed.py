@@ -2,7 +2,7 @@
 starts with prepare guest stop:" (spec: node-and-vmm-processes), through ctrl with a
 simulated node whose ``instance.stop`` answers as the real node does when the guest
 did not end its processes in time or could not sync/freeze
-(`kibotos.node.lifecycle`: ``failed_precondition``, ``prepare guest stop: …``).
+(`kibotos.node.instances.lifecycle`: ``failed_precondition``, ``prepare guest stop: …``).
 
 The node side (the VMM keeps running, the layer is not released) is
 tests/node/test_instance_lifecycle.py::test_failed_stop_prepare_leaves_the_vmm_running.

@@ -21,10 +21,10 @@ from templates_helpers import (
     upload_set,
 )
 
-from kibotos.ctrl.artifacts import artifact_root
-from kibotos.ctrl.context import CtrlContext, utcnow
+from kibotos.ctrl.live.context import CtrlContext, utcnow
+from kibotos.ctrl.store.artifacts import artifact_root
 from kibotos.ctrl.store.models import Workspace
-from kibotos.ctrl.wire import ArtifactOut, TemplateListOut, TemplateOut, TemplatePutOut
+from kibotos.ctrl.wire.base import ArtifactOut, TemplateListOut, TemplateOut, TemplatePutOut
 
 
 def blob_dir(ctx: CtrlContext) -> Path:

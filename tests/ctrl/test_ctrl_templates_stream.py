@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from ctrl_helpers import RunningCtrl, error, result
 
-from kibotos.ctrl.artifacts import artifact_root
+from kibotos.ctrl.store.artifacts import artifact_root
 
 SIZE = 160 << 20  # a small Template image
 PIECE = 1 << 20

@@ -10,7 +10,7 @@ import pytest
 import trio
 from ws_helpers import GI, TEMPLATE, events, open_ws_ctrl
 
-from kibotos.ctrl.workspace_wire import WorkspaceListOut, WorkspaceOut
+from kibotos.ctrl.wire.workspaces import WorkspaceListOut, WorkspaceOut
 
 
 async def test_create_places_boots_and_records(tmp_path: Path) -> None:

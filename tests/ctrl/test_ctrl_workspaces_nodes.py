@@ -9,7 +9,7 @@ from pathlib import Path
 from ctrl_helpers import wait_until
 from ws_helpers import WsCtrl, open_ws_ctrl
 
-from kibotos.ctrl.workspace_wire import CleanupStatusOut
+from kibotos.ctrl.wire.workspaces import CleanupStatusOut
 
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
 EXITED = "node reports the Instance as no longer running"

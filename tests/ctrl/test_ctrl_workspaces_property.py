@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kibotos.backends import NodeCapacity, PlacementRequest
-from kibotos.ctrl import nodes, overcommit
-from kibotos.ctrl.placement import CapacityIndex, Demand, IndexState
-from kibotos.ctrl.store_watch import AllocationSnapshot, NodeSnapshot
+from kibotos.ctrl.model import nodes, overcommit
+from kibotos.ctrl.model.placement import CapacityIndex, Demand, IndexState
+from kibotos.ctrl.store.watch import AllocationSnapshot, NodeSnapshot
 from kibotos.plugins import load_plugins
 
 GI = 1 << 30

@@ -14,10 +14,10 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 from ws_helpers import GI, open_ws_ctrl
 
-from kibotos.ctrl import pool_capacity
-from kibotos.ctrl.context import utcnow
-from kibotos.ctrl.pool_wire import PoolObjectsOut, PoolOut
+from kibotos.ctrl.live.context import utcnow
+from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.store.models import StoragePool
+from kibotos.ctrl.wire.pools import PoolObjectsOut, PoolOut
 from kibotos.errors import ResourceExhausted
 
 INSTANCE = "c" * 32

@@ -10,8 +10,8 @@ from typing import Any
 from ctrl_helpers import wait_until
 from ws_helpers import GI, open_ws_ctrl
 
-from kibotos.ctrl.pool_ops import lost_reason
-from kibotos.ctrl.pool_wire import DeclareLostOut
+from kibotos.ctrl.pools.operator_writes import lost_reason
+from kibotos.ctrl.wire.pools import DeclareLostOut
 
 MARKER = "f" * 32
 LOST = "/v1/storage-pools/pool-a/declare-lost"

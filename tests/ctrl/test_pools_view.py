@@ -10,7 +10,7 @@ from typing import Any
 from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
-from kibotos.ctrl.pool_wire import PoolListOut
+from kibotos.ctrl.wire.pools import PoolListOut
 
 MARKER = "a1" * 16
 

@@ -1,6 +1,6 @@
 """``POST /v1/transfers/export`` and ``/import`` through a real ctrl (hypercorn, SQLite)
 with simulated nodes whose ``object.export``/``object.import`` are the real node code
-(`kibotos.node.transfer` on real pool directories, uploading to and downloading from
+(`kibotos.node.storage.transfer` on real pool directories, uploading to and downloading from
 this ctrl's artifact store with the node's credential)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from volume_helpers import create_volume, settled_volume
 from ws_helpers import events, open_ws_ctrl
 
 from kibotos import transfer_archive
-from kibotos.ctrl.api_transfers import TransferExportOut, TransferImportOut
-from kibotos.node.objects import PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.transfer import NodeTransfers
+from kibotos.ctrl.api.transfers import TransferExportOut, TransferImportOut
+from kibotos.node.storage.objects import PoolObjects
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.transfer import NodeTransfers
 
 MIB = 1 << 20
 CAP = CAPACITY  # the block files transfer_sims makes

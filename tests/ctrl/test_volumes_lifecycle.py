@@ -15,8 +15,8 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, kinds, settled_volume, volume
 from ws_helpers import GI, open_ws_ctrl
 
-from kibotos.ctrl import volume_txns as vt
-from kibotos.ctrl.volume_wire import VolumeListOut, VolumeOut
+from kibotos.ctrl.pools import volume_txns as vt
+from kibotos.ctrl.wire.volumes import VolumeListOut, VolumeOut
 from kibotos.errors import Aborted, Internal
 from kibotos.testing.sim_instances import SimInstances
 

@@ -17,7 +17,7 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, kinds, settled_volume, volume
 from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
-from kibotos.ctrl.volume_wire import LayerStatusOut, VolumeOut
+from kibotos.ctrl.wire.volumes import LayerStatusOut, VolumeOut
 from kibotos.errors import FailedPrecondition, Internal
 from kibotos.testing.sim_instances import SimInstances
 
@@ -262,7 +262,7 @@ async def test_busy_node_is_asked_again_not_failed(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """An expansion asked again while the node still works on it (a session that
     dropped and came back) waits for it instead of recording a failure."""
-    monkeypatch.setattr("kibotos.ctrl.volumes.BUSY_PAUSE", 0.05)
+    monkeypatch.setattr("kibotos.ctrl.live.volume_service.BUSY_PAUSE", 0.05)
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         vid = (await create_volume(ctrl))["volume_id"]

@@ -1,5 +1,5 @@
 """Simulated nodes whose transfer commands are the node's real code
-(`kibotos.node.transfer` on a real pool directory, uploading to and downloading from a
+(`kibotos.node.storage.transfer` on a real pool directory, uploading to and downloading from a
 real ctrl's artifact store with the node's credential), for test_transfers_api and
 test_drain_rows."""
 
@@ -12,10 +12,10 @@ from typing import Any, ClassVar, TypeVar
 
 from ws_helpers import WsCtrl
 
-from kibotos.node.instance_spec import transfer_handlers
-from kibotos.node.objects import VOLUMES, PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.transfer import NodeTransfers
+from kibotos.node.instances.commands import transfer_handlers
+from kibotos.node.storage.objects import VOLUMES, PoolObjects
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.transfer import NodeTransfers
 from kibotos.testing.sim_instances import SimInstances
 
 MIB = 1 << 20

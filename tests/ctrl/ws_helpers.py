@@ -18,11 +18,11 @@ from ctrl_helpers import enroll_node, enroll_operator, make_config, wait_until
 from hypercorn.trio import serve as hypercorn_serve
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.context import CtrlContext
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
 from kibotos.ctrl.store.models import Template
-from kibotos.ctrl.workspace_ops import WorkspaceService
 from kibotos.testing.fake_node import SimNode, open_sim_node
 from kibotos.testing.sim_instances import SimInstances
 

@@ -28,7 +28,7 @@ from kibotos.dataplane.serve import DataplaneServer, DataplaneSettings, serve_da
 from kibotos.dataplane.state import Target, state_message
 from kibotos.errors import Unavailable
 from kibotos.guest import AGENT_PATH, ExitStatus
-from kibotos.node.dataplane_supervisor import DataplaneSupervisor
+from kibotos.node.dataplane.supervisor import DataplaneSupervisor
 
 GUEST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 TIMEOUT = 60

@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
 from kibotos.credentials import LIFETIME, OPERATIONS, Verifier, key_path
-from kibotos.ctrl import enrollment
-from kibotos.ctrl.api_sessions import Operation, WorkspaceSessionOut
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.context import CtrlContext, utcnow
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.api.sessions import Operation, WorkspaceSessionOut
+from kibotos.ctrl.live.context import CtrlContext, utcnow
+from kibotos.ctrl.model import enrollment
 from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.errors import ERROR_CLASSES, PermissionDenied

@@ -27,12 +27,12 @@ import trio
 from dp_harness import TIMEOUT, free_port
 
 from kibotos.config import CtrlConfig, NodeConfig, parse
-from kibotos.ctrl import enrollment
-from kibotos.ctrl.context import utcnow
+from kibotos.ctrl.live.context import utcnow
+from kibotos.ctrl.model import enrollment
 from kibotos.ctrl.serve import open_store, serve_ctrl
 from kibotos.ctrl.store.models import Template
 from kibotos.node.serve import NodeRuntime, serve_node
-from kibotos.node.session import SessionTiming
+from kibotos.node.session.control import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV, load_plugins
 
 TESTPLUGINS = Path(__file__).resolve().parent.parent / "testplugins"
@@ -85,7 +85,7 @@ async def wait_state(c: Cluster, workspace: str, state: str) -> dict[str, Any]:
 
 
 async def stop_units(config: NodeConfig) -> None:
-    from kibotos.node.vmsetup import supervisor_options
+    from kibotos.node.instances.setup import supervisor_options
 
     regs = load_plugins(test_modules=["kibotos_testvmm"])
     sup = regs.supervisor.get("direct")(supervisor_options(config))
@@ -161,7 +161,7 @@ def _node_config(base: Path, url: str, artifacts: Path) -> NodeConfig:
     import tomllib
 
     from kibotos.dev.layout import prepare_proc_root
-    from kibotos.node.pools.marker import init_pool
+    from kibotos.node.storage.pools.marker import init_pool
 
     init_pool("pool-a", base / "pool")
     (base / "proc").mkdir()

@@ -31,8 +31,8 @@ from kibotos.backends import Supervisor
 from kibotos.credentials import SigningKey
 from kibotos.dataplane.client import Output, Started, open_exec
 from kibotos.dataplane.exec_session import ExecRequest
-from kibotos.node import dataplane_supervisor as dps
-from kibotos.node.dataplane_supervisor import (
+from kibotos.node.dataplane import supervisor as dps
+from kibotos.node.dataplane.supervisor import (
     NOT_CONFIRMED,
     DataplaneSupervisor,
     DataplaneTiming,

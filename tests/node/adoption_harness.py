@@ -27,9 +27,9 @@ from instance_harness import (
     write_template,
 )
 
-from kibotos.node.lifecycle import Settings
-from kibotos.node.manager import VmInstanceManager
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.instances.lifecycle import Settings
+from kibotos.node.instances.manager import VmInstanceManager
+from kibotos.node.instances.setup import build_instance_manager
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,11 +18,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypercorn.trio import serve as hypercorn_serve
 
 from kibotos.config import CtrlConfig
-from kibotos.ctrl import enrollment
-from kibotos.ctrl.app import build_app
-from kibotos.ctrl.artifacts import artifact_root
-from kibotos.ctrl.context import utcnow
+from kibotos.ctrl.api.app import build_app
+from kibotos.ctrl.live.context import utcnow
+from kibotos.ctrl.model import enrollment
 from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.store.artifacts import artifact_root
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """One pool-object step of a node in its own process, for the crash tests: run with
 ``KIBOTOS_FAILPOINTS=<point>=kill[@N]`` it dies by SIGKILL at that point; run again
 with ``--restart`` it first does what a restarted node does to a pool (its own
-temporary files swept, `kibotos.node.pools.tempfiles`) and then retries the step, as
+temporary files swept, `kibotos.node.storage.pools.tempfiles`) and then retries the step, as
 ctrl retries the command.
 
     python crash_objects_proc.py POOL NODE_ID STEP EPOCH [--restart]
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import trio
 
-from kibotos.node.objects import VOLUMES, PoolObjects
-from kibotos.node.pools.tempfiles import sweep_pool
+from kibotos.node.storage.objects import VOLUMES, PoolObjects
+from kibotos.node.storage.pools.tempfiles import sweep_pool
 
 MIB = 1 << 20
 

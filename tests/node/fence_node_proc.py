@@ -23,7 +23,7 @@ import trio
 from instance_harness import FAST, node_config, registries, stop_all_units, write_template
 
 from kibotos.errors import KibotosError
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.instances.setup import build_instance_manager
 
 
 def emit(value: dict[str, Any]) -> None:

@@ -22,11 +22,11 @@ if str(TESTPLUGINS) not in sys.path:
     sys.path.insert(0, str(TESTPLUGINS))
 
 from kibotos.config import NodeConfig, parse  # noqa: E402
-from kibotos.node.lifecycle import Settings  # noqa: E402
-from kibotos.node.manager import VmInstanceManager  # noqa: E402
-from kibotos.node.pools.dirs import prepare_pool_dirs  # noqa: E402
-from kibotos.node.pools.marker import init_pool  # noqa: E402
-from kibotos.node.vmsetup import build_instance_manager  # noqa: E402
+from kibotos.node.instances.lifecycle import Settings  # noqa: E402
+from kibotos.node.instances.manager import VmInstanceManager  # noqa: E402
+from kibotos.node.instances.setup import build_instance_manager  # noqa: E402
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs  # noqa: E402
+from kibotos.node.storage.pools.marker import init_pool  # noqa: E402
 from kibotos.plugins import Registries, load_plugins  # noqa: E402
 
 DEADLINE = 120
@@ -139,7 +139,7 @@ artifact_dirs = ["{base / 'artifacts'}"]
 
 async def stop_all_units(config: NodeConfig) -> None:
     regs = registries()
-    from kibotos.node.vmsetup import supervisor_options
+    from kibotos.node.instances.setup import supervisor_options
 
     sup = regs.supervisor.get("direct")(supervisor_options(config))
     for info in await sup.list(""):

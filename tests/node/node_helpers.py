@@ -17,9 +17,9 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 
 from kibotos import atomicfile
 from kibotos.config import NodeConfig, load
-from kibotos.node.identity import NodeIdentity
-from kibotos.node.instances import Holdings, StateFeed
-from kibotos.node.pools.marker import init_pool
+from kibotos.node.instances.contract import Holdings, StateFeed
+from kibotos.node.session.identity import NodeIdentity
+from kibotos.node.storage.pools.marker import init_pool
 
 CREDENTIAL = "kid-test:secret-for-tests"
 

@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from kibotos.node.objects import KINDS, PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
-from kibotos.node.volume_ops import NodeStorage
+from kibotos.node.storage.objects import KINDS, PoolObjects
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
+from kibotos.node.storage.volume_ops import NodeStorage
 
 MIB = 1 << 20
 GIB = 1 << 30

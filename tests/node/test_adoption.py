@@ -1,7 +1,7 @@
-"""Adoption at node start with the light test VMM (`kibotos.node.adoption`,
-`kibotos.node.takeover`): running Instances are taken over without a guest restart and
-exec works at once; a guest that does not answer stays pending and recovers; a guest
-that restarted is configured again; a refusing guest, an unmatched record, a unit
+"""Adoption at node start with the light test VMM (`kibotos.node.instances.adoption`,
+`kibotos.node.instances.adoption_background`): running Instances are taken over without a
+guest restart and exec works at once; a guest that does not answer stays pending and
+recovers; a guest that restarted is configured again; a refusing guest, an unmatched record, a unit
 without a record, a pool that does not open; and the ownership check before a reclaim."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from instance_harness import DEADLINE, Node
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
-from kibotos.node.adoption import NOT_TAKEN_OVER, AdoptionRefused
-from kibotos.node.instances import FAILED, RUNNING
+from kibotos.node.instances.adoption import NOT_TAKEN_OVER, AdoptionRefused
+from kibotos.node.instances.contract import FAILED, RUNNING
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ import trio
 from adoption_harness import alive, node_at, node_root, start_instance
 from instance_harness import DEADLINE, Node
 
-from kibotos.node.instance_dirs import EXITED_REASON, OOM_REASON
-from kibotos.node.instances import FAILED
+from kibotos.node.instances.contract import FAILED
+from kibotos.node.records.instance_dirs import EXITED_REASON, OOM_REASON
 
 
 @pytest.fixture

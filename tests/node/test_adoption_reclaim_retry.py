@@ -22,8 +22,8 @@ from instance_harness import Node
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
-from kibotos.node.adoption import NOT_TAKEN_OVER
-from kibotos.node.instances import FAILED
+from kibotos.node.instances.adoption import NOT_TAKEN_OVER
+from kibotos.node.instances.contract import FAILED
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The start-up comparison table of `kibotos.node.adoption.judge`, row by row, on
+"""The start-up comparison table of `kibotos.node.instances.adoption.judge`, row by row, on
 records and unit descriptions as the supervisor reports them (no processes needed)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kibotos.backends import UnitInfo
-from kibotos.node.adoption import (
+from kibotos.node.instances.adoption import (
     ADOPT,
     FINISH,
     GONE,
@@ -19,9 +19,9 @@ from kibotos.node.adoption import (
     differences,
     judge,
 )
-from kibotos.node.instance_spec import CreateSpec
-from kibotos.node.instances import CREATING, FAILED, RUNNING, STOPPING
-from kibotos.node.lifecycle import Instance
+from kibotos.node.instances.commands import CreateSpec
+from kibotos.node.instances.contract import CREATING, FAILED, RUNNING, STOPPING
+from kibotos.node.instances.lifecycle import Instance
 
 NAME = "kibotos-vmm-inst-1.service"
 ARGV = ["/usr/bin/vmm", "--socket", "/r/runtime/instances/inst-1/agent.sock"]

@@ -1,4 +1,4 @@
-"""The node's attachment records (`kibotos.node.attachments`; spec: storage-pools-on-nfs,
+"""The node's attachment records (`kibotos.node.records.attachments`; spec: storage-pools-on-nfs,
 "Directory layout": attachments are recorded under ``runtime/storage-pools/`` of the
 node that attaches them, never in the pool): they appear before an object is opened
 for an Instance and go after its release or fence; a node SIGKILLed between writing
@@ -20,15 +20,16 @@ from instance_harness import registries, running_node
 from kibotos import atomicfile, failpoints
 from kibotos.config import NodeConfig, PoolSection, parse
 from kibotos.errors import InvalidArgument
-from kibotos.node import maintenance_check, records
-from kibotos.node.attachments import Attachments
-from kibotos.node.holder_watch import HolderWatch
-from kibotos.node.instances import FAILED, RUNNING, STOPPED
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
-from kibotos.node.pools import legacy_names as ln
-from kibotos.node.pools import startup
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
+from kibotos.node.checks import maintenance_check
+from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
+from kibotos.node.records import instance_records as records
+from kibotos.node.records.attachments import Attachments
+from kibotos.node.storage.holder_watch import HolderWatch
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.storage.pools import legacy_names as ln
+from kibotos.node.storage.pools import startup
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
 
 MIB = 1 << 20
 ID = "inst-1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from kibotos.node.backoff import Backoff
+from kibotos.node.session.backoff import Backoff
 
 
 def test_delays_double_up_to_the_cap_with_jitter() -> None:

@@ -26,10 +26,10 @@ from kibotos import atomicfile
 from kibotos.backends import UnitSpec
 from kibotos.cli.node_role_cmds import node_role_group
 from kibotos.config import NodeConfig, parse
-from kibotos.node import maintenance_check
-from kibotos.node.build_identity import BuildIdentity
-from kibotos.node.check_report import Report
-from kibotos.node.vmsetup import supervisor_options
+from kibotos.node.checks import maintenance_check
+from kibotos.node.checks.check_report import Report
+from kibotos.node.instances.setup import supervisor_options
+from kibotos.node.runtime.build_identity import BuildIdentity
 
 N = BuildIdentity(release="0.4.0")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
@@ -275,7 +275,7 @@ async def test_the_running_node_holds_the_owner_lock(stopped: Node) -> None:
     lock = stopped.root / "runtime" / "node.lock"
     holder = spawn(
         [sys.executable, "-c", "import sys,time; from pathlib import Path; "
-         "from kibotos.node.layout import OwnerLock; l=OwnerLock(Path(sys.argv[1])); "
+         "from kibotos.node.host.layout import OwnerLock; l=OwnerLock(Path(sys.argv[1])); "
          "l.acquire(); print('held', flush=True); time.sleep(600)", str(lock)],
         stdout=subprocess.PIPE)
     try:

@@ -15,8 +15,8 @@ from instance_harness import registries
 from upgrade_harness import left_node
 
 from kibotos import atomicfile
-from kibotos.node import maintenance_check
-from kibotos.node.build_identity import BuildIdentity
+from kibotos.node.checks import maintenance_check
+from kibotos.node.runtime.build_identity import BuildIdentity
 
 N = BuildIdentity(release="0.4.0")
 

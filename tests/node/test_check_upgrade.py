@@ -21,9 +21,10 @@ from upgrade_harness import left_node, snapshot
 
 from kibotos import atomicfile
 from kibotos.cli.node_role_cmds import node_role_group
-from kibotos.node import installations, upgrade_check
-from kibotos.node.build_identity import BuildIdentity
-from kibotos.node.check_report import Report
+from kibotos.node.checks import upgrade_check
+from kibotos.node.checks.check_report import Report
+from kibotos.node.runtime import installations
+from kibotos.node.runtime.build_identity import BuildIdentity
 
 N = BuildIdentity(release="0.4.0")
 N1 = BuildIdentity(release="0.4.1")
@@ -173,7 +174,7 @@ async def test_a_target_runtime_directory_without_the_runtime_blocks(stopped: No
 def spawn_lock_holder(lock: Path) -> subprocess.Popen[str]:
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys,time; from pathlib import Path; "
-         "from kibotos.node.layout import OwnerLock; l=OwnerLock(Path(sys.argv[1])); "
+         "from kibotos.node.host.layout import OwnerLock; l=OwnerLock(Path(sys.argv[1])); "
          "l.acquire(); print('held', flush=True); time.sleep(600)", str(lock)],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None

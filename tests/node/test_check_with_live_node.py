@@ -16,7 +16,7 @@ from pathlib import Path
 import trio
 from node_helpers import FakeCtrl, free_port, node_config, store_identity
 
-from kibotos.node import installations
+from kibotos.node.runtime import installations
 
 KIBOTOS = [sys.executable, "-m", "kibotos.cli.main"]
 RUNTIME = str(installations.default_runtime_dir())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from kibotos.node.clock import (
+from kibotos.node.host.clock import (
     SYNCHRONIZED,
     UNKNOWN,
     UNSYNCHRONIZED,

@@ -25,10 +25,10 @@ import trio
 from instance_harness import short_dir
 
 from kibotos import atomicfile
-from kibotos.node.objects import VOLUMES, PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
-from kibotos.node.pools.tempfiles import is_temp_name
+from kibotos.node.storage.objects import VOLUMES, PoolObjects
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
+from kibotos.node.storage.pools.tempfiles import is_temp_name
 
 pytestmark = pytest.mark.slow
 

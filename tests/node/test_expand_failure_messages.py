@@ -26,9 +26,9 @@ from storage_cmd_helpers import (
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
-from kibotos.node import expand
-from kibotos.node.instance_spec import storage_handlers
-from kibotos.node.objects import VOLUMES
+from kibotos.node.instances.commands import storage_handlers
+from kibotos.node.storage import expand
+from kibotos.node.storage.objects import VOLUMES
 
 
 def stand_in(bindir: Path, tool: str, code: int, message: str) -> str:

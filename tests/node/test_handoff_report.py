@@ -16,8 +16,8 @@ from typing import Any
 
 from instance_harness import running_node, short_dir
 
-from kibotos.node.instances import FAILED, RUNNING, STOPPED
-from kibotos.node.lifecycle import HeldObject, Instance
+from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
+from kibotos.node.instances.lifecycle import HeldObject, Instance
 
 
 def layer_entry(epoch: int, clean: bool | None) -> dict[str, Any]:

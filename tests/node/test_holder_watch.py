@@ -1,4 +1,4 @@
-"""The node's holder check (`kibotos.node.holder_watch`) and the takeover rows that
+"""The node's holder check (`kibotos.node.storage.holder_watch`) and the takeover rows that
 need a whole Instance: a running Instance whose use right another node took is stopped,
 its receipts written and it is FAILED; one still holding everything is left alone; a
 Workspace taking over its layer and a Volume writes both holder records before it waits,
@@ -14,9 +14,9 @@ from adoption_harness import alive
 from instance_harness import DEADLINE, Node, running_node
 
 from kibotos import atomicfile
-from kibotos.node.holder_watch import TAKEN_OVER, HolderWatch
-from kibotos.node.instances import FAILED, RUNNING, STOPPED
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
+from kibotos.node.storage.holder_watch import TAKEN_OVER, HolderWatch
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 
 MIB = 1 << 20
 

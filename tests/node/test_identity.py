@@ -16,7 +16,7 @@ from node_helpers import node_config
 
 from kibotos import failpoints
 from kibotos.errors import FailedPrecondition
-from kibotos.node.identity import ensure_identity, load_identity, public_key_b64
+from kibotos.node.session.identity import ensure_identity, load_identity, public_key_b64
 
 GRANT = "kgr-01k6test.c2VjcmV0LXNlY3JldA"
 

@@ -8,7 +8,7 @@ import pytest
 
 from kibotos import failpoints
 from kibotos.errors import FailedPrecondition
-from kibotos.node.incarnation import next_incarnation, read_incarnation
+from kibotos.node.host.incarnation import next_incarnation, read_incarnation
 
 
 def test_first_start_is_one_and_each_start_adds_one(tmp_path: Path) -> None:

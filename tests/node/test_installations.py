@@ -16,8 +16,8 @@ from upgrade_harness import node_at, start, stop_units
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
-from kibotos.node import installations as inst_mod
-from kibotos.node.build_identity import BuildIdentity, runtime_range_problem
+from kibotos.node.runtime import installations as inst_mod
+from kibotos.node.runtime.build_identity import BuildIdentity, runtime_range_problem
 
 N = BuildIdentity(release="0.4.0")
 N1 = BuildIdentity(release="0.4.1")
@@ -214,7 +214,7 @@ async def test_a_node_standing_for_a_release_reports_it_and_pins_its_runtime(
     from node_helpers import FakeCtrl, node_config, store_identity
 
     from kibotos.node.serve import serve_node
-    from kibotos.node.session import SessionTiming
+    from kibotos.node.session.control import SessionTiming
 
     timing = SessionTiming(ping_interval=0.5, silence_timeout=5.0, welcome_timeout=5.0,
                            slow_retry=1.0, backoff_initial=0.05, backoff_cap=0.2)

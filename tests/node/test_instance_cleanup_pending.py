@@ -34,8 +34,8 @@ from stuck_fuse_helpers import StuckFs
 from kibotos import atomicfile
 from kibotos.config import NodeConfig
 from kibotos.errors import Unavailable
-from kibotos.node.instances import DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.instances.contract import DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
+from kibotos.node.instances.setup import build_instance_manager
 from kibotos.plugins import load_plugins
 
 pytestmark = pytest.mark.skipif(not Path("/dev/fuse").exists() or shutil.which("mount")

@@ -22,8 +22,8 @@ from kibotos.errors import (
     NotFound,
     ResourceExhausted,
 )
-from kibotos.node.instances import CREATING, FAILED, RUNNING, STOPPED
-from kibotos.node.manager import EXITED_REASON
+from kibotos.node.instances.contract import CREATING, FAILED, RUNNING, STOPPED
+from kibotos.node.instances.manager import EXITED_REASON
 
 HERE = Path(__file__).resolve().parent
 
@@ -337,7 +337,7 @@ async def test_unexpected_exit_fails_with_the_spec_reason() -> None:
 
 
 async def test_readiness_timeout_stops_the_unit() -> None:
-    from kibotos.node.lifecycle import Settings
+    from kibotos.node.instances.lifecycle import Settings
 
     settings = Settings(ready_timeout=2, stop_timeout=5, force_sync_timeout=2,
                         monitor_interval=0.1)
@@ -592,7 +592,7 @@ async def test_a_blob_not_on_the_node_is_fetched_into_the_cache() -> None:
 ])
 async def test_node_killed_during_a_launch(name: str, unit_left: bool) -> None:
     """A node process SIGKILLed at a launch step: the next one finds the records and
-    finishes the creation (adoption: `kibotos.node.adoption`): launched again when no
+    finishes the creation (adoption: `kibotos.node.instances.adoption`): launched again when no
     VMM runs, the running unit taken over (its lost launch facts recorded) when one
     does; a force stop then leaves nothing running."""
     import sys

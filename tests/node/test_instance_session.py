@@ -11,7 +11,7 @@ from instance_harness import node_config, short_dir, stop_all_units, write_templ
 from node_helpers import Conn, FakeCtrl, store_identity, write_proc
 
 from kibotos.node.serve import NodeRuntime, serve_node
-from kibotos.node.session import SessionTiming
+from kibotos.node.session.control import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV
 
 TIMING = SessionTiming(ping_interval=0.05, backoff_initial=0.02, backoff_cap=0.1)

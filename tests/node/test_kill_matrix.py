@@ -20,7 +20,7 @@ from adoption_harness import alive, node_at, node_root, run_child
 from instance_harness import Node
 
 from kibotos import atomicfile, failpoints
-from kibotos.node.instances import RUNNING
+from kibotos.node.instances.contract import RUNNING
 
 pytestmark = pytest.mark.slow
 

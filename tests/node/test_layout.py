@@ -12,7 +12,7 @@ import pytest
 from node_helpers import node_config
 
 from kibotos.errors import FailedPrecondition
-from kibotos.node.layout import ROOT_DIRS, NodePaths, OwnerLock, prepare_layout
+from kibotos.node.host.layout import ROOT_DIRS, NodePaths, OwnerLock, prepare_layout
 
 
 def test_prepare_layout_creates_root_and_pool_directories(tmp_path: Path) -> None:

@@ -13,11 +13,11 @@ import trio
 from node_helpers import write_proc
 from prometheus_client.parser import text_string_to_metric_families
 
-from kibotos.node.holder_watch import TAKEN_OVER
-from kibotos.node.instances import EmptyInstanceManager
+from kibotos.node.host.usage import UsageSampler
+from kibotos.node.instances.contract import EmptyInstanceManager
 from kibotos.node.metrics import NodeMetrics, NodeParts, serve_metrics
-from kibotos.node.session import SessionStatus
-from kibotos.node.usage import UsageSampler
+from kibotos.node.session.control import SessionStatus
+from kibotos.node.storage.holder_watch import TAKEN_OVER
 
 
 def fencings(text: str) -> float:

@@ -1,6 +1,6 @@
 """The node's records of ended Instances and preparation commands
-(`kibotos.node.registry`), the machine-log tails with their quota
-(`kibotos.node.machine_logs`), and the node-local temporary files deleted at start
+(`kibotos.node.records.registry`), the machine-log tails with their quota
+(`kibotos.node.records.machine_logs`), and the node-local temporary files deleted at start
 (spec: node-and-vmm-processes, "Records of ended Instances", "Console and VMM logs",
 "Temporary files from interrupted writes", local rows of both tables)."""
 
@@ -17,13 +17,14 @@ from node_helpers import node_config
 
 from kibotos import atomicfile
 from kibotos.errors import InvalidArgument
-from kibotos.node import machine_logs, records
-from kibotos.node.instance_dirs import InstanceDirs
-from kibotos.node.instance_spec import CreateSpec
-from kibotos.node.instances import STOPPED
-from kibotos.node.lifecycle import Instance
-from kibotos.node.pools import startup as pools_startup
-from kibotos.node.registry import LIST_LIMIT, Registry, cleanup_result, registry_handlers
+from kibotos.node.instances.commands import CreateSpec
+from kibotos.node.instances.contract import STOPPED
+from kibotos.node.instances.lifecycle import Instance
+from kibotos.node.records import instance_records as records
+from kibotos.node.records import machine_logs
+from kibotos.node.records.instance_dirs import InstanceDirs
+from kibotos.node.records.registry import LIST_LIMIT, Registry, cleanup_result, registry_handlers
+from kibotos.node.storage.pools import startup as pools_startup
 
 
 def _write(registry: Registry, instance_id: str, age_s: float) -> None:

@@ -26,11 +26,11 @@ from kibotos.errors import (
     NotFound,
     Unavailable,
 )
-from kibotos.node.instance_spec import transfer_handlers
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects, UseRightTakenOver
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.tempfiles import is_temp_name
-from kibotos.node.transfer import NodeTransfers
+from kibotos.node.instances.commands import transfer_handlers
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects, UseRightTakenOver
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.tempfiles import is_temp_name
+from kibotos.node.storage.transfer import NodeTransfers
 
 MIB = 1 << 20
 

@@ -20,7 +20,7 @@ from node_helpers import free_port, node_config, write_proc
 from kibotos.config import CtrlConfig, load
 from kibotos.ctrl.serve import serve_ctrl
 from kibotos.node.serve import NodeRuntime, serve_node
-from kibotos.node.session import NodeIsolated, SessionTiming
+from kibotos.node.session.control import NodeIsolated, SessionTiming
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from storage_cmd_helpers import MIB, Storage, fsck_clean, make_pool, put_data, r
 
 from kibotos import atomicfile, failpoints
 from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from kibotos.node.instance_spec import storage_handlers
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.instances.commands import storage_handlers
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 from kibotos.transfer_archive import data_ranges
 
 

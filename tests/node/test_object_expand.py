@@ -24,9 +24,9 @@ from storage_cmd_helpers import (
 
 from kibotos import atomicfile, failpoints
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
-from kibotos.node import expand
-from kibotos.node.instance_spec import storage_handlers
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.instances.commands import storage_handlers
+from kibotos.node.storage import expand
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,7 +214,7 @@ KILLED = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[2])
     from storage_cmd_helpers import Storage
-    from kibotos.node.instance_spec import storage_handlers
+    from kibotos.node.instances.commands import storage_handlers
     st = Storage("node-a", {"pool-a": Path(sys.argv[1])})
     trio.run(storage_handlers(st.storage)["object.expand"], {
         "kind": "retained_layer", "pool_id": "pool-a", "object_id": "ws-1", "epoch": 1,

@@ -11,14 +11,14 @@ import trio
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.node.objects import (
+from kibotos.node.storage.objects import (
     RETAINED_LAYERS,
     VOLUMES,
     Holder,
     PoolObjects,
     UseRightTakenOver,
 )
-from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 
 MIB = 1 << 20
 

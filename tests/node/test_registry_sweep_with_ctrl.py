@@ -26,7 +26,7 @@ from stuck_fuse_helpers import StuckFs
 from kibotos.config import CtrlConfig, NodeConfig, load
 from kibotos.ctrl.serve import serve_ctrl
 from kibotos.node.serve import NodeRuntime, serve_node
-from kibotos.node.session import SessionTiming
+from kibotos.node.session.control import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV
 
 pytestmark = pytest.mark.slow

@@ -20,9 +20,9 @@ from node_helpers import (
 )
 
 from kibotos.errors import FailedPrecondition
-from kibotos.node.instances import Holdings
+from kibotos.node.instances.contract import Holdings
 from kibotos.node.serve import NodeRuntime, serve_node
-from kibotos.node.session import NodeIsolated, SessionTiming
+from kibotos.node.session.control import NodeIsolated, SessionTiming
 
 TIMING = SessionTiming(ping_interval=0.05, backoff_initial=0.02, backoff_cap=0.1)
 

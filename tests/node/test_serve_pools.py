@@ -13,10 +13,10 @@ import trio
 from node_helpers import Conn, FakeCtrl, node_config, store_identity
 
 from kibotos.errors import Unavailable
-from kibotos.node.objects import RETAINED_LAYERS
-from kibotos.node.pools.marker import init_pool, marker_path, read_marker
 from kibotos.node.serve import NodeRuntime, serve_node
-from kibotos.node.session import SessionTiming
+from kibotos.node.session.control import SessionTiming
+from kibotos.node.storage.objects import RETAINED_LAYERS
+from kibotos.node.storage.pools.marker import init_pool, marker_path, read_marker
 
 TIMING = SessionTiming(ping_interval=0.05, backoff_initial=0.02, backoff_cap=0.1)
 

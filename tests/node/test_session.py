@@ -22,11 +22,11 @@ from node_helpers import (
 )
 
 from kibotos.errors import FailedPrecondition
-from kibotos.node.clock import SYNCHRONIZED, UNKNOWN, UNSYNCHRONIZED, NodeClock
-from kibotos.node.instances import Holdings
-from kibotos.node.report import ReportBoard
-from kibotos.node.session import ControlSession, NodeIsolated, SessionTiming, session_url
-from kibotos.node.usage import UsageSampler
+from kibotos.node.host.clock import SYNCHRONIZED, UNKNOWN, UNSYNCHRONIZED, NodeClock
+from kibotos.node.host.usage import UsageSampler
+from kibotos.node.instances.contract import Holdings
+from kibotos.node.session.control import ControlSession, NodeIsolated, SessionTiming, session_url
+from kibotos.node.session.report import ReportBoard
 
 FAST = SessionTiming(ping_interval=0.05, silence_timeout=30.0, welcome_timeout=30.0,
                      slow_retry=60.0, backoff_initial=0.02, backoff_cap=0.1)

@@ -16,8 +16,8 @@ import trio
 from artifact_ctrl_harness import loopback_ctrl
 
 from kibotos.errors import FailedPrecondition, ResourceExhausted, Unauthenticated, Unavailable
-from kibotos.node import template_cache
-from kibotos.node.template_cache import TemplateCache
+from kibotos.node.storage import template_cache
+from kibotos.node.storage.template_cache import TemplateCache
 
 BLOB = 64 << 10
 

@@ -24,10 +24,11 @@ import trio
 from instance_harness import Node, registries, short_dir
 from upgrade_harness import node_at, start, stop_units
 
-from kibotos.node import installations, maintenance_check, upgrade_check
-from kibotos.node.build_identity import BuildIdentity
-from kibotos.node.check_report import Report
-from kibotos.node.instances import FAILED, RUNNING
+from kibotos.node.checks import maintenance_check, upgrade_check
+from kibotos.node.checks.check_report import Report
+from kibotos.node.instances.contract import FAILED, RUNNING
+from kibotos.node.runtime import installations
+from kibotos.node.runtime.build_identity import BuildIdentity
 
 pytestmark = pytest.mark.slow
 

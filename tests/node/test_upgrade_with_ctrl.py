@@ -23,10 +23,11 @@ from node_helpers import free_port, node_config
 
 from kibotos.config import CtrlConfig, NodeConfig, load
 from kibotos.ctrl.serve import serve_ctrl
-from kibotos.node import installations, maintenance_check, upgrade_check
-from kibotos.node.build_identity import BuildIdentity
+from kibotos.node.checks import maintenance_check, upgrade_check
+from kibotos.node.runtime import installations
+from kibotos.node.runtime.build_identity import BuildIdentity
 from kibotos.node.serve import serve_node
-from kibotos.node.session import SessionTiming
+from kibotos.node.session.control import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV
 
 pytestmark = pytest.mark.slow

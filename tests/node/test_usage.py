@@ -10,7 +10,7 @@ import pytest
 import trio
 from node_helpers import write_proc
 
-from kibotos.node.usage import (
+from kibotos.node.host.usage import (
     MemoryTightness,
     Pressure,
     UsageSampler,

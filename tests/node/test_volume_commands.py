@@ -11,8 +11,8 @@ from storage_cmd_helpers import MIB, Storage, dumpe2fs, make_pool, tree
 
 from kibotos import atomicfile
 from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument
-from kibotos.node.instance_spec import storage_handlers
-from kibotos.node.objects import VOLUMES, PoolObjects
+from kibotos.node.instances.commands import storage_handlers
+from kibotos.node.storage.objects import VOLUMES, PoolObjects
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """A node (Instance manager, ``direct`` supervisor, ``testvmm`` backend) that stands for
-a given release (`kibotos.node.build_identity.BuildIdentity`), for the installation,
+a given release (`kibotos.node.runtime.build_identity.BuildIdentity`), for the installation,
 check-maintenance, check-upgrade and upgrade tests; and a snapshot of a storage root
 to prove a check wrote nothing."""
 
@@ -25,9 +25,9 @@ from instance_harness import (
     write_template,
 )
 
-from kibotos.node.build_identity import BuildIdentity
-from kibotos.node.instances import FAILED, RUNNING
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.instances.contract import FAILED, RUNNING
+from kibotos.node.instances.setup import build_instance_manager
+from kibotos.node.runtime.build_identity import BuildIdentity
 
 
 @asynccontextmanager

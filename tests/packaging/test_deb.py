@@ -236,7 +236,7 @@ import cryptography.hazmat.bindings._rust, sqlalchemy.engine._row_cy, markupsafe
 import _cffi_backend
 from pathlib import Path
 from kibotos import config
-from kibotos.node import installations
+from kibotos.node.runtime import installations
 assert sys.prefix == {str(root / VENV)!r}, sys.prefix
 assert kibotos.__file__.startswith({str(root / SITE)!r}), kibotos.__file__
 config.load(config.CtrlConfig, {str(root / "etc/kibotos/ctrl.toml")!r})

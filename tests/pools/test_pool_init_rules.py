@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from kibotos.cli.node_role_cmds import node_role_group
 from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.node.pools.marker import (
+from kibotos.node.storage.pools.marker import (
     MARKER_NAME,
     MISSING_REASON,
     MarkerProblem,

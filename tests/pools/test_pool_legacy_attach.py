@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from kibotos.errors import Unavailable
-from kibotos.node.objects import RETAINED_LAYERS, PoolObjects
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.legacy_names import NamedPoolObjects, digest_name
+from kibotos.node.storage.objects import RETAINED_LAYERS, PoolObjects
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.legacy_names import NamedPoolObjects, digest_name
 
 MIB = 1 << 20
 EXT = {"data": ".ext4", "metadata": ".json", "holders": ".json", "releases": ".json",

@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 from kibotos import atomicfile
-from kibotos.node.objects import VOLUMES
-from kibotos.node.pools import legacy_names as ln
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
-from kibotos.node.volume_ops import NodeStorage
+from kibotos.node.storage.objects import VOLUMES
+from kibotos.node.storage.pools import legacy_names as ln
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
+from kibotos.node.storage.volume_ops import NodeStorage
 
 MIB = 1 << 20
 

@@ -16,10 +16,10 @@ import pytest
 from kibotos import atomicfile, failpoints
 from kibotos.config import PoolSection
 from kibotos.errors import Unavailable
-from kibotos.node.attachments import Attachments
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, UseRightTakenOver
-from kibotos.node.pools import legacy_names as ln
-from kibotos.node.pools.dirs import prepare_pool_dirs
+from kibotos.node.records.attachments import Attachments
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, UseRightTakenOver
+from kibotos.node.storage.pools import legacy_names as ln
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 
 SUBS = {"locks": ".lock", "data": ".ext4", "holders": ".json", "releases": ".json",
         "metadata": ".json"}
@@ -94,7 +94,7 @@ def test_start_keeps_attached_and_foreign_objects(tmp_path: Path, caplog):
     pool, root = tmp_path / "pool", tmp_path / "root"
     attached_hex = old_object(pool, "vol-att")
     other_hex = old_object(pool, "vol-other", holder="node-b")
-    # attached = this node's attachment record (kibotos.node.attachments)
+    # attached = this node's attachment record (kibotos.node.records.attachments)
     Attachments(root).record("pool-a", VOLUMES, "vol-att", instance_id="inst-1", epoch=2)
     with caplog.at_level(logging.INFO, logger="kibotos.node"):
         summary = ln.rename_at_start(pool_section(pool), "node-a", root)
@@ -288,7 +288,7 @@ def test_a_node_killed_mid_rename_is_finished_at_its_next_start(tmp_path: Path, 
     pool = tmp_path / "pool"
     old_object(pool, "vol-1", holder="node-a", epoch=2)
     code = ("import sys; from pathlib import Path; from kibotos.config import PoolSection; "
-            "from kibotos.node.pools.legacy_names import rename_at_start; "
+            "from kibotos.node.storage.pools.legacy_names import rename_at_start; "
             "rename_at_start(PoolSection.model_validate({'id': 'pool-a', 'path': sys.argv[1]}),"
             " 'node-a', Path(sys.argv[2]))")
     proc = subprocess.run([sys.executable, "-c", code, str(pool), str(tmp_path / "r")],
@@ -306,8 +306,8 @@ def test_a_node_killed_mid_rename_is_finished_at_its_next_start(tmp_path: Path, 
 def test_the_pool_monitor_renames_when_the_pool_is_first_available(tmp_path: Path, caplog):
     """Wired into the node's start: the first time a pool is seen available."""
     from kibotos.config import NodeConfig
-    from kibotos.node.pools import startup
-    from kibotos.node.pools.marker import init_pool
+    from kibotos.node.storage.pools import startup
+    from kibotos.node.storage.pools.marker import init_pool
     from kibotos.plugins import load_plugins
 
     pool = tmp_path / "pool"

@@ -9,8 +9,8 @@ from pathlib import Path
 from nfs_trees import DEVICE, make_host
 
 from kibotos.config import PoolSection
-from kibotos.node.pools.availability import PoolMonitor
-from kibotos.node.pools.marker import MISSING_REASON, init_pool
+from kibotos.node.storage.pools.availability import PoolMonitor
+from kibotos.node.storage.pools.marker import MISSING_REASON, init_pool
 from kibotos.plugins import load_plugins
 
 GOOD = "rw,relatime,vers=4.1,hard,proto=tcp"

@@ -21,9 +21,9 @@ from pydantic import ValidationError
 from kibotos import ids
 from kibotos.config import NodeConfig
 from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument
-from kibotos.node.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
-from kibotos.node.pools import dirs, startup
-from kibotos.node.pools.marker import init_pool
+from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
+from kibotos.node.storage.pools import dirs, startup
+from kibotos.node.storage.pools.marker import init_pool
 
 MIB = 1 << 20
 

@@ -14,9 +14,9 @@ import trio
 
 from kibotos.config import NodeConfig
 from kibotos.errors import FailedPrecondition
-from kibotos.node.pools import dirs, startup
-from kibotos.node.pools.marker import MISSING_REASON, init_pool
-from kibotos.node.pools.tempfiles import is_temp_name
+from kibotos.node.storage.pools import dirs, startup
+from kibotos.node.storage.pools.marker import MISSING_REASON, init_pool
+from kibotos.node.storage.pools.tempfiles import is_temp_name
 from kibotos.plugins import load_plugins
 
 

@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 
 from kibotos.config import NodeConfig
-from kibotos.node.pools import startup
-from kibotos.node.pools.marker import init_pool
+from kibotos.node.storage.pools import startup
+from kibotos.node.storage.pools.marker import init_pool
 from kibotos.plugins import load_plugins
 
 #: The spec's examples, by where they are written (relative to a pool).

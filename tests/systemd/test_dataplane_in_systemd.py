@@ -1,4 +1,4 @@
-"""The node's data-plane process (`kibotos.node.dataplane_supervisor`) with the
+"""The node's data-plane process (`kibotos.node.dataplane.supervisor`) with the
 ``systemd`` supervisor in a real systemd (a user manager, usersystemd.py): spec "Data-
 plane processes" — a unit ``kibotos-dataplane-<scope>-<generation>.service`` in
 ``kibotos.slice/kibotos-dataplane.slice`` running ``kibotos dataplane serve`` as root,
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
 from dp_harness import TIMEOUT, Plane, free_port, run_exec, running, running_agent, target
 
 from kibotos.credentials import SigningKey
-from kibotos.node.dataplane_supervisor import (
+from kibotos.node.dataplane.supervisor import (
     DataplaneSupervisor,
     DataplaneTiming,
     unit_name,

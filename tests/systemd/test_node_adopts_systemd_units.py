@@ -37,9 +37,9 @@ from instance_harness import (
 
 from kibotos import atomicfile
 from kibotos.backends import UnitSpec
-from kibotos.node.adoption import AdoptionRefused
-from kibotos.node.instances import RUNNING
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.instances.adoption import AdoptionRefused
+from kibotos.node.instances.contract import RUNNING
+from kibotos.node.instances.setup import build_instance_manager
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -151,7 +151,7 @@ async def test_check_maintenance_with_systemd_sees_only_this_nodes_units(
     """check-maintenance reads the same host-wide units: another node's VMM on this host
     is not a leftover of this node; an unrecorded unit naming this node's Instance
     directory is."""
-    from kibotos.node import maintenance_check
+    from kibotos.node.checks import maintenance_check
 
     bus = user_systemd.bus
     sup = new_supervisor(user_systemd)

@@ -4,7 +4,7 @@ what systemd holds, and they behave as the spec says.
 
 ``/usr/bin/kibotos-node`` is not installed here, so a drop-in replaces only
 ``ExecStart=`` with a stand-in that runs the node's own startup steps: the startup
-checks (`kibotos.node.startup_checks.check_startup`), a helper process of its own (as
+checks (`kibotos.node.checks.startup_checks.check_startup`), a helper process of its own (as
 mkfs or guestfish would be), a VMM unit started through the ``systemd`` supervisor, and
 ``READY=1`` with the node's `notify_ready`.  The drop-in also shortens
 ``TimeoutStopSec`` (the default is 90 s) so the SIGKILL of a helper that ignores SIGTERM
@@ -44,7 +44,7 @@ STANDIN = textwrap.dedent("""
     from kibotos.backends import UnitSpec
     from kibotos.errors import KibotosError
     from kibotos.node.serve import notify_ready
-    from kibotos.node.startup_checks import check_startup
+    from kibotos.node.checks.startup_checks import check_startup
     from kibotos.plugins import load_plugins
 
     out = sys.argv[1]

@@ -1,4 +1,4 @@
-"""The node's startup checks (`kibotos.node.startup_checks`): without systemd, against
+"""The node's startup checks (`kibotos.node.checks.startup_checks`): without systemd, against
 prepared /proc trees, and for real as a unit of a user systemd (usersystemd.py)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from systemd_helpers import new_supervisor
 from kibotos.backends import UnitSpec
 from kibotos.config import NodeConfig, parse
 from kibotos.errors import FailedPrecondition
+from kibotos.node.checks.startup_checks import check_startup, own_cgroup
 from kibotos.node.serve import serve_node
-from kibotos.node.startup_checks import check_startup, own_cgroup
 
 DEADLINE = 60
 
@@ -86,7 +86,7 @@ async def test_serve_node_runs_the_checks_before_touching_state(tmp_path, monkey
 CHECK = textwrap.dedent("""
     import json, os, sys
     from kibotos.errors import KibotosError
-    from kibotos.node.startup_checks import check_startup
+    from kibotos.node.checks.startup_checks import check_startup
     try:
         unit = check_startup()
         out = {"ok": True, "unit": unit.unit, "main_pid": unit.main_pid,

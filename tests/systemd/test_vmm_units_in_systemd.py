@@ -162,10 +162,10 @@ async def test_the_firecracker_vmm_unit(sup: Supervisor, raw: Raw, short_dir: Pa
 
 
 async def test_the_dataplane_unit(sup: Supervisor, raw: Raw):
-    """The data-plane unit's properties (``kibotos.node.dataplane_supervisor``): its own
+    """The data-plane unit's properties (``kibotos.node.dataplane.supervisor``): its own
     slice under kibotos.slice, Restart=no, KillMode=control-group, OOMScoreAdjust=-900,
     no stop dependency on the node."""
-    from kibotos.node.dataplane_supervisor import UNIT_PROPERTIES, scope_of, unit_name
+    from kibotos.node.dataplane.supervisor import UNIT_PROPERTIES, scope_of, unit_name
 
     name = unit_name(scope_of(Path("/run/kibotos/node")), 1) + ".service"
     info = await sup.start(UnitSpec(name=name, argv=["sleep", "1000"],

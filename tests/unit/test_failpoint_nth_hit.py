@@ -45,8 +45,8 @@ def test_every_point_of_the_node_objects_is_known() -> None:
     import re
     from pathlib import Path
 
-    import kibotos.node.holder_watch as holder_watch
-    import kibotos.node.objects as objects
+    import kibotos.node.storage.holder_watch as holder_watch
+    import kibotos.node.storage.objects as objects
 
     used = set()
     for module in (objects, holder_watch):

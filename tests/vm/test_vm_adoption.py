@@ -1,5 +1,5 @@
 """A node restart with a real microVM (``qemu`` backend, ``direct`` supervisor): the next
-node process adopts the running VM (`kibotos.node.adoption`) without restarting its
+node process adopts the running VM (`kibotos.node.instances.adoption`) without restarting its
 guest — the same QEMU process, the same guest boot ID read inside the guest, a file
 written before the restart still there — and exec works right after."""
 
@@ -17,11 +17,11 @@ import trio
 from vm_node_harness import VM_SETTINGS, qemu_config, template_blobs
 
 from kibotos.config import NodeConfig
-from kibotos.node.instances import FAILED, RUNNING
-from kibotos.node.manager import VmInstanceManager
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
-from kibotos.node.vmsetup import build_instance_manager, supervisor_options
+from kibotos.node.instances.contract import FAILED, RUNNING
+from kibotos.node.instances.manager import VmInstanceManager
+from kibotos.node.instances.setup import build_instance_manager, supervisor_options
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
 from kibotos.plugins import load_plugins
 
 pytestmark = pytest.mark.slow

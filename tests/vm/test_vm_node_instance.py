@@ -22,11 +22,11 @@ import trio
 from vm_node_harness import VM_SETTINGS, qemu_config, template_blobs
 
 from kibotos import atomicfile
-from kibotos.node.instances import FAILED, RUNNING, STOPPED
-from kibotos.node.manager import VmInstanceManager
-from kibotos.node.pools.dirs import prepare_pool_dirs
-from kibotos.node.pools.marker import init_pool
-from kibotos.node.vmsetup import build_instance_manager, supervisor_options
+from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
+from kibotos.node.instances.manager import VmInstanceManager
+from kibotos.node.instances.setup import build_instance_manager, supervisor_options
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
 from kibotos.platform.images import read_file
 from kibotos.plugins import load_plugins
 

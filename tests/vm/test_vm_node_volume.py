@@ -15,7 +15,7 @@ import trio
 from test_vm_node_instance import qemu_node, run_in_guest, wait_state
 from vm_node_harness import template_blobs
 
-from kibotos.node.instances import FAILED, RUNNING
+from kibotos.node.instances.contract import FAILED, RUNNING
 from kibotos.platform.images import read_file
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kibotos import atomicfile
 from kibotos.config import NodeConfig, parse
-from kibotos.node.lifecycle import Settings
+from kibotos.node.instances.lifecycle import Settings
 
 #: Generous for TCG: a guest boots in minutes on a loaded machine.
 VM_SETTINGS = Settings(ready_timeout=300, stop_timeout=30, force_sync_timeout=10,

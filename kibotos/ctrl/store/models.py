@@ -202,7 +202,7 @@ class Workspace(Base):
     last_instance_id: Mapped[str | None] = mapped_column(String(40))
     last_node_id: Mapped[str | None] = mapped_column(String(63))
     stop_force: Mapped[bool] = mapped_column(Boolean, default=False)
-    #: How the writable layer last changed hands (`kibotos.ctrl.handoffs`): CLEAN,
+    #: How the writable layer last changed hands (`kibotos.ctrl.pools.handoffs`): CLEAN,
     #: UNKNOWN (opened without the previous holder's release receipt), NULL before any.
     layer_handoff: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime]
@@ -302,7 +302,7 @@ class StoragePool(Base):
     """What ctrl remembers about one storage pool ID, beyond the per-node facts.
 
     Nodes declare pools in their configuration; ctrl makes a row the first time a node
-    reports a pool ID (`kibotos.ctrl.pool_facts`), so the operator's settings have a
+    reports a pool ID (`kibotos.ctrl.pools.facts`), so the operator's settings have a
     home.  `capacity_bytes` is set only by the operator (``kibo storage-pool
     set-capacity``; NULL = not set, and creating an object in the pool is then
     ``resource_exhausted``).  `instance` is the marker instance ctrl registered for the

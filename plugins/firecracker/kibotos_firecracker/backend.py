@@ -42,7 +42,7 @@ from kibotos_firecracker.launch import Launch, parse_launch
 from kibotos_firecracker.ready import wait_hello
 from kibotos_firecracker.vsock import connect_vsock
 
-#: The data plane's agent socket in the Instance directory (kibotos.node.dataplane_targets).
+#: The data plane's agent socket in the Instance directory (kibotos.node.dataplane.targets).
 DATAPLANE_SOCKET = "agent-dp.sock"
 
 #: systemd properties of the VMM service (spec, "VMM service"): runs as root (the

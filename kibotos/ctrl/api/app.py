@@ -1,0 +1,150 @@
+"""The ctrl ASGI application: the route table of every API module, one error mapping.
+
+Errors leave in one shape, ``{"error": {"code", "message", "details"?}}``, with the HTTP
+status of `kibotos.errors`: a `KibotosError` as it is, a pydantic validation error as
+``invalid_argument`` naming the bad field, an unknown route as ``not_found``, anything
+else as ``internal`` (and logged).  Tests drive this app in-process through
+``httpx.ASGITransport``; `serve.py` serves it with hypercorn.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import Route as StarletteRoute
+from starlette.websockets import WebSocket
+
+from kibotos.ctrl.api import enrollment as api_enrollment
+from kibotos.ctrl.api import nodes as api_nodes
+from kibotos.ctrl.api import pools as api_pools
+from kibotos.ctrl.api import sessions as api_sessions
+from kibotos.ctrl.api import templates as api_templates
+from kibotos.ctrl.api import transfers as api_transfers
+from kibotos.ctrl.api import volumes as api_volumes
+from kibotos.ctrl.api import workspaces as api_workspaces
+from kibotos.ctrl.api.auth import Authenticator, Caller
+from kibotos.ctrl.api.metrics import RequestMetrics
+from kibotos.ctrl.api.openapi import build_openapi
+from kibotos.ctrl.api.routing import Api, Route, endpoint
+from kibotos.ctrl.live.cluster_metrics import install as install_metrics
+from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.live.journal import Journal
+from kibotos.ctrl.live.node_sessions import SessionHub
+from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
+from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
+
+log = logging.getLogger("kibotos.ctrl.api.app")
+
+
+def describe_validation(exc: ValidationError) -> InvalidArgument:
+    """One message naming every bad field, e.g. ``expected_version: Input should be a
+    valid integer``; the same list, structured, in ``details.fields``."""
+    fields = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        fields.append({"field": loc, "message": msg})
+    text = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
+    return InvalidArgument(f"invalid request: {text}", details={"fields": fields})
+
+
+def _error(exc: KibotosError, status: int | None = None) -> JSONResponse:
+    return JSONResponse(exc.to_wire(), status_code=status or exc.http_status)
+
+
+async def _on_kibotos_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, KibotosError)
+    return _error(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    return _error(describe_validation(exc))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _error(NotFound(f"no such API route: {request.method} {request.url.path}"))
+    if exc.status_code == 405:
+        return _error(InvalidArgument(
+            f"method {request.method} is not allowed on {request.url.path}"), 405)
+    return _error(InvalidArgument(str(exc.detail)), exc.status_code)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error in %s %s", request.method, request.url.path)
+    return _error(Internal(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def api_routes(api: Api) -> list[Route]:
+    """The whole HTTP API, as a table (the OpenAPI document is built from it)."""
+    table: list[Route] = []
+
+    async def openapi(request: Request, caller: Caller | None) -> Response:
+        return JSONResponse(document)
+
+    table.extend(api_enrollment.routes(api))
+    table.extend(api_nodes.routes(api))
+    artifacts = ArtifactStore(artifact_root(api.ctx.config))
+    artifacts.prepare()
+    table.extend(api_templates.routes(api, artifacts))
+    table.extend(api_workspaces.routes(api))
+    table.extend(api_sessions.routes(api))
+    table.extend(api_volumes.routes(api))
+    table.extend(api_transfers.routes(api, artifacts))
+    table.extend(api_pools.routes(api))
+    table.append(Route("GET", "/v1/node/session", None, "node",
+                       "The node control session (WebSocket)", websocket=True))
+    table.append(Route("GET", "/v1/openapi.json", openapi, "anyone",
+                       "This OpenAPI document"))
+    document: dict[str, Any] = build_openapi(table)
+    return table
+
+
+def build_app(ctx: CtrlContext) -> Starlette:
+    if not isinstance(ctx.sessions, SessionHub):
+        raise TypeError("build_app needs ctx.sessions to be a "
+                        "kibotos.ctrl.live.node_sessions.SessionHub")
+    hub = ctx.sessions
+    auth = Authenticator(ctx.store)
+    api = Api(ctx=ctx, auth=auth, journal=Journal(ctx.store, ctx.now))
+
+    async def node_session(ws: WebSocket) -> None:
+        await hub.serve_websocket(ws, auth)
+
+    starlette_routes: list[BaseRoute] = []
+    table = api_routes(api)
+    for route in table:
+        if route.websocket:
+            starlette_routes.append(WebSocketRoute(route.path, node_session))
+        else:
+            starlette_routes.append(StarletteRoute(route.path, endpoint(api, route),
+                                                   methods=[route.method]))
+    middleware: list[Middleware] = []
+    if ctx.config.metrics.enabled:  # Prometheus text, outside /v1 (docs/metrics.md)
+        starlette_routes.append(StarletteRoute(
+            "/metrics", install_metrics(ctx, auth.operator), methods=["GET"]))
+        middleware.append(Middleware(RequestMetrics, metrics=ctx.metrics))
+    app = Starlette(
+        routes=starlette_routes,
+        middleware=middleware,
+        exception_handlers={
+            KibotosError: _on_kibotos_error,
+            ValidationError: _on_validation_error,
+            HTTPException: _on_http_error,
+            Exception: _on_unexpected,
+        },
+    )
+    app.state.ctx = ctx
+    app.state.api = api
+    app.state.routes = table
+    return app

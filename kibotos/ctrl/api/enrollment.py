@@ -1,0 +1,131 @@
+"""HTTP API of identity and enrollment: exchange, whoami, grants, revoke.
+
+A created grant's token is shown once and never stored, not even in the command
+journal: the journal keeps the result without it.  Replaying the create (same command
+ID, same input) while the grant is still pending issues a fresh secret for the same
+grant and returns it; the old token stops working.  Once the grant was exchanged,
+revoked or has expired, the replay is refused with failed_precondition.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+
+from kibotos._version import __version__
+from kibotos.ctrl.api.auth import Caller
+from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.model import enrollment
+from kibotos.ctrl.pools import facts as pool_facts
+from kibotos.ctrl.store.models import EnrollmentGrant
+from kibotos.ctrl.wire.base import (
+    ExchangeIn,
+    ExchangeOut,
+    GrantCreateIn,
+    GrantCreateOut,
+    GrantListOut,
+    HealthOut,
+    RevokeIn,
+    RevokeOut,
+    WhoAmIOut,
+)
+from kibotos.errors import FailedPrecondition
+
+
+def _reissue(grant_id: str, now: datetime, session: Session) -> str:
+    grant = session.get(EnrollmentGrant, grant_id, with_for_update=True)
+    if grant is None or enrollment.grant_state(grant, now) != "pending":
+        state = "gone" if grant is None else enrollment.grant_state(grant, now)
+        raise FailedPrecondition(
+            f"enrollment grant {grant_id} is {state}: its token cannot be shown again",
+            details={"grant_id": grant_id, "state": state})
+    secret = enrollment.new_secret()
+    grant.secret_hash = enrollment.hash_secret(secret)
+    return f"{grant_id}.{secret}"
+
+
+def routes(api: Api) -> list[Route]:
+    ctx = api.ctx
+
+    async def health(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return {"status": "ok", "version": __version__}
+
+    async def exchange(request: Request, caller: Caller | None) -> dict[str, Any]:
+        body = await read_body(request, ExchangeIn)
+        return await ctx.store.write(partial(
+            enrollment.exchange, token=body.token, public_key=body.public_key, now=ctx.now()))
+
+    async def whoami(request: Request, caller: Caller | None) -> dict[str, Any]:
+        assert caller is not None
+        return {"identity_id": caller.identity_id, "kind": caller.kind,
+                "node_id": caller.node_id, "name": caller.name}
+
+    async def create_grant(request: Request, caller: Caller | None) -> dict[str, Any]:
+        assert caller is not None
+        body = await read_body(request, GrantCreateIn)
+        tokens: list[str] = []
+
+        def txn(session: Session) -> dict[str, Any]:
+            result = enrollment.create_grant(
+                session, kind=body.kind, node_id=body.node_id, name=body.name,
+                expires_in_s=body.expires_in_s, created_by=caller.identity_id,
+                now=ctx.now())
+            tokens.append(result.pop("token"))
+            return {**result, "token": None}
+
+        outcome = await api.journal.execute(
+            operation="enrollment.create_grant", params={}, body=body,
+            identity_id=caller.identity_id, fn=txn)
+        result = dict(outcome.result)
+        if outcome.replayed:
+            result["token"] = await ctx.store.write(
+                partial(_reissue, str(result["grant_id"]), ctx.now()))
+        else:
+            result["token"] = tokens[0]
+        return result
+
+    async def list_grants(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await ctx.store.run(partial(enrollment.list_all, now=ctx.now()))
+
+    async def revoke(request: Request, caller: Caller | None) -> dict[str, Any]:
+        assert caller is not None
+        body = await read_body(request, RevokeIn)
+        effects: list[enrollment.Revocation] = []
+
+        def txn(session: Session) -> dict[str, Any]:
+            done = enrollment.revoke(session, body.id, ctx.now())
+            if done.node_ids:  # a revoked node holds no pool ID any more
+                pool_facts.reconsider(session, ctx.now())
+            effects.append(done)
+            return {"revoked": done.revoked}
+
+        outcome = await api.journal.execute(
+            operation="enrollment.revoke", params={}, body=body,
+            identity_id=caller.identity_id, fn=txn)
+        if effects and not outcome.replayed:
+            api.auth.forget(effects[0].identity_ids)
+            for node_id in effects[0].node_ids:
+                await ctx.sessions.close(node_id, "revoked")
+        return outcome.result
+
+    return [
+        Route("GET", "/v1/health", health, "anyone", "Liveness and version of ctrl",
+              result=HealthOut),
+        Route("POST", "/v1/enrollment/exchange", exchange, "anyone",
+              "Exchange a one-time enrollment grant for a long-lived identity",
+              body=ExchangeIn, result=ExchangeOut),
+        Route("GET", "/v1/whoami", whoami, "identity", "The calling identity",
+              result=WhoAmIOut),
+        Route("POST", "/v1/enrollment/grants", create_grant, "operator",
+              "Issue a one-time enrollment grant for a node or an operator",
+              body=GrantCreateIn, result=GrantCreateOut),
+        Route("GET", "/v1/enrollment/grants", list_grants, "operator",
+              "List grants and identities", result=GrantListOut),
+        Route("POST", "/v1/enrollment/revoke", revoke, "operator",
+              "Revoke a grant or an identity; a revoked identity is refused at once",
+              body=RevokeIn, result=RevokeOut),
+    ]

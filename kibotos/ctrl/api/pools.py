@@ -1,0 +1,95 @@
+"""HTTP API of storage pools (docs/storage.md, "Storage pools in ctrl"): list, get,
+objects, set-capacity, declare-lost.
+
+Reads go straight to the store (`pool_view`); each write is one journaled transaction
+(`pool_ops`), replayed from the journal for the same command ID and input.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+
+from kibotos import ids
+from kibotos.ctrl.api.auth import Caller
+from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.pools import operator_writes as pool_ops
+from kibotos.ctrl.pools import view as pool_view
+from kibotos.ctrl.wire.pools import (
+    DeclareLostIn,
+    DeclareLostOut,
+    PoolListOut,
+    PoolObjectsOut,
+    PoolOut,
+    SetCapacityIn,
+)
+from kibotos.errors import InvalidArgument
+
+
+def path_pool_id(request: Request) -> str:
+    return ids.check_pool_id(request.path_params["pool_id"])
+
+
+def routes(api: Api) -> list[Route]:
+    ctx = api.ctx
+
+    async def list_pools(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await ctx.store.run(pool_view.list_pools)
+
+    async def get_pool(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await ctx.store.run(partial(pool_view.get_pool, pool_id=path_pool_id(request)))
+
+    async def pool_objects(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await ctx.store.run(partial(pool_view.pool_objects,
+                                           pool_id=path_pool_id(request)))
+
+    async def set_capacity(request: Request, caller: Caller | None) -> dict[str, Any]:
+        assert caller is not None
+        pool_id = path_pool_id(request)
+        body = await read_body(request, SetCapacityIn)
+
+        def txn(session: Session) -> dict[str, Any]:
+            return pool_ops.set_capacity(session, pool_id, body.capacity_bytes,
+                                         body.expected_version, ctx.now())
+
+        outcome = await api.journal.execute(
+            operation="storage_pool.set_capacity", params={"pool_id": pool_id}, body=body,
+            identity_id=caller.identity_id, fn=txn)
+        return outcome.result
+
+    async def declare_lost(request: Request, caller: Caller | None) -> dict[str, Any]:
+        assert caller is not None
+        pool_id = path_pool_id(request)
+        body = await read_body(request, DeclareLostIn)
+        if not body.confirm_data_lost:
+            raise InvalidArgument(
+                "confirm_data_lost must be true: declare-lost asserts that the pool's "
+                "storage is gone for good, and the Workspaces in it can only be deleted",
+                details={"field": "confirm_data_lost"})
+
+        def txn(session: Session) -> dict[str, Any]:
+            return pool_ops.declare_lost(session, pool_id, body.expected_version, ctx.now())
+
+        outcome = await api.journal.execute(
+            operation="storage_pool.declare_lost", params={"pool_id": pool_id}, body=body,
+            identity_id=caller.identity_id, fn=txn)
+        return outcome.result
+
+    return [
+        Route("GET", "/v1/storage-pools", list_pools, "operator",
+              "Every storage pool: capacity, reservations, members", result=PoolListOut),
+        Route("GET", "/v1/storage-pools/{pool_id}", get_pool, "operator",
+              "One storage pool, with each member's availability and refused storages",
+              result=PoolOut),
+        Route("GET", "/v1/storage-pools/{pool_id}/objects", pool_objects, "operator",
+              "The retained layers and Volumes in a storage pool", result=PoolObjectsOut),
+        Route("POST", "/v1/storage-pools/{pool_id}/set-capacity", set_capacity, "operator",
+              "Set the pool's capacity (never below its reservations)",
+              body=SetCapacityIn, result=PoolOut),
+        Route("POST", "/v1/storage-pools/{pool_id}/declare-lost", declare_lost, "operator",
+              "Declare a pool without members lost: its Workspaces can only be deleted",
+              body=DeclareLostIn, result=DeclareLostOut),
+    ]

@@ -1,0 +1,109 @@
+"""The route table every API module contributes to, and what each handler shares.
+
+A `Route` names its method, path, who may call it, and its body, query and result
+models.  `app.py` turns the table into Starlette routes, and `openapi.py` into the
+OpenAPI document, so the two cannot disagree.  The ``who`` column is enforced here, in
+one wrapper, before a handler runs: a handler never forgets to authenticate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from kibotos import ids
+from kibotos.ctrl.api.auth import Authenticator, Caller
+from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.live.journal import Journal
+from kibotos.errors import InvalidArgument
+
+Who = Literal["anyone", "identity", "operator", "node"]
+Handler = Callable[[Request, Caller | None], Awaitable[Any]]
+M = TypeVar("M", bound=BaseModel)
+
+MAX_BODY = 1 << 20
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler | None
+    who: Who
+    summary: str
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    result: type[BaseModel] | None = None
+    #: The control session: a WebSocket upgrade, served by `SessionHub`, not `handler`.
+    websocket: bool = False
+
+    @property
+    def operation_id(self) -> str:
+        return self.handler.__name__ if self.handler is not None else "node_session"
+
+
+@dataclass
+class Api:
+    """What every handler needs: the context, the authenticator and the journal."""
+
+    ctx: CtrlContext
+    auth: Authenticator
+    journal: Journal
+
+
+def ok(result: Any) -> JSONResponse:
+    return JSONResponse({"result": result})
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise InvalidArgument(f"request body is larger than {MAX_BODY} bytes")
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return model.model_validate(data)
+
+
+def read_query(request: Request, model: type[M]) -> M:
+    return model.model_validate(dict(request.query_params))
+
+
+def path_node_id(request: Request) -> str:
+    return ids.check_node_id(request.path_params["node_id"])
+
+
+def endpoint(api: Api, route: Route) -> Callable[[Request], Awaitable[Response]]:
+    """Authenticate as the route's ``who`` says, run the handler, wrap its result."""
+    assert route.handler is not None
+    handler = route.handler
+    check: Callable[[str | None], Awaitable[Caller]] | None = {
+        "anyone": None,
+        "identity": api.auth.identity,
+        "operator": api.auth.operator,
+        "node": api.auth.node,
+    }[route.who]
+
+    async def run(request: Request) -> Response:
+        caller = None
+        if check is not None:
+            caller = await check(request.headers.get("authorization"))
+        result = await handler(request, caller)
+        if isinstance(result, Response):
+            return result
+        return ok(result)
+
+    run.__name__ = handler.__name__
+    return run

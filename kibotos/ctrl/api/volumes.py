@@ -1,0 +1,121 @@
+"""HTTP API of Volumes, and of the expansions and moves of Volumes and writable layers
+(docs/storage.md, "Volumes"; docs/architecture.md, "HTTP API").
+
+Writes go through the Workspace service's `volumes` (create, delete) and `objects`
+(expand, move) parts; reads are store queries.  A Volume or Workspace ID of the wrong
+shape is `invalid_argument`, an unknown one `not_found`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from starlette.requests import Request
+
+from kibotos import ids
+from kibotos.ctrl.api.auth import Caller
+from kibotos.ctrl.api.routing import Api, Route, read_body, read_query
+from kibotos.ctrl.api.workspaces import path_workspace_id
+from kibotos.ctrl.live.workspace_service import WorkspaceService
+from kibotos.ctrl.pools import volume_txns as vt
+from kibotos.ctrl.pools.object_op_txns import LAYER, VOLUME
+from kibotos.ctrl.wire.base import VersionedWrite
+from kibotos.ctrl.wire.volumes import (
+    ExpandIn,
+    LayerStatusOut,
+    MoveIn,
+    VolumeCreateIn,
+    VolumeGetQuery,
+    VolumeListOut,
+    VolumeListQuery,
+    VolumeOut,
+)
+
+
+def path_volume_id(request: Request) -> str:
+    return ids.check_object_id(request.path_params["volume_id"], "volume ID")
+
+
+def routes(api: Api) -> list[Route]:
+    ctx = api.ctx
+    if ctx.workspaces is None:
+        ctx.workspaces = WorkspaceService(ctx)
+    service: WorkspaceService = ctx.workspaces
+    volumes, objects = service.volumes, service.objects
+
+    def identity(caller: Caller | None) -> str | None:
+        return caller.identity_id if caller is not None else None
+
+    async def create_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
+        body = await read_body(request, VolumeCreateIn)
+        return await volumes.create(body, identity(caller))
+
+    async def list_volumes(request: Request, caller: Caller | None) -> dict[str, Any]:
+        q = read_query(request, VolumeListQuery)
+        return await ctx.store.run(partial(
+            vt.list_page, pool_id=q.pool_id, workspace_id=q.workspace_id, deleted=q.deleted,
+            page_size=q.page_size, page_token=q.page_token))
+
+    async def get_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
+        volume_id = path_volume_id(request)
+        query = read_query(request, VolumeGetQuery)
+        return await volumes.get(volume_id, query.wait_s)
+
+    async def delete_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
+        volume_id = path_volume_id(request)
+        body = await read_body(request, VersionedWrite)
+        return await volumes.delete(volume_id, body, identity(caller))
+
+    async def expand_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
+        volume_id = path_volume_id(request)
+        body = await read_body(request, ExpandIn)
+        return await objects.expand(VOLUME, volume_id, body, identity(caller))
+
+    async def move_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
+        volume_id = path_volume_id(request)
+        body = await read_body(request, MoveIn)
+        return await objects.move(VOLUME, volume_id, body, identity(caller))
+
+    async def expand_layer(request: Request, caller: Caller | None) -> dict[str, Any]:
+        workspace_id = path_workspace_id(request)
+        body = await read_body(request, ExpandIn)
+        return await objects.expand(LAYER, workspace_id, body, identity(caller))
+
+    async def move_layer(request: Request, caller: Caller | None) -> dict[str, Any]:
+        workspace_id = path_workspace_id(request)
+        body = await read_body(request, MoveIn)
+        return await objects.move(LAYER, workspace_id, body, identity(caller))
+
+    async def layer_status(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await objects.status(LAYER, path_workspace_id(request))
+
+    return [
+        Route("POST", "/v1/volumes", create_volume, "operator",
+              "Create a Volume (CREATING until its node made the block file)",
+              body=VolumeCreateIn, result=VolumeOut),
+        Route("GET", "/v1/volumes", list_volumes, "operator",
+              "List Volumes in ID order (DELETED ones only with deleted=true)",
+              query=VolumeListQuery, result=VolumeListOut),
+        Route("GET", "/v1/volumes/{volume_id}", get_volume, "operator",
+              "One Volume; wait_s waits for a settled state and no running operation",
+              query=VolumeGetQuery, result=VolumeOut),
+        Route("POST", "/v1/volumes/{volume_id}/delete", delete_volume, "operator",
+              "Delete a Volume attached to no Workspace (DELETING, then DELETED)",
+              body=VersionedWrite, result=VolumeOut),
+        Route("POST", "/v1/volumes/{volume_id}/expand", expand_volume, "operator",
+              "Expand a Volume (its Workspace stopped); follow it with get",
+              body=ExpandIn, result=VolumeOut),
+        Route("POST", "/v1/volumes/{volume_id}/move", move_volume, "operator",
+              "Move a Volume to another pool through a node attached to both",
+              body=MoveIn, result=VolumeOut),
+        Route("POST", "/v1/workspaces/{workspace_id}/expand-layer", expand_layer,
+              "operator", "Expand a stopped Workspace's writable layer",
+              body=ExpandIn, result=LayerStatusOut),
+        Route("POST", "/v1/workspaces/{workspace_id}/move-layer", move_layer, "operator",
+              "Move a stopped Workspace's writable layer to another pool",
+              body=MoveIn, result=LayerStatusOut),
+        Route("GET", "/v1/workspaces/{workspace_id}/layer", layer_status, "operator",
+              "A Workspace's writable layer: pool, size and running operation",
+              result=LayerStatusOut),
+    ]

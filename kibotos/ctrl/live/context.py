@@ -1,0 +1,64 @@
+"""What every part of a running ctrl shares: config, store, live sessions, plugins.
+
+Built once by `serve_ctrl` (or by a test) and handed to the ASGI app; nothing here is
+module-global, so several ctrl instances can run in one process (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Protocol
+
+from kibotos.config import CtrlConfig
+from kibotos.credentials import SigningKey
+from kibotos.ctrl.api.metrics import CtrlMetrics
+from kibotos.ctrl.model.nodes import IsolateReleaser
+from kibotos.ctrl.store.db import Store
+from kibotos.plugins import Registries
+
+if TYPE_CHECKING:
+    from kibotos.ctrl.live.workspace_service import WorkspaceService
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class SessionRegistry(Protocol):
+    """The live control sessions of this ctrl process (implemented in `session.py`)."""
+
+    def is_alive(self, node_id: str) -> bool:
+        """Whether the node has a live control session right now."""
+
+    async def close(self, node_id: str, reason: str) -> None:
+        """Send ``close{reason}`` to the node's session (if any) and end it."""
+
+    def push_overcommit(self, node_id: str) -> None:
+        """Send the node its current overcommit ratios (read from the store) soon."""
+
+    async def call(self, node_id: str, kind: str, args: dict[str, object],
+                   timeout: float) -> dict[str, object]:
+        """Send ``command{kind,args}`` over the session and wait for its result."""
+
+
+@dataclass
+class CtrlContext:
+    config: CtrlConfig
+    store: Store
+    registries: Registries
+    sessions: SessionRegistry
+    now: Callable[[], datetime] = field(default=utcnow)
+    #: Parts of ctrl that own objects a node holds (use rights, Allocations,
+    #: Workspaces, pending commands) register here; isolate calls each in its
+    #: transaction and reports the summed counts.
+    isolate_releasers: list[IsolateReleaser] = field(default_factory=list)
+    #: Signs session credentials (``<state_dir>/session-signing.key``); its public key
+    #: goes to every node in ``welcome.session_signing_public_key``.
+    session_signing_key: SigningKey | None = None
+    #: The Workspace service (placement, Instances); built by `serve.build_context`
+    #: (or by the API's route table); its `run` must be started for it to serve.
+    workspaces: WorkspaceService | None = None
+    #: This ctrl's Prometheus counters, in a registry of its own (docs/metrics.md).
+    metrics: CtrlMetrics = field(default_factory=CtrlMetrics)

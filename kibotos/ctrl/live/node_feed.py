@@ -1,0 +1,107 @@
+"""What nodes say about their Instances, applied to the store in order: the
+``instance_state`` frames and the Instance lists of ``hello`` and ``report``
+(`instances.on_instance_state`, `instances.reconcile`), for `WorkspaceService`.
+
+A frame of a create still in flight (the node may send CREATING before the create's
+result) is set aside and applied once the create is recorded: waiting for it in the
+session's reader would block the very reader that must deliver that result.  A frame
+that repeats the state last applied to its Instance is skipped.  A ``hello``'s list is
+authoritative for Instances recorded before the session started; a ``report``'s list
+is checked at most once per grace period per node, as a safety net behind the frames.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from datetime import datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.wire.session import Hello, InstanceState, Report
+
+if TYPE_CHECKING:
+    from kibotos.ctrl.live.workspace_service import WorkspaceService
+
+#: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
+REPORT_GRACE_S = 30.0
+APPLIED_CACHE = 100_000
+
+
+class NodeFeed:
+    def __init__(self, service: WorkspaceService) -> None:
+        self.service = service
+        self._deferred: dict[str, list[tuple[str, InstanceState]]] = {}
+        self._deferring: set[str] = set()
+        #: The last state applied per Instance, to skip frames that repeat it.
+        self._applied: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._report_reconciled: dict[str, float] = {}
+
+    async def session_started(self, node_id: str, hello: Hello) -> None:
+        started = self.service.ctx.now()
+        if hello.report.instances is not None:
+            await self._reconcile(node_id, hello.report.instances, started)
+        self.service.tasks.wake()
+
+    async def node_report(self, node_id: str, report: Report) -> None:
+        if report.instances is None:
+            return
+        last = self._report_reconciled.get(node_id)
+        if last is not None and trio.current_time() - last < REPORT_GRACE_S:
+            return
+        self._report_reconciled[node_id] = trio.current_time()
+        await self._reconcile(node_id, report.instances,
+                              self.service.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
+
+    async def instance_state(self, node_id: str, frame: InstanceState) -> None:
+        """Apply a frame, in order per Instance (see the module docstring)."""
+        key = frame.instance_id
+        if key in self.service.inflight or key in self._deferred:
+            self._deferred.setdefault(key, []).append((node_id, frame))
+            if key not in self._deferring:
+                self._deferring.add(key)
+                self.service.tasks.spawn(self._apply_deferred, key)
+            return
+        await self._apply_frame(node_id, frame)
+
+    async def _apply_deferred(self, key: str) -> None:
+        try:
+            pending = self.service.inflight.get(key)
+            if pending is not None:
+                await pending.wait()
+            while self._deferred.get(key):
+                node_id, frame = self._deferred[key].pop(0)
+                await self._apply_frame(node_id, frame)
+        finally:
+            self._deferred.pop(key, None)
+            self._deferring.discard(key)
+
+    async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
+        seen = (frame.state, frame.reason)
+        if frame.guest is None and frame.cleanup is None and \
+                self._applied.get(frame.instance_id) == seen:
+            return  # the node said it already (e.g. CREATING of a create just recorded)
+        followups = await self.service.store.write(partial(
+            inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
+            state=frame.state, reason=frame.reason, now=self.service.ctx.now(),
+            guest=frame.guest, cleanup=frame.cleanup, objects=frame.objects))
+        self.remember(frame.instance_id, seen)
+        self.service.tasks.follow(followups)
+
+    def remember(self, instance_id: str, seen: tuple[str, str | None]) -> None:
+        """Note the state last applied to an Instance (a create records CREATING)."""
+        self._applied[instance_id] = seen
+        self._applied.move_to_end(instance_id)
+        while len(self._applied) > APPLIED_CACHE:
+            self._applied.popitem(last=False)
+
+    async def _reconcile(self, node_id: str, listed: list[dict[str, Any]],
+                         listed_after: datetime) -> None:
+        skip = set(self.service.inflight)
+        followups = await self.service.store.write(partial(
+            inst_mod.reconcile, node_id=node_id,
+            listed=[i for i in listed if i.get("instance_id") not in skip],
+            now=self.service.ctx.now(), listed_after=listed_after))
+        self.service.tasks.follow(followups)

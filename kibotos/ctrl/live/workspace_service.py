@@ -1,0 +1,394 @@
+"""The Workspace service: placement of creates and starts, and the operations that talk
+to nodes (docs/workspaces.md).
+
+A create or start *places first*: admission and ranking pick a node from the
+in-memory `CapacityIndex`, the capacity is reserved, and ``instance.create`` goes to the
+node, which admits it again and answers at once.  Only an accepted Instance is recorded
+(Workspace, Instance, Allocation, use rights, events and the command journal in one
+transaction), so a create that no node takes leaves nothing behind.  A node that
+refuses because its memory turned tight (or it was drained meanwhile, or its session
+dropped) is skipped and the next candidate tried at once; none left is
+``resource_exhausted``.  ``--node`` makes one node the only candidate.  The boot goes
+on on the node; its ``instance_state`` frames move the Workspace on (`instances`).
+
+Stops and deletes are recorded at once (STOPPING, DELETING) and finished by background
+tasks (`workspace_tasks`) that call the node and retry while it is away, also after a
+ctrl restart.  The service follows the nodes' sessions as a `SessionObserver`; what
+nodes say about Instances is applied by `workspace_feed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from sqlalchemy.orm import Session
+
+from kibotos import ids
+from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.live.journal import STORED_ERRORS, Journal
+from kibotos.ctrl.live.node_feed import NodeFeed
+from kibotos.ctrl.live.object_ops import ObjectOps
+from kibotos.ctrl.live.placement_loop import Args, Commit, place
+from kibotos.ctrl.live.volume_service import VolumeService
+from kibotos.ctrl.live.workspace_tasks import Tasks
+from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.model import workspace_records as w
+from kibotos.ctrl.model import workspace_txns as tx
+from kibotos.ctrl.model.placement import CapacityIndex, Demand, NodeEntry
+from kibotos.ctrl.pools import capacity as pool_capacity
+from kibotos.ctrl.pools import volume_attach as va
+from kibotos.ctrl.store.models import Instance, Node
+from kibotos.ctrl.store.watch import (
+    Change,
+    NodeSnapshot,
+    StoreWatch,
+    TemplateSnapshot,
+    WorkspaceSnapshot,
+)
+from kibotos.ctrl.wire.base import VersionedWrite
+from kibotos.ctrl.wire.session import Hello, InstanceState, Report
+from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
+from kibotos.errors import (
+    KibotosError,
+    Unavailable,
+)
+from kibotos.volume_mounts import default_mount_point
+
+log = logging.getLogger("kibotos.ctrl.model.workspace_records")
+
+#: How often pending operations are looked at again, and the index resynchronised.
+SWEEP_INTERVAL = 5.0
+RESYNC_INTERVAL = 60.0
+
+
+
+class WorkspaceService:
+    def __init__(self, ctx: CtrlContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.journal = Journal(ctx.store, ctx.now)
+        # A misspelt policy must stop ctrl at start, naming the key and the choices.
+        name = ctx.config.ctrl.placement_policy
+        try:
+            policy_cls = ctx.registries.placement.get(name)
+        except KibotosError as exc:
+            raise type(exc)(f"ctrl.placement_policy: {exc.message}") from None
+        self.index = CapacityIndex(policy_cls({}))
+        self.watch = StoreWatch(ctx.store)
+        self.watch.subscribe(self._on_changes)
+        self.tasks = Tasks(self)
+        self.running = False
+        #: Creates and starts whose node accepted but whose records are not committed.
+        self.inflight: dict[str, trio.Event] = {}
+        self._locks: dict[str, tuple[trio.Lock, int]] = {}
+        self._ws_changed = trio.Event()
+        self._node_changed = trio.Event()
+        self._loading: list[list[Change]] | None = None
+        self._drain_known: dict[str, bool] = {}
+        self.feed = NodeFeed(self)
+        self.volumes = VolumeService(self)
+        self.objects = ObjectOps(self, self.volumes)
+        self._templates: dict[str, dict[str, str]] = {}
+        ctx.isolate_releasers.append(inst_mod.release_for_isolate)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Load the index, resume pending operations, serve until cancelled."""
+        self.watch.attach()
+        await self.resync()
+        async with trio.open_nursery() as nursery:
+            self.tasks.nursery = nursery
+            self.running = True
+            try:
+                task_status.started()
+                last_resync = trio.current_time()
+                while True:
+                    await self.tasks.sweep()
+                    await trio.sleep(SWEEP_INTERVAL)
+                    if trio.current_time() - last_resync >= RESYNC_INTERVAL:
+                        await self.resync()
+                        last_resync = trio.current_time()
+            finally:
+                self.running = False
+                self.tasks.nursery = None
+                self.watch.detach()
+
+    async def resync(self) -> None:
+        """Read the index afresh (ctrl start; and periodically, for the placements of
+        other ctrl replicas).  Changes committed while reading are applied again after
+        it, so none is lost to the older snapshot."""
+        self._loading = []
+        try:
+            state = await self.store.run(CapacityIndex.read)
+            self.watch.drain()
+            self.index.install(state)
+            for batch in self._loading:
+                self.index.apply(batch)
+        finally:
+            self._loading = None
+
+    def require_running(self) -> None:
+        if not self.running:
+            raise Unavailable("ctrl's Workspace service is not running yet")
+
+    def _on_changes(self, batch: list[Change]) -> None:
+        if self._loading is not None:
+            self._loading.append(batch)
+        self.index.apply(batch)
+        for change in batch:
+            if isinstance(change, TemplateSnapshot):
+                self._templates.pop(change.name, None)
+            elif isinstance(change, WorkspaceSnapshot):
+                self._ws_changed.set()
+                self._ws_changed = trio.Event()
+            elif isinstance(change, NodeSnapshot):
+                self._node_changed.set()
+                self._node_changed = trio.Event()
+                self._follow_drain(change)
+
+    def _follow_drain(self, node: NodeSnapshot) -> None:
+        """Tell a connected node when its drain flag changes (``node.drain``)."""
+        flag = bool(node.drain_requested)
+        known = self._drain_known.get(node.node_id)
+        self._drain_known[node.node_id] = flag
+        if known is not None and known != flag and node.session_alive:
+            self.tasks.spawn(self.tasks.tell_drain, node.node_id, flag)
+
+    async def wait_node_change(self, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            await self._node_changed.wait()
+
+    @contextlib.asynccontextmanager
+    async def lock(self, workspace_id: str) -> AsyncIterator[None]:
+        """One operation at a time per Workspace in this process."""
+        lock, users = self._locks.get(workspace_id, (trio.Lock(), 0))
+        self._locks[workspace_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[workspace_id]
+            if users <= 1:
+                del self._locks[workspace_id]
+            else:
+                self._locks[workspace_id] = (lock, users - 1)
+
+    # ------------------------------------------------------------------ create, start
+
+    async def create(self, body: WorkspaceCreateIn, identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        journal = partial(self._journaled, "workspace.create", {}, body, identity_id)
+        replay = await self.journal.lookup(operation="workspace.create", params={}, body=body)
+        if replay is not None:
+            return replay.result
+        workspace_id, layer_ref = ids.new_id("ws"), ids.new_id("lay")
+
+        async def attempt() -> dict[str, Any]:
+            template = await self.template(body.template)
+            volumes = await self.store.run(partial(
+                va.attach_plans, wanted=[(v.volume_id, v.mount()) for v in body.volumes]))
+            demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels,
+                            frozenset(v.right.pool_id for v in volumes))
+            rooms = await self.store.run(pool_capacity.snapshot)
+            default_capacity = self.ctx.config.testing.pool_capacity
+
+            def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
+                assert entry.default_pool is not None
+                # Refused before the node is asked: no block file for a full pool.
+                pool_capacity.check_snapshot(rooms, entry.default_pool.pool_id,
+                                             body.layer_size_bytes, "writable layer",
+                                             default_capacity)
+                return {
+                    "instance_id": instance_id, "workspace_id": workspace_id,
+                    "template": template, "cpu_millis": body.cpu_millis,
+                    "memory_bytes": body.memory_bytes,
+                    "layer": {"pool_id": entry.default_pool.pool_id, "ref": layer_ref,
+                              "capacity_bytes": body.layer_size_bytes, "epoch": 1,
+                              "create": True},
+                    "volumes": [{"volume_id": v.volume_id, "pool_id": v.right.pool_id,
+                                 "epoch": v.right.epoch_for(entry.node_id),
+                                 "mount_point": v.mount_point} for v in volumes],
+                    "launch": {"hostname": workspace_id, "env": {}}}
+
+            def commit(node_id: str, instance_id: str) -> Callable[[Session], dict[str, Any]]:
+                pool = self.index.nodes[node_id].default_pool
+                assert pool is not None
+                return partial(va.commit_create, plans=volumes, workspace_id=workspace_id,
+                               template=template, labels=body.labels,
+                               cpu_millis=body.cpu_millis, memory_bytes=body.memory_bytes,
+                               layer_size_bytes=body.layer_size_bytes, layer_ref=layer_ref,
+                               pool_id=pool.pool_id, pool_shared=pool.shared,
+                               node_id=node_id, instance_id=instance_id, now=self.ctx.now(),
+                               verify=self.verify_in_store,
+                               default_capacity=default_capacity)
+
+            return await self.place(demand, body.node_id, args, commit, journal)
+
+        return await self._refusing("workspace.create", {}, body, identity_id, attempt)
+
+    async def start(self, workspace_id: str, body: WorkspaceStartIn,
+                    identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        params = {"workspace_id": workspace_id}
+        journal = partial(self._journaled, "workspace.start", params, body, identity_id)
+        replay = await self.journal.lookup(operation="workspace.start", params=params,
+                                           body=body)
+        if replay is not None:
+            return replay.result
+
+        async def attempt() -> dict[str, Any]:
+            async with self.lock(workspace_id):
+                plan, mounts = await self.store.run(partial(
+                    va.start_plan, workspace_id=workspace_id, expected=body.expected_version))
+                demand = Demand(plan.cpu_millis, plan.memory_bytes,
+                                frozenset(r.pool_id for r in plan.rights), plan.labels)
+
+                def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
+                    layers = [r for r in plan.rights if r.kind == "retained_layer"]
+                    layer = layers[0]
+                    return {
+                        "instance_id": instance_id, "workspace_id": workspace_id,
+                        "template": plan.template, "cpu_millis": plan.cpu_millis,
+                        "memory_bytes": plan.memory_bytes,
+                        "layer": {"pool_id": layer.pool_id, "ref": layer.object_id,
+                                  "capacity_bytes": plan.layer_size_bytes,
+                                  "epoch": layer.epoch_for(entry.node_id), "create": False},
+                        "volumes": [{"volume_id": r.object_id, "pool_id": r.pool_id,
+                                     "epoch": r.epoch_for(entry.node_id),
+                                     "mount_point": mounts.get(
+                                         r.object_id, default_mount_point(r.object_id))}
+                                    for r in plan.rights if r.kind == "volume"],
+                        "launch": {"hostname": workspace_id, "env": {}}}
+
+                def commit(node_id: str,
+                           instance_id: str) -> Callable[[Session], dict[str, Any]]:
+                    return partial(va.commit_start, plan=plan, expected=body.expected_version,
+                                   node_id=node_id, instance_id=instance_id,
+                                   now=self.ctx.now(), verify=self.verify_in_store)
+
+                return await self.place(demand, body.node_id, args, commit, journal)
+
+        return await self._refusing("workspace.start", params, body, identity_id, attempt)
+
+    async def template(self, name: str) -> dict[str, str]:
+        """A Template's digests; cached, and dropped from the cache when any commit
+        writes or deletes that Template (`StoreWatch`)."""
+        cached = self._templates.get(name)
+        if cached is None:
+            cached = await self.store.run(partial(tx.template_of, name=name))
+            self._templates[name] = cached
+        return dict(cached)
+
+    @property
+    def verify_in_store(self) -> bool:
+        """Check the chosen node in the store as well as in the index (`tx.verify_node`):
+        needed when several ctrl replicas share a PostgreSQL store.  One SQLite database
+        serves one ctrl, whose index sees every placement, so there it is skipped."""
+        return self.store.engine.dialect.name != "sqlite"
+
+    async def _journaled(self, operation: str, params: dict[str, Any], body: Any,
+                         identity_id: str | None,
+                         fn: Callable[[Session], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        outcome = await self.journal.execute(operation=operation, params=params, body=body,
+                                             identity_id=identity_id, fn=fn)
+        return outcome.result, outcome.replayed
+
+    async def _refusing(self, operation: str, params: dict[str, Any], body: Any,
+                        identity_id: str | None, attempt: Callable[[], Any]) -> dict[str, Any]:
+        """Run `attempt`; a verdict it reaches before its transaction is journaled too."""
+        try:
+            result: dict[str, Any] = await attempt()
+            return result
+        except STORED_ERRORS as exc:
+            # A verdict journal.execute stored already is found and replayed as is.
+            await self.journal.refuse(operation=operation, params=params, body=body,
+                                      identity_id=identity_id, exc=exc)
+            raise  # pragma: no cover - refuse always raises
+
+    async def place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
+                    journal: Callable[..., Any]) -> dict[str, Any]:
+        return await place(self, demand, pinned, args, commit, journal)
+
+    # ------------------------------------------------------------------ stop, delete
+
+    async def stop(self, workspace_id: str, body: WorkspaceStopIn,
+                   identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        async with self.lock(workspace_id):
+            outcome = await self.journal.execute(
+                operation="workspace.stop", params={"workspace_id": workspace_id}, body=body,
+                identity_id=identity_id,
+                fn=partial(tx.begin_stop, workspace_id=workspace_id, force=body.force,
+                           expected=body.expected_version, now=self.ctx.now()))
+            result = outcome.result
+            if outcome.replayed and result.get("state") == w.STOPPING:
+                again = await self.store.write(partial(
+                    tx.continue_stop, workspace_id=workspace_id,
+                    instance_id=result.get("instance_id"), force=body.force,
+                    now=self.ctx.now()))
+                result = result if again is None else again
+        if result.get("state") == w.STOPPING:
+            self.tasks.spawn(self.tasks.stop, workspace_id)
+        return result
+
+    async def delete(self, workspace_id: str, body: VersionedWrite,
+                     identity_id: str | None) -> dict[str, Any]:
+        self.require_running()
+        async with self.lock(workspace_id):
+            outcome = await self.journal.execute(
+                operation="workspace.delete", params={"workspace_id": workspace_id},
+                body=body, identity_id=identity_id,
+                fn=partial(tx.begin_delete, workspace_id=workspace_id,
+                           expected=body.expected_version, now=self.ctx.now()))
+        if outcome.result.get("state") == w.DELETING:
+            self.tasks.spawn(self.tasks.delete, workspace_id)
+        return outcome.result
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, workspace_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """The Workspace; with `wait_s`, once it is settled or that time has passed."""
+        deadline = trio.current_time() + wait_s
+        while True:
+            changed = self._ws_changed
+            result = await self.store.run(partial(_get_json, workspace_id=workspace_id))
+            remaining = deadline - trio.current_time()
+            if result["state"] in w.SETTLED or remaining <= 0:
+                return result
+            with trio.move_on_after(min(remaining, 1.0)):
+                await changed.wait()
+
+    # ------------------------------------------------------------------ SessionObserver
+
+    async def session_started(self, node_id: str, hello: Hello) -> None:
+        self._drain_known[node_id] = await self.store.run(partial(_drain_flag, node_id=node_id))
+        await self.feed.session_started(node_id, hello)
+
+    async def node_report(self, node_id: str, report: Report) -> None:
+        await self.feed.node_report(node_id, report)
+
+    async def instance_state(self, node_id: str, frame: InstanceState) -> None:
+        await self.feed.instance_state(node_id, frame)
+
+    async def session_ended(self, node_id: str) -> None:
+        self.tasks.wake()
+
+
+def _get_json(session: Session, workspace_id: str) -> dict[str, Any]:
+    ws = w.get_workspace(session, workspace_id)
+    instance_id = ws.current_instance_id or ws.last_instance_id
+    inst = session.get(Instance, instance_id) if instance_id else None
+    return w.workspace_json(ws, inst)
+
+
+def _drain_flag(session: Session, node_id: str) -> bool:
+    node = session.get(Node, node_id)
+    return bool(node is not None and node.drain_requested)
+

@@ -1,0 +1,289 @@
+"""Request and result shapes of the Workspace API (docs/workspaces.md).
+
+Kept beside `kibotos.ctrl.wire.base` (whose base classes it uses) so the Workspace API can
+grow without every resource editing one file.  As there, requests refuse unknown fields
+and check every documented shape before the command journal sees them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from kibotos import ids
+from kibotos.ctrl.model import workspace_records as workspaces
+from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest, _as_value_error
+from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments
+from kibotos.errors import InvalidArgument
+
+MIB = 1 << 20
+DEFAULT_CPU_MILLIS = 1000
+DEFAULT_MEMORY_BYTES = 1 << 30
+DEFAULT_LAYER_SIZE_BYTES = 10 << 30
+MIN_MEMORY_BYTES = 64 * MIB
+MIN_LAYER_SIZE_BYTES = 64 * MIB
+MAX_CPU_MILLIS = 1_000_000
+
+# Template names are shaped like pool IDs (docs/architecture.md, "Templates").
+_TEMPLATE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?")
+
+
+def check_template_name(value: str) -> str:
+    if not _TEMPLATE_NAME.fullmatch(value):
+        raise InvalidArgument(
+            f"invalid template name {value!r}: must be 1-63 lowercase letters, digits, '-' "
+            "and '.', not starting or ending with a separator")
+    return value
+
+
+def _node(value: str | None) -> str | None:
+    return None if value is None else _as_value_error(ids.check_node_id, value)
+
+
+def _whole_mib(value: int, what: str, minimum: int) -> int:
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {minimum // MIB} MiB")
+    if value % MIB:
+        raise ValueError(f"{what} must be a whole number of MiB")
+    return value
+
+
+class WorkspaceCreateIn(WriteRequest):
+    template: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    node_id: str | None = None
+    cpu_millis: int = Field(default=DEFAULT_CPU_MILLIS, ge=1, le=MAX_CPU_MILLIS)
+    memory_bytes: int = DEFAULT_MEMORY_BYTES
+    layer_size_bytes: int = DEFAULT_LAYER_SIZE_BYTES
+    #: Volumes to attach, each with its guest mount point (docs/storage.md, "Volumes").
+    volumes: list[VolumeAttachIn] = Field(default_factory=list, max_length=16)
+
+    _template = field_validator("template")(
+        lambda v: _as_value_error(check_template_name, v))
+    _node_id = field_validator("node_id")(lambda v: _node(v))
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        checked: dict[str, str] = _as_value_error(workspaces.check_labels, v)
+        return checked
+
+    @field_validator("memory_bytes")
+    @classmethod
+    def _memory(cls, v: int) -> int:
+        return _whole_mib(v, "memory_bytes", MIN_MEMORY_BYTES)
+
+    @field_validator("layer_size_bytes")
+    @classmethod
+    def _layer(cls, v: int) -> int:
+        return _whole_mib(v, "layer_size_bytes", MIN_LAYER_SIZE_BYTES)
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: list[VolumeAttachIn]) -> list[VolumeAttachIn]:
+        return check_attachments(v)
+
+
+class WorkspaceStartIn(VersionedWrite):
+    node_id: str | None = None
+
+    _node_id = field_validator("node_id")(lambda v: _node(v))
+
+
+class WorkspaceStopIn(VersionedWrite):
+    force: bool = False
+
+
+def _split_labels(value: str | None) -> dict[str, str]:
+    """``k=v,k2=v2`` (the form of repeated ``--label k=v``) → a checked mapping."""
+    if not value:
+        return {}
+    labels: dict[str, str] = {}
+    for item in value.split(","):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise InvalidArgument(f"invalid label filter {item!r}: expected key=value")
+        if key in labels:
+            raise InvalidArgument(f"label {key!r} is given twice")
+        labels[key] = val
+    return workspaces.check_labels(labels)
+
+
+def _split_states(value: str | None) -> list[str]:
+    if not value:
+        return []
+    states = [s.strip().upper() for s in value.split(",") if s.strip()]
+    for state in states:
+        if state not in workspaces.STATES:
+            raise InvalidArgument(f"unknown state {state!r} (states: "
+                                  f"{', '.join(workspaces.STATES)})")
+    return states
+
+
+class WorkspaceListQuery(Request):
+    state: str | None = None
+    label: str | None = None
+    page_size: int = Field(default=100, ge=1, le=500)
+    page_token: str | None = None
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, v: str | None) -> str | None:
+        _as_value_error(_split_states, v)
+        return v
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str | None) -> str | None:
+        _as_value_error(_split_labels, v)
+        return v
+
+    def states(self) -> list[str]:
+        return _split_states(self.state)
+
+    def labels(self) -> dict[str, str]:
+        return _split_labels(self.label)
+
+
+class LocationQuery(Request):
+    node_id: str | None = None
+    instance_id: str | None = None
+    page_size: int = Field(default=100, ge=1, le=500)
+    page_token: str | None = None
+
+    _node_id = field_validator("node_id")(lambda v: _node(v))
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance(cls, v: str | None) -> str | None:
+        return None if v is None else _as_value_error(
+            lambda x: ids.check_object_id(x, "instance ID"), v)
+
+    @model_validator(mode="after")
+    def _one(self) -> LocationQuery:
+        if (self.node_id is None) == (self.instance_id is None):
+            raise ValueError("give exactly one of node_id and instance_id")
+        return self
+
+
+class WorkspaceGetQuery(Request):
+    #: Wait up to this long for the Workspace to reach a settled state.
+    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+
+
+class MoveCheckQuery(Request):
+    node_id: str
+
+    _node_id = field_validator("node_id")(lambda v: _node(v))
+
+
+# ------------------------------------------------------------------------ results
+
+
+class TemplateRefOut(Result):
+    name: str
+    image_digest: str
+    kernel_digest: str
+    initramfs_digest: str
+
+
+class ResourcesOut(Result):
+    cpu_millis: int
+    memory_bytes: int
+
+
+class LayerOut(Result):
+    pool_id: str
+    ref: str
+    size_bytes: int
+    #: How it last changed hands (`kibotos.ctrl.pools.handoffs`); null before any handoff.
+    handoff: Literal["CLEAN", "UNKNOWN"] | None = None
+
+
+class InstanceOut(Result):
+    instance_id: str
+    node_id: str
+    state: str
+    reason: str | None
+    guest: dict[str, Any] | None
+    confirmed_on_disk: bool | None
+
+
+WorkspaceState = Literal["CREATING", "STARTING", "AVAILABLE", "STOPPING", "STOPPED",
+                         "FAILED", "DELETING", "DELETED"]
+
+
+class WorkspaceOut(Result):
+    workspace_id: str
+    template: TemplateRefOut
+    labels: dict[str, str]
+    state: WorkspaceState
+    reason: str | None
+    revision: int
+    resources: ResourcesOut
+    layer: LayerOut
+    node_id: str | None
+    instance_id: str | None
+    last_node_id: str | None
+    last_instance_id: str | None
+    created_at: str
+    updated_at: str
+    deleted_at: str | None
+    instance: InstanceOut | None
+
+
+class WorkspaceListOut(Result):
+    workspaces: list[WorkspaceOut]
+    next_page_token: str | None
+
+
+class LocationOut(Result):
+    workspace_id: str
+    node_id: str | None
+    instance_id: str | None
+
+
+class LocationListOut(Result):
+    locations: list[LocationOut]
+    next_page_token: str | None
+
+
+class ObjectOut(Result):
+    kind: Literal["retained_layer", "volume"]
+    object_id: str
+    pool_id: str
+    holder_node_id: str | None
+    epoch: int
+
+
+class MoveCheckOut(Result):
+    workspace: WorkspaceOut
+    node_id: str
+    already_there: bool
+    objects: list[ObjectOut]
+    node_pools: list[str]
+
+
+class CleanupItemOut(Result):
+    item: Literal["RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL"]
+    status: Literal["IN_USE", "PENDING", "RELEASED", "UNKNOWN"]
+    source: Literal["node", "control_plane"]
+    observed_at: str | None
+
+
+class CleanupHeldOut(Result):
+    item: Literal["RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL"]
+    part: str
+
+
+class CleanupStatusOut(Result):
+    workspace_id: str
+    instance_id: str | None
+    node_id: str | None
+    items: list[CleanupItemOut]
+    #: A release stuck on the node (processes left after the VMM unit's stop): since
+    #: when, and what it still holds; null and empty otherwise.
+    pending_since: str | None = None
+    held: list[CleanupHeldOut] = Field(default_factory=list)

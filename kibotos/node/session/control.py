@@ -1,0 +1,437 @@
+"""The node's control session: one WebSocket to ctrl, held for the life of the process.
+
+The protocol is the one in docs/architecture.md ("Node control session"): the node
+says ``hello``, ctrl answers ``welcome`` or ``rejected``, then both sides talk until the
+socket drops.  A dropped or unreachable ctrl is normal (ctrl restarts, networks blip),
+so the node reconnects with exponential backoff and jitter; it keeps its incarnation
+and gets a new session ID each time.  Refusals that retrying soon cannot fix (not
+admitted, retired, revoked, a stale incarnation) are retried slowly, once a minute, so
+an operator's fix is picked up without a restart.  ``rejected{isolated}`` is the one
+ending: the node destroys every Instance and the process exits with status 75, so
+systemd restarts it with a new incarnation, which clears the isolate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, NoReturn
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
+
+from kibotos._version import SOURCE_REVISION, release_version
+from kibotos.config import NodeConfig
+from kibotos.errors import FailedPrecondition, Internal, InvalidArgument, KibotosError
+from kibotos.logs import LOGGER_NAME, EventLogger
+from kibotos.node.host.clock import NodeClock
+from kibotos.node.host.usage import UsageSampler
+from kibotos.node.instances.contract import InstanceManager
+from kibotos.node.session.backoff import Backoff
+from kibotos.node.session.identity import NodeIdentity
+from kibotos.node.session.report import ReportBoard
+
+log = EventLogger()
+
+SESSION_PATH = "/v1/node/session"
+#: Exit status of a node told it was isolated (EX_TEMPFAIL: "try again", systemd restarts).
+EXIT_ISOLATED = 75
+
+CommandHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class NodeIsolated(FailedPrecondition):
+    """ctrl refused this incarnation because the operator declared the node isolated."""
+
+    exit_code: ClassVar[int] = EXIT_ISOLATED
+
+
+class _Drop(Exception):
+    """Ends one connection; `slow` picks the slow retry over the backoff."""
+
+    def __init__(self, reason: str, *, slow: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.slow = slow
+
+
+@dataclass(frozen=True)
+class SessionTiming:
+    """The session's clocks; tests shorten them, production keeps the defaults."""
+
+    ping_interval: float = 5.0  # docs/architecture.md: node → ping every 5 s
+    silence_timeout: float = 20.0  # nothing from ctrl this long: the socket is dead
+    welcome_timeout: float = 30.0
+    slow_retry: float = 60.0  # after a refusal that a quick retry cannot fix
+    backoff_initial: float = 0.5
+    backoff_cap: float = 10.0
+
+
+DEFAULT_TIMING = SessionTiming()
+
+
+@dataclass
+class SessionStatus:
+    """What the session looks like from outside (tests, logs, later `/metrics`)."""
+
+    connected: bool = False
+    session_id: str | None = None
+    established: int = 0  # sessions established since start
+    overcommit: dict[str, Any] | None = None  # last {cpu, memory, serial} from ctrl
+    last_refusal: str | None = None
+
+    def __post_init__(self) -> None:
+        self._changed = trio.Event()
+
+    def _touch(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[SessionStatus], bool]) -> None:
+        while not predicate(self):
+            await self._changed.wait()
+
+
+def session_url(ctrl_url: str) -> str:
+    """``http://h:p[/prefix]`` → ``ws://h:p[/prefix]/v1/node/session`` (https → wss)."""
+    base = ctrl_url.rstrip("/")
+    if base.startswith("https://"):
+        base = "wss://" + base.removeprefix("https://")
+    elif base.startswith("http://"):
+        base = "ws://" + base.removeprefix("http://")
+    else:
+        raise InvalidArgument(f"node.ctrl_url must start with http:// or https://: {ctrl_url!r}")
+    return base + SESSION_PATH
+
+
+class ControlSession:
+    """Holds the session; `run` returns only by raising `NodeIsolated`."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: NodeIdentity,
+        incarnation: int,
+        *,
+        clock: NodeClock,
+        sampler: UsageSampler,
+        board: ReportBoard,
+        instances: InstanceManager,
+        on_established: Callable[[], None] | None = None,
+        on_welcome: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        timing: SessionTiming = DEFAULT_TIMING,
+        ssl_context: ssl.SSLContext | None = None,
+        pools: Callable[[], list[dict[str, Any]]] | None = None,
+        release: str | None = None,
+    ) -> None:
+        #: The release in hello (`BuildIdentity.reported_release`; default this build's).
+        self.release = release or release_version()
+        self.config = config
+        self.identity = identity
+        self.incarnation = incarnation
+        self.clock = clock
+        self.sampler = sampler
+        self.board = board
+        self.instances = instances
+        self.on_established = on_established
+        #: Awaited with every welcome before the node goes on (the data plane takes
+        #: ``session_signing_public_key`` from it).
+        self.on_welcome = on_welcome
+        self.timing = timing
+        self.backoff = Backoff(initial=timing.backoff_initial, cap=timing.backoff_cap)
+        self.ssl_context = ssl_context
+        self.url = session_url(config.node.ctrl_url)
+        self.status = SessionStatus()
+        self.commands: dict[str, CommandHandler] = {}
+        #: ``facts.pools`` of hello and every report: the pool monitor's facts
+        #: (`kibotos.node.storage.pools.availability.PoolMonitor.facts`); without one, the
+        #: declared pools with no ``available`` flag.
+        self.pools = pools
+
+    # ------------------------------------------------------------------ outer loop
+
+    async def run(self) -> NoReturn:
+        while True:
+            try:
+                await self._connect_once()
+                drop = _Drop("connection ended")
+            except _Drop as exc:
+                drop = exc
+            except ConnectionRejected as exc:
+                refused = exc.status_code in (401, 403)
+                drop = _Drop(f"ctrl refused the upgrade with HTTP {exc.status_code}"
+                             + (" (credential refused)" if refused else ""), slow=refused)
+            except trio.TooSlowError:
+                drop = _Drop(f"ctrl did not answer within {self.timing.welcome_timeout:g}s")
+            except (HandshakeError, ConnectionClosed, OSError, trio.BrokenResourceError) as exc:
+                drop = _Drop(f"{type(exc).__name__}: {exc}".rstrip(": "))
+            except NodeIsolated:
+                self._set_disconnected()
+                raise
+            except Exception as exc:  # a bug here must not leave the node without a session
+                log.error("control session failed unexpectedly", error=repr(exc))
+                logging.getLogger(LOGGER_NAME).debug("traceback", exc_info=True)
+                drop = _Drop(f"internal error: {exc!r}")
+            self._set_disconnected()
+            if drop.slow:
+                delay = self.timing.slow_retry
+                self.status.last_refusal = drop.reason
+                self.status._touch()
+            else:
+                delay = self.backoff.next_delay()
+            log.warning("control session down", reason=drop.reason, url=self.url,
+                        retry_in=f"{delay:.1f}s")
+            await trio.sleep(delay)
+
+    def _set_disconnected(self) -> None:
+        if self.status.connected:
+            self.status.connected = False
+            self.status._touch()
+
+    # ------------------------------------------------------------------ one connection
+
+    def hello(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "type": "hello",
+            "node_id": cfg.node.id,
+            "incarnation": self.incarnation,
+            "release_version": self.release,
+            "source_revision": SOURCE_REVISION,
+            "resources": {"cpu_millis": cfg.resources.cpu_millis,
+                          "memory_bytes": cfg.resources.memory_bytes},
+            "report": self.board.report(),
+            "dataplane_address": cfg.node.dataplane_listen,
+            "facts": self.facts(),
+        }
+
+    def facts(self) -> dict[str, Any]:
+        """What hello and each report say about the node's pools: availability can
+        change while the session lives, so ctrl must hear it with every report."""
+        if self.pools is not None:
+            return {"pools": self.pools()}
+        return {"pools": [{"id": p.id, "shared": p.shared, "default": p.default}
+                          for p in self.config.storage.pool]}
+
+    async def _connect_once(self) -> None:
+        """One connection from TCP connect to close.  The node owns the TCP stream (not
+        trio-websocket's `open_websocket_url`, whose client leaves the socket open when the
+        server closes first), so the socket is closed on every way out."""
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._open_and_serve(nursery)
+                nursery.cancel_scope.cancel()  # ends the websocket's reader task
+        except BaseExceptionGroup as group:
+            raise _first_cause(group) from None
+
+    async def _open_and_serve(self, nursery: trio.Nursery) -> None:
+        target = urllib.parse.urlsplit(self.url)
+        host = target.hostname or ""
+        tls = target.scheme == "wss"
+        port = target.port or (443 if tls else 80)
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+        with trio.fail_after(self.timing.welcome_timeout):
+            if tls:
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=self.ssl_context or ssl.create_default_context(),
+                    https_compatible=True)
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+        try:
+            headers = [(b"Authorization", f"Bearer {self.identity.credential}".encode())]
+            with trio.fail_after(self.timing.welcome_timeout):
+                ws = await wrap_client_stream(
+                    nursery, stream, host if port in (80, 443) else f"{host}:{port}",
+                    target.path, extra_headers=headers)
+            try:
+                seen = self.board.version
+                # hello carries every Instance's state: older frames are superseded.
+                seen_states = self.instances.state_feed().position
+                await _send(ws, self.hello())
+                with trio.move_on_after(self.timing.welcome_timeout) as scope:
+                    first = await _receive(ws)
+                if scope.cancelled_caught:
+                    raise _Drop(f"no answer to hello within {self.timing.welcome_timeout:g}s")
+                await self._on_first(ws, first)
+                await self._serve(ws, seen, seen_states)
+            finally:
+                # A polite close handshake when ctrl is still there; when the node itself
+                # is being cancelled this returns at once and the stream is just closed.
+                with trio.move_on_after(2.0):
+                    await ws.aclose()
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _on_first(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "rejected":
+            reason = str(msg.get("reason"))
+            message = str(msg.get("message", ""))
+            if reason == "isolated":
+                log.error("ctrl says this node was isolated: destroying all Instances and "
+                          "exiting for a restart with a new incarnation",
+                          incarnation=self.incarnation, message=message)
+                await ws.aclose()
+                destroyed = await self.instances.destroy_all()
+                log.error("Instances destroyed after isolate", count=destroyed)
+                raise NodeIsolated(f"node {self.config.node.id} was isolated at incarnation "
+                                   f"{self.incarnation}: {message}")
+            log.error("ctrl rejected the session", reason=reason, message=message,
+                      incarnation=self.incarnation)
+            raise _Drop(f"rejected: {reason}: {message}", slow=True)
+        if kind != "welcome" or not isinstance(msg.get("session_id"), str):
+            raise _Drop(f"expected welcome or rejected, got {kind!r}")
+        self.backoff.reset()
+        if self.on_established is not None:
+            self.on_established()
+        self.status.connected = True
+        self.status.session_id = msg["session_id"]
+        self.status.established += 1
+        self.status.last_refusal = None
+        self.status._touch()
+        log.info("control session established", session_id=msg["session_id"],
+                 incarnation=self.incarnation, url=self.url)
+        if isinstance(msg.get("drain_requested"), bool):
+            self.instances.set_drain_requested(msg["drain_requested"])
+        if self.on_welcome is not None:
+            await self.on_welcome(msg)
+        if isinstance(msg.get("overcommit"), dict):
+            await self._on_overcommit(ws, msg["overcommit"])
+
+    async def _serve(self, ws: WebSocketConnection, seen: int, seen_states: int) -> None:
+        """Receive, ping and report until one of them ends the connection."""
+        self._last_heard = trio.current_time()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pinger, ws)
+                nursery.start_soon(self._reporter, ws, seen)
+                nursery.start_soon(self._state_sender, ws, seen_states)
+                await self._receiver(ws, nursery)
+        except BaseExceptionGroup as group:
+            raise _first_cause(group) from None
+
+    async def _receiver(self, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
+        while True:
+            msg = await _receive(ws)
+            self._last_heard = trio.current_time()
+            kind = msg.get("type")
+            if kind == "pong":
+                continue
+            if kind == "clock_probe":
+                await _send(ws, self.clock.reply(msg.get("id")))
+            elif kind == "usage_request":
+                await _send(ws, {"type": "usage", "id": msg.get("id"),
+                                 "sample": self.sampler.current().to_wire()})
+            elif kind == "overcommit":
+                await self._on_overcommit(ws, msg)
+            elif kind == "command":
+                nursery.start_soon(self._run_command, ws, msg)
+            elif kind == "close":
+                reason = str(msg.get("reason"))
+                log.warning("ctrl closed the session", reason=reason)
+                raise _Drop(f"closed by ctrl: {reason}", slow=reason == "revoked")
+            else:
+                log.warning("ignoring unknown message from ctrl", type=kind)
+
+    async def _on_overcommit(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
+        serial = msg.get("serial")
+        if not isinstance(serial, int):
+            log.warning("ignoring overcommit without an integer serial", serial=serial)
+            return
+        self.status.overcommit = {"cpu": msg.get("cpu"), "memory": msg.get("memory"),
+                                  "serial": serial}
+        self.status._touch()
+        log.info("overcommit ratios", cpu=msg.get("cpu"), memory=msg.get("memory"),
+                 serial=serial)
+        await _send(ws, {"type": "overcommit_ack", "serial": serial})
+
+    async def _run_command(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
+        command_id, kind = msg.get("id"), msg.get("kind")
+        raw_args = msg.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+        handler = self.commands.get(kind) if isinstance(kind, str) else None
+        reply: dict[str, Any] = {"type": "command_result", "id": command_id}
+        try:
+            if handler is None:
+                raise InvalidArgument(f"unknown command kind {kind!r} for this node "
+                                      f"(release {self.release})")
+            reply.update(ok=True, result=await handler(args))
+        except KibotosError as exc:
+            reply.update(ok=False, error=exc.to_wire()["error"])
+        except Exception as exc:  # a handler bug must not end the session
+            log.error("command failed", id=command_id, kind=kind, error=repr(exc))
+            reply.update(ok=False, error=Internal(f"{kind}: {exc}").to_wire()["error"])
+        await _send(ws, reply)
+
+    async def _pinger(self, ws: WebSocketConnection) -> None:
+        while True:
+            await trio.sleep(self.timing.ping_interval)
+            silent = trio.current_time() - self._last_heard
+            if silent > self.timing.silence_timeout:
+                await ws.aclose()
+                raise _Drop(f"nothing heard from ctrl for {silent:.0f}s")
+            await _send(ws, {"type": "ping"})
+
+    async def _reporter(self, ws: WebSocketConnection, seen: int) -> None:
+        while True:
+            seen = await self.board.wait_changed(seen)
+            report = self.board.report()
+            await _send(ws, {"type": "report", **report, "facts": self.facts()})
+            log.info("report sent", memory_tight=report["memory_tight"],
+                     instance_count=report["instance_count"])
+
+
+    async def _state_sender(self, ws: WebSocketConnection, seen: int) -> None:
+        """``instance_state`` frames, in order, as the Instance manager publishes them."""
+        feed = self.instances.state_feed()
+        while True:
+            seen, frames = await feed.after(seen)
+            for frame in frames:
+                await _send(ws, frame)
+
+
+def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception worth handling out of a connection's task group: several tasks
+    notice a dropped socket at once, and each says so."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+
+    walk(group)
+    for preferred in (NodeIsolated, _Drop, ConnectionRejected, ConnectionClosed):
+        for leaf in leaves:
+            if isinstance(leaf, preferred):
+                return leaf
+    if len(leaves) == 1:
+        return leaves[0]
+    return group
+
+
+async def _send(ws: WebSocketConnection, msg: dict[str, Any]) -> None:
+    await ws.send_message(json.dumps(msg))
+
+
+async def _receive(ws: WebSocketConnection) -> dict[str, Any]:
+    raw = await ws.get_message()
+    try:
+        msg = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _Drop(f"malformed frame from ctrl: {raw[:80]!r}") from None
+    if not isinstance(msg, dict):
+        raise _Drop(f"malformed frame from ctrl: {raw[:80]!r}")
+    return msg
