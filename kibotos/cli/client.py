@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -173,6 +174,13 @@ class Client:
     def _would_overrun(self, attempt: int) -> bool:
         remaining = self.deadline.remaining()
         return remaining is not None and remaining <= RETRY_PAUSES[attempt]
+
+
+def resource_path(collection: str, resource_id: str, action: str = "") -> str:
+    """``resource_path("/v1/nodes", "n 1", "drain")`` → ``/v1/nodes/n%201/drain``: the ID
+    is quoted whole (no ``/`` survives), so an odd ID cannot reach another route."""
+    path = f"{collection}/{quote(resource_id, safe='')}"
+    return f"{path}/{action}" if action else path
 
 
 def _describe_transport_error(exc: httpx.TransportError) -> str:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import quote
 
 import click
 
 from kibotos.cli import node_render
+from kibotos.cli.client import resource_path
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -35,8 +35,7 @@ def node_group() -> None:
 
 
 def node_path(node_id: str, action: str = "") -> str:
-    path = f"/v1/nodes/{quote(node_id, safe='')}"
-    return f"{path}/{action}" if action else path
+    return resource_path("/v1/nodes", node_id, action)
 
 
 # ---------------------------------------------------------------------------- reads

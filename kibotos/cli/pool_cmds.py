@@ -10,11 +10,11 @@ capacity that was never set shows as ``-``: creating in that pool is refused wit
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 import click
 
 from kibotos import ids
+from kibotos.cli.client import resource_path
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -37,8 +37,7 @@ def pool_group() -> None:
 
 
 def pool_path(pool_id: str, action: str = "") -> str:
-    path = f"/v1/storage-pools/{quote(pool_id, safe='')}"
-    return f"{path}/{action}" if action else path
+    return resource_path("/v1/storage-pools", pool_id, action)
 
 
 def size(value: Any) -> str:

@@ -12,12 +12,12 @@ argument is checked before the config is read or anything is sent.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 import click
 
 from kibotos import ids
 from kibotos.cli import waiting
+from kibotos.cli.client import resource_path
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -42,8 +42,7 @@ def volume_group() -> None:
 
 
 def volume_path(volume_id: str, action: str = "") -> str:
-    path = f"/v1/volumes/{quote(volume_id, safe='')}"
-    return f"{path}/{action}" if action else path
+    return resource_path("/v1/volumes", volume_id, action)
 
 
 def volume_argument(value: str) -> str:
