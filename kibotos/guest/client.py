@@ -40,6 +40,7 @@ from kibotos.errors import (
     PermissionDenied,
     Unavailable,
 )
+from kibotos.guest.files import Download, GuestFiles, Upload, require_capability
 from kibotos.guest.kibotos_guest.framing import (
     DEFAULT_WINDOW,
     KIND_CONTROL,
@@ -120,6 +121,7 @@ class GuestChannel:
         self._outputs: dict[int, GuestOutputStream] = {}
         self._inputs: dict[int, GuestInputStream] = {}
         self._processes: dict[int, GuestProcess] = {}
+        self._transfers: dict[int, Download | Upload] = {}
         self._hello: GuestInfo | None = None
         self._hello_event = trio.Event()
         self._error: KibotosError | None = None
@@ -149,6 +151,20 @@ class GuestChannel:
     def statistics(self) -> ChannelStatistics:
         return ChannelStatistics(self._frames_in, self._frames_out, self._protocol_errors,
                                  len(self._processes))
+
+    @property
+    def files(self) -> GuestFiles:
+        """The guest's file operations (`kibotos.guest.files`); each call checks that
+        the agent announced the ``files`` capability."""
+        return GuestFiles(self)
+
+    async def require(self, capability: str) -> None:
+        """FailedPrecondition unless the guest's hello announces `capability`."""
+        await self._hello_event.wait()
+        if self._hello is None:
+            assert self._error is not None
+            raise self._error
+        require_capability(self, capability)
 
     async def wait_hello(self, deadline: float) -> GuestInfo:
         """The guest's hello, by `deadline` (trio time); refuses an unsupported version."""
@@ -299,6 +315,10 @@ class GuestChannel:
             raise GuestProtocolUnsupported(info, self.accepted)
         return info
 
+    def _new_stream_id(self) -> int:
+        self._next_stream += 1
+        return self._next_stream - 1
+
     def _take_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
@@ -359,6 +379,9 @@ class GuestChannel:
             stream._fail(error)
         for inp in self._inputs.values():
             inp._fail(error)
+        for transfer in self._transfers.values():
+            transfer._fail(error)
+        self._transfers.clear()
         self._processes.clear()
         self._outputs.clear()
         self._inputs.clear()
@@ -450,6 +473,11 @@ class GuestChannel:
             amount = msg.get("bytes")
             if inp is not None and isinstance(amount, int) and amount > 0:
                 inp._add_credit(amount)
+        elif kind == "transfer_end":
+            transfer = self._transfers.pop(msg.get("stream"), None)  # type: ignore[arg-type]
+            if transfer is not None:  # (none: one we cancelled and forgot)
+                transfer._end(msg)
+            self._outputs.pop(msg.get("stream"), None)  # type: ignore[arg-type]
         elif kind == "stream_closed":
             inp = self._inputs.pop(msg.get("stream"), None)  # type: ignore[arg-type]
             if inp is not None:

@@ -17,6 +17,8 @@ One module per job:
 * `channel`, `streams`: sessions, and process streams under credit;
 * `core`: shared state and request dispatch; `processes`: exec, signal, resize;
 * `configure`; `stop`: stop_prepare, sync, thaw; `sysio`: files, mounts, libc calls;
+* `transfers`, `fileops`, `fileinfo`, `bridge`, `tarstream`: the ``files`` requests
+  (uploads and downloads in worker threads, directory trees as tar streams);
 * `transport`: finding the port, opening devices, the test socket; `cli`: main.
 
 This file stays small: the host imports `framing` through it.
@@ -25,12 +27,17 @@ This file stays small: the host imports `framing` through it.
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
 DEFAULT_PORT_NAME = "org.kibotos.agent.0"
 CAPABILITIES = (
     "configure.dns", "configure.env", "configure.hostname", "configure.volumes", "exec",
-    "exec.tty", "exec.user", "flow_control", "freeze", "ping", "resize", "signal",
+    "exec.tty", "exec.user", "files", "flow_control", "freeze", "ping", "resize", "signal",
     "stop_prepare", "sync", "thaw",
+)
+#: The requests of the ``files`` capability (`transfers`, loaded on the first one).
+FILE_REQUESTS = (
+    "file_stat", "file_list", "file_mkdir", "file_move", "file_remove", "file_read",
+    "file_write", "tar_read", "tar_write", "transfer_commit", "transfer_cancel",
 )
 
 

@@ -15,15 +15,15 @@ from .errors import AgentError
 from .framing import FLAG_EOF, KIND_CONTROL, Frame, FrameDecoder, FrameError, encode_control
 from .log import log
 from .loop import get_loop
-from .streams import InputStream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .bridge import Inbound, Outbound, Transfer
     from .core import Agent
     from .loop import Handle
-    from .streams import OutputStream
+    from .streams import InputStream, OutputStream
 
 #: A host that reads nothing while this much is queued for it is dropped.
 MAX_OUTBOUND = 128 * 1024 * 1024
@@ -42,7 +42,8 @@ class Channel:
         self.connected = False
         self.closed = False
         self.session = 0
-        self.streams: dict[int, InputStream | OutputStream] = {}
+        self.streams: dict[int, InputStream | OutputStream | Inbound | Outbound] = {}
+        self.transfers: dict[int, Transfer] = {}  # file transfers by stream (`transfers`)
         self._writing = False
         self._timer: Handle | None = None
         os.set_blocking(fd, False)
@@ -108,7 +109,7 @@ class Channel:
 
     def _on_data(self, frame: Frame) -> None:
         stream = self.streams.get(frame.stream)
-        if not isinstance(stream, InputStream):
+        if stream is None or not hasattr(stream, "on_data"):  # stdin, or an upload
             self.protocol_error(f"data for stream {frame.stream}, which is not an open input",
                                 stream=frame.stream)
             return

@@ -12,11 +12,10 @@ import os
 import signal
 import time
 
-from . import AGENT_VERSION, CAPABILITIES, PROTOCOL_VERSION, processes
+from . import AGENT_VERSION, CAPABILITIES, FILE_REQUESTS, PROTOCOL_VERSION, processes
 from .errors import AgentError, invalid
 from .log import log
 from .loop import get_loop
-from .streams import OutputStream
 from .sysio import read_boot_id
 from .tasks import Lock, create_task
 
@@ -64,6 +63,8 @@ class Agent:
             "configure": self._configure,
             "stop_prepare": self._stop_prepare, "sync": self._sync, "thaw": self._thaw,
         }
+        for name in FILE_REQUESTS:
+            self._handlers[name] = self._files
 
     def hello(self) -> dict[str, Any]:
         return {"protocol_version": self.protocol_version, "agent_version": AGENT_VERSION,
@@ -92,13 +93,14 @@ class Agent:
         if mtype == "window":
             stream = ch.streams.get(msg.get("stream"))  # type: ignore[arg-type]
             amount = msg.get("bytes")
+            credit = getattr(stream, "credit", None)  # output streams take credit
             if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
                 ch.protocol_error("window: 'bytes' must be a positive integer")
-            elif isinstance(stream, OutputStream):
+            elif credit is not None:
                 try:
-                    stream.credit(amount)
+                    credit(amount)
                 except AgentError as e:
-                    ch.protocol_error(e.message, stream=stream.stream_id)
+                    ch.protocol_error(e.message, stream=msg.get("stream"))
             return  # credit for a stream that just ended is not an error
         if mtype == "hello_request":
             ch.new_session()
@@ -149,6 +151,9 @@ class Agent:
         for stream in list(ch.streams.values()):
             stream.detach()
         ch.streams.clear()
+        for transfer in list(ch.transfers.values()):
+            transfer.bridge.detach()  # its thread cleans up and ends
+        ch.transfers.clear()
         for proc in list(self.processes.values()):
             if proc.channel is ch:
                 proc.channel = None
@@ -215,6 +220,11 @@ class Agent:
         from .stop import sync_request
 
         return sync_request(msg)
+
+    def _files(self, ch: Channel, msg: dict[str, Any]) -> Coroutine[Any, Any, dict[str, Any]]:
+        from .transfers import REQUESTS
+
+        return REQUESTS[msg["type"]](self, ch, msg)
 
     def _thaw(self, ch: Channel, msg: dict[str, Any]) -> dict[str, Any]:
         from .stop import thaw_request
