@@ -49,15 +49,31 @@ def pack(source: str, arcname: str, out: Writer) -> int:
     returns the number of members."""
     members = 0
 
-    def count(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    def exact(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        """tarfile keeps mtimes as floats (a microsecond off at today's dates): write
+        the nanoseconds into the pax header, which `Unpacker` reads back exactly."""
         nonlocal members
         members += 1
+        ns = os.lstat(source + info.name[len(arcname):]).st_mtime_ns
+        if ns >= 0:
+            info.mtime = ns // 1_000_000_000
+            info.pax_headers = {**info.pax_headers,
+                                "mtime": f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"}
         return info
 
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
                       bufsize=DATA_CHUNK) as tar:
-        tar.add(source, arcname=arcname, recursive=True, filter=count)
+        tar.add(source, arcname=arcname, recursive=True, filter=exact)
     return members
+
+
+def _mtime_ns(m: tarfile.TarInfo) -> int:
+    """The member's mtime in nanoseconds, exactly when its pax header has them."""
+    text = m.pax_headers.get("mtime", "")
+    whole, _, fraction = text.partition(".")
+    if whole.isdigit() and (not fraction or fraction.isdigit()):
+        return int(whole) * 1_000_000_000 + int((fraction + "0" * 9)[:9])
+    return int(m.mtime * 1_000_000_000)
 
 
 def safe_name(name: str) -> str:
@@ -134,7 +150,7 @@ class Unpacker:
         if not rel:
             return  # the archive's own "." (tar -C dir .): the destination itself
         path = self._parent(rel)
-        mtime_ns = int(m.mtime * 1_000_000_000)
+        mtime_ns = _mtime_ns(m)
         if m.isdir():
             if rel in self._made:
                 os.chmod(path, 0o700)
