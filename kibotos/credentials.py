@@ -36,9 +36,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from kibotos import atomicfile, ids
 from kibotos.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 
-#: What a session credential may grant.  Terminal, file transfer and port forwarding
-#: join this list when the data plane serves them.
-OPERATIONS = ("exec",)
+#: What a session credential may grant: ``exec`` (and terminals), ``files`` (file
+#: transfer and the file operations), ``ports`` (port forwarding; reserved: no data
+#: plane serves it yet, so a credential that grants only ``ports`` opens nothing).
+OPERATIONS = ("exec", "files", "ports")
 #: How long a credential is valid (docs/architecture.md: five minutes).
 LIFETIME = 300
 #: Clock skew tolerated between ctrl (which signs) and the node (which verifies): the

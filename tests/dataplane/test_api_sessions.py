@@ -155,6 +155,13 @@ async def test_credential_for_an_available_workspace(
     # operations defaults to exec.
     resp = await client.post("/v1/workspaces/ws-1/sessions", headers=operator)
     assert resp.status_code == 200, resp.text
+    # files (file transfer) and ports (reserved for port forwarding) can be granted too.
+    resp = await client.post("/v1/workspaces/ws-1/sessions", headers=operator,
+                             json={"operations": ["files", "ports", "files"]})
+    assert resp.status_code == 200, resp.text
+    claims = Verifier(ctx.session_signing_key.public_key).verify(
+        resp.json()["result"]["credential"], node_id="node-a", operation="files")
+    assert claims.operations == ("files", "ports")
 
 
 async def test_refusals(client: httpx.AsyncClient, ctx: CtrlContext,

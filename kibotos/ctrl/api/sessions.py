@@ -38,7 +38,7 @@ from kibotos.ctrl.wire.base import Result, WriteRequest, iso
 from kibotos.errors import FailedPrecondition, NotFound
 
 #: `kibotos.credentials.OPERATIONS` as a type (a test keeps the two equal).
-Operation = Literal["exec"]
+Operation = Literal["exec", "files", "ports"]
 
 
 def _default_operations() -> list[Operation]:
