@@ -45,6 +45,13 @@ class DataplaneMetrics:
         self.hung_up = Counter(
             "kibotos_dataplane_exec_hung_up",
             "exec connections that dropped before their process exited", registry=r)
+        self.files_requests = Counter(
+            "kibotos_dataplane_files_requests",
+            "File requests served, by request and outcome (ok or the error code)",
+            ["request", "outcome"], registry=r)
+        self.files_bytes = Counter(
+            "kibotos_dataplane_files_bytes", "File bytes relayed, by direction",
+            ["direction"], registry=r)
         self.closed_on_stop = Counter(
             "kibotos_dataplane_connections_closed_on_stop",
             "Connections still open when the drain period of a stop ended", registry=r)

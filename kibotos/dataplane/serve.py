@@ -1,14 +1,15 @@
 """`serve_dataplane`: one data-plane process, from binding its sockets to its drain.
 
-It listens on the node's ``dataplane_listen`` address for WebSocket connections and on
+It listens on the node's ``dataplane_listen`` address for WebSocket connections (exec)
+and plain HTTP requests (files, `files_api`) and on
 ``<socket_dir>/dataplane/control.sock`` for the node.  It starts with no state: until
 the node hands one over, every connection is refused with 503.  Afterwards it keeps
 serving with the last state it got, also while the node is stopped (spec:
 node-and-vmm-processes, "Data-plane processes").
 
-Each connection is authenticated on the upgrade request, before anything reaches a
-guest: ``Authorization: Bearer <session credential>``, verified with the public key
-the node handed over, for this node and for the operation of the path.  Refusals are
+Each connection is authenticated on its request (the upgrade, for WebSocket), before
+anything reaches a guest: ``Authorization: Bearer <session credential>``, verified with
+the public key the node handed over, for this node and for the operation of the path.  Refusals are
 plain HTTP answers with the API's JSON error body: 401 for a credential that does not
 verify or has expired, 403 for one of another node or operation, 404 for an Instance
 this data plane does not serve (stopped, or moved), 503 without state or when the guest
@@ -30,13 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, WebSocketServer
+from trio_websocket import ConnectionClosed, WebSocketRequest
 
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane import control
 from kibotos.dataplane.build import build_id
 from kibotos.dataplane.exec_session import EXEC_PATH, ExecSession
+from kibotos.dataplane.files_api import FilesRequest, route
 from kibotos.dataplane.guests import GuestPool
+from kibotos.dataplane.http1 import DataplaneListener, HttpExchange
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.dataplane.state import DataplaneState, parse_state
 from kibotos.errors import (
@@ -164,11 +167,12 @@ class DataplaneServer:
 
     # ---------------------------------------------------------------- connections
 
-    def authorize(self, request: WebSocketRequest, operation: str) -> tuple[SessionClaims, Any]:
+    def authorize(self, headers: list[tuple[bytes, bytes]], operation: str
+                  ) -> tuple[SessionClaims, Any]:
         state = self.state
         if state is None:
             raise Unavailable("this data plane has not been given its state by the node yet")
-        claims = state.verifier.verify(bearer_token(request.headers), node_id=state.node_id,
+        claims = state.verifier.verify(bearer_token(headers), node_id=state.node_id,
                                        operation=operation)
         target = state.targets.get(claims.instance_id)
         if target is None:
@@ -194,7 +198,7 @@ class DataplaneServer:
         try:
             if path != EXEC_PATH:
                 raise NotFound(f"no such data-plane endpoint: {path}")
-            claims, target = self.authorize(request, "exec")
+            claims, target = self.authorize(list(request.headers), "exec")
             channel = await self.guests.channel(claims.instance_id, target.agent_socket,
                                                 target.vsock_port)
         except KibotosError as exc:
@@ -220,6 +224,38 @@ class DataplaneServer:
             finally:
                 self.connections.remove(key)
 
+    async def handle_http(self, exchange: HttpExchange) -> None:
+        """One plain HTTP request (the file endpoints); never raises."""
+        try:
+            await self._handle_http(exchange)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client left: its transfer was cancelled in the guest on the way out
+        except Exception as exc:
+            log.error("HTTP handler failed", error=repr(exc))
+            logging.getLogger("kibotos.dataplane").debug("traceback", exc_info=True)
+
+    async def _handle_http(self, exchange: HttpExchange) -> None:
+        try:
+            name = route(exchange)
+            claims, target = self.authorize(exchange.raw_headers, "files")
+            channel = await self.guests.channel(claims.instance_id, target.agent_socket,
+                                                target.vsock_port)
+        except KibotosError as exc:
+            self.metrics.rejected.labels(exc.code).inc()
+            log.info("request refused", path=exchange.path, code=exc.code, error=exc.message,
+                     remote=exchange.remote)
+            await exchange.respond_error(exc)
+            return
+        with trio.CancelScope() as scope:
+            key = self.connections.add(scope)
+            self.metrics.connections.labels("files").inc()
+            self.metrics.active.inc()
+            try:
+                await FilesRequest(exchange, channel, claims, self.metrics).run(name)
+            finally:
+                self.metrics.active.dec()
+                self.connections.remove(key)
+
     # ---------------------------------------------------------------- the process
 
     async def serve(self, *, task_status: trio.TaskStatus[DataplaneServer]
@@ -238,8 +274,8 @@ class DataplaneServer:
         async with trio.open_nursery() as handlers:
             await handlers.start(self.guests.run)
             async with trio.open_nursery() as accepting:
-                server = WebSocketServer(self.handle, listeners, handler_nursery=handlers,
-                                         disconnect_timeout=5.0)
+                server = DataplaneListener(self.handle, self.handle_http, listeners,
+                                           handler_nursery=handlers, disconnect_timeout=5.0)
                 await accepting.start(server.run)
                 await handlers.start(control.serve_control, control_path, self.on_control)
                 if self.settings.handle_signals:

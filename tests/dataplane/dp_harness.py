@@ -47,15 +47,16 @@ class Agent:
     """The real guest agent (``kibotos/guest/agent.py --socket``) under the guest's
     Python, its /etc files under a scratch root."""
 
-    def __init__(self, tmp_path: Path, name: str = "agent-dp.sock") -> None:
+    def __init__(self, tmp_path: Path, name: str = "agent-dp.sock", *,
+                 prefix: tuple[str, ...] = ()) -> None:
         self.socket = tmp_path / name
-        root = tmp_path / "guest-root"
-        root.mkdir(exist_ok=True)
+        self.root = tmp_path / "guest-root"
+        self.root.mkdir(exist_ok=True)
         self.log = tmp_path / f"{name}.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [GUEST_PYTHON, str(AGENT_PATH), "--socket", str(self.socket), "--root",
-                 str(root), "--log-level", "DEBUG"],
+                [*prefix, GUEST_PYTHON, str(AGENT_PATH), "--socket", str(self.socket),
+                 "--root", str(self.root), "--log-level", "DEBUG"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
 
     def stop(self) -> None:
@@ -72,8 +73,10 @@ class Agent:
 
 
 @contextlib.contextmanager
-def running_agent(tmp_path: Path, name: str = "agent-dp.sock") -> Iterator[Agent]:
-    agent = Agent(tmp_path, name)
+def running_agent(tmp_path: Path, name: str = "agent-dp.sock", *,
+                  prefix: tuple[str, ...] = ()) -> Iterator[Agent]:
+    """The agent for the block; `prefix` wraps it (``setpriv`` for an unprivileged one)."""
+    agent = Agent(tmp_path, name, prefix=prefix)
     try:
         yield agent
     finally:

@@ -277,13 +277,14 @@ class Transfer:
                 cleanup()
             except Exception as second:
                 log.warning("%s %s: cleaning up: %s", self.what, self.path, second)
+            error = self._error(e, wrote=step is self.done)
             if step is self.ready:
-                self._settle(self.ready, None, self._error(e))
-            self._settle(self.done, None, self._error(e))
+                self._settle(self.ready, None, error)
+            self._settle(self.done, None, error)
             return
         self._settle(self.done, outcome, None)
 
-    def _error(self, e: BaseException) -> AgentError:
+    def _error(self, e: BaseException, *, wrote: bool) -> AgentError:
         if isinstance(e, AgentError):
             return e
         if isinstance(e, Cancelled):
@@ -291,7 +292,7 @@ class Transfer:
                               f"({e}); nothing was written", {"reason": "cancelled"})
         if isinstance(e, OSError):
             err = os_error(e, self.what, self.path)
-            if self.what in ("file_write", "tar_write"):
+            if wrote and self.what in ("file_write", "tar_write"):
                 err.message += "; nothing was written under the target name"
             return err
         log.error("%s %s failed", self.what, self.path, exc_info=e)

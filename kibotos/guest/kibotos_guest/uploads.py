@@ -56,9 +56,11 @@ async def _upload(agent: Agent, ch: Channel, msg: dict[str, Any], what: str, pat
         raise
 
     def ended(done: Future) -> None:
-        if ch.streams.get(inp.stream_id) is inp:
-            del ch.streams[inp.stream_id]
+        # A failed upload keeps its stream until the commit or cancel: frames the host
+        # sent before it learnt of the failure are discarded (and credited), not errors.
         exc = done.exception()
+        if exc is None and ch.streams.get(inp.stream_id) is inp:
+            del ch.streams[inp.stream_id]
         if exc is not None and ch.session == inp.session and not inp.committed:
             # The host is still sending: tell it to stop (its commit gets the error too).
             ch.send_control({"type": "transfer_end", "stream": inp.stream_id,
