@@ -21,6 +21,7 @@ import click
 from kibotos import ids
 from kibotos.cli import volume_cmds, waiting
 from kibotos.cli import workspace_render as render
+from kibotos.cli.cp_cmds import cp_command
 from kibotos.cli.exec_cmds import exec_command
 from kibotos.cli.options import (
     Invocation,
@@ -461,3 +462,4 @@ def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
 
 # ``kibo workspace exec``: in its own module, with the data plane's client.
 workspace_group.add_command(exec_command)
+workspace_group.add_command(cp_command)
