@@ -68,8 +68,12 @@ class Cluster:
     async def exec(self, workspace: str, *args: str, stdin: bytes = b""
                    ) -> trio.CompletedProcess[bytes]:
         """``kibo workspace exec`` as its own process."""
-        argv = [*KIBO, "workspace", "exec", "--config", str(self.kibo_config), workspace,
-                *args]
+        return await self.kibo("exec", workspace, *args, stdin=stdin)
+
+    async def kibo(self, command: str, *args: str, stdin: bytes = b""
+                   ) -> trio.CompletedProcess[bytes]:
+        """``kibo workspace COMMAND ARGS…`` as its own process."""
+        argv = [*KIBO, "workspace", command, "--config", str(self.kibo_config), *args]
         with trio.fail_after(TIMEOUT):
             return await trio.run_process(argv, stdin=stdin, capture_stdout=True,
                                           capture_stderr=True, check=False)
@@ -225,6 +229,7 @@ async def test_exec_through_ctrl_node_and_data_plane(monkeypatch: pytest.MonkeyP
         assert b"no-such-program" in done.stderr
         done = await c.exec(workspace, "--env", "1BAD=x", "--", "true")
         assert done.returncode == 10
+        await copy_in_and_out(c, workspace)
 
         await c.call("POST", f"/v1/workspaces/{workspace}/stop", json={})
         await wait_state(c, workspace, "STOPPED")
@@ -234,6 +239,42 @@ async def test_exec_through_ctrl_node_and_data_plane(monkeypatch: pytest.MonkeyP
         assert b"STOPPED" in done.stderr
         done = await c.exec("ws-does-not-exist", "--", "true")
         assert done.returncode == 12
+        done = await c.kibo("cp", str(c.base / "kibo.toml"), f"{workspace}:/tmp")
+        assert done.returncode == 13, done.stderr
+
+
+async def copy_in_and_out(c: Cluster, workspace: str) -> None:
+    """``kibo workspace cp`` with a credential for ``files`` from ctrl: a file and a tree
+    in and back out (the testvmm guest's files live under its agent's --root, which
+    exec does not see, so the round trip is the check)."""
+    import hashlib
+
+    local = c.base / "cp"
+    (local / "tree/sub").mkdir(parents=True)
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    (local / "blob").write_bytes(data)
+    (local / "tree/sub/x.sh").write_bytes(b"#!/bin/sh\n")
+    os.chmod(local / "tree/sub/x.sh", 0o755)
+    os.symlink("sub/x.sh", local / "tree/link")
+    done = await c.kibo("cp", str(local / "blob"), f"{workspace}:/tmp/blob")
+    assert done.returncode == 0, done.stderr
+    assert hashlib.sha256(data).hexdigest().encode() in done.stderr
+    done = await c.kibo("cp", str(local / "tree"), f"{workspace}:/tmp")
+    assert done.returncode == 0, done.stderr
+    (local / "back").mkdir()
+    for src in ("/tmp/blob", "/tmp/tree"):
+        done = await c.kibo("cp", f"{workspace}:{src}", str(local / "back"))
+        assert done.returncode == 0, done.stderr
+    assert (local / "back/blob").read_bytes() == data
+    assert (local / "back/tree/sub/x.sh").stat().st_mode & 0o777 == 0o755
+    assert os.readlink(local / "back/tree/link") == "sub/x.sh"
+    done = await c.kibo("cp", f"{workspace}:/tmp/tree", "-")
+    assert done.returncode == 0, done.stderr
+    assert b"tree/sub/x.sh" in done.stdout
+    done = await c.kibo("cp", f"{workspace}:/no/such", str(local))
+    assert done.returncode == 12, done.stderr
+    done = await c.kibo("cp", str(local / "blob"), str(local / "other"))
+    assert done.returncode == 2, done.stderr
 
 
 async def wait_for_no_targets(c: Cluster) -> None:
