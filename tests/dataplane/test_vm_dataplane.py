@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from dp_harness import in_process_plane, run_exec
+from dp_harness import Plane, in_process_plane, run_exec
 
 from kibotos.backends import UnitSpec
 from kibotos.dataplane.state import Target
@@ -88,6 +88,30 @@ async def running(unit: UnitSpec) -> AsyncIterator[trio.Process]:
             await proc.wait()
 
 
+async def _copy_in_and_out(plane: Plane, tmp_path: Path) -> None:
+    """What ``kibo workspace cp`` does (`cp_cmds.copy`), into the guest's writable
+    layer and back, 64 MiB of random bytes: equal digests, and the guest's own
+    ``sha256sum`` agrees."""
+    import hashlib
+
+    from kibotos.cli.cp_cmds import Remote, copy
+
+    data = os.urandom(64 << 20)
+    digest = hashlib.sha256(data).hexdigest()
+    (tmp_path / "big.bin").write_bytes(data)
+    credential = plane.credential(operations=("files",))
+    done = await copy(plane.url, credential, str(tmp_path / "big.bin"),
+                      Remote("ws-1", "/var/tmp/big.bin"))
+    assert done["sha256"] == f"sha256:{digest}"
+    summed = await run_exec(plane, ["sha256sum", "/var/tmp/big.bin"])
+    assert summed.stdout.split()[0].decode() == digest
+    (tmp_path / "back").mkdir()
+    done = await copy(plane.url, credential, Remote("ws-1", "/var/tmp/big.bin"),
+                      str(tmp_path / "back"))
+    assert done["sha256"] == f"sha256:{digest}"
+    assert hashlib.sha256((tmp_path / "back/big.bin").read_bytes()).hexdigest() == digest
+
+
 async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
                                                    run_dir: Path, tmp_path: Path) -> None:
     from kibotos_qemu.backend import QemuVmm
@@ -118,6 +142,8 @@ async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
                                             stdin=b"through org.kibotos.agent.1\n")
                 assert result.status.exit_code == 5
                 assert result.stdout == b"hi\nthrough org.kibotos.agent.1\n"
+                with trio.fail_after(BOOT_TIMEOUT * 2):
+                    await _copy_in_and_out(plane, tmp_path)
                 # The node's session on the first port was not reset by the data plane's.
                 probe = await node_channel.run(["sh", "-c", f"kill -0 {sleeper.pid}"])
                 assert probe[0].exit_code == 0
