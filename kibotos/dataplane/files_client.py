@@ -43,7 +43,7 @@ from kibotos.errors import (
 )
 from kibotos.guest.files import FileEntry
 
-RECEIVE_CHUNK = 64 * 1024
+RECEIVE_CHUNK = 256 * 1024
 _STATUS_CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied",
                  404: "not_found", 409: "already_exists", 412: "failed_precondition",
                  429: "resource_exhausted", 503: "unavailable", 507: "resource_exhausted"}

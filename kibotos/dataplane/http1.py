@@ -37,7 +37,7 @@ MAX_HEAD = 16 * 1024
 HEAD_TIMEOUT = 30.0
 #: After an early answer: how long, and how much, the server still reads and drops.
 LINGER_SECONDS, LINGER_BYTES = 5.0, 64 << 20
-RECEIVE_CHUNK = 64 * 1024
+RECEIVE_CHUNK = 256 * 1024
 _HTTP_STATUS_REASON = {507: b"Insufficient Storage"}
 
 

@@ -333,17 +333,17 @@ class GuestFiles:
 
     async def open_write(self, path: str, *, mode: int | None = None, uid: int | None = None,
                          gid: int | None = None, mtime_ns: int | None = None,
-                         parents: bool = False) -> Upload:
+                         parents: bool = False, window: int = DEFAULT_WINDOW) -> Upload:
         """Write one file: the bytes go to a temporary file beside `path` until
         `Upload.commit`.  Unset `mode`/owner keep an existing file's (else 0644)."""
         return await self._open_upload("file_write", {
             "path": path, "mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns,
-            "parents": parents})
+            "parents": parents, "window": window})
 
-    async def open_tar_write(self, path: str) -> Upload:
+    async def open_tar_write(self, path: str, *, window: int = DEFAULT_WINDOW) -> Upload:
         """Unpack a tar stream into the existing directory `path` (staged, then merged
-        in on `Upload.commit`)."""
-        return await self._open_upload("tar_write", {"path": path})
+        in on `Upload.commit`).  `window`: how much the guest buffers for it."""
+        return await self._open_upload("tar_write", {"path": path, "window": window})
 
 
 def require_capability(channel: GuestChannel, capability: str) -> None:
