@@ -50,7 +50,9 @@ class Route:
 
 @dataclass
 class Api:
-    """What every handler needs: the context, the authenticator and the journal."""
+    """What every handler needs: the context, the authenticator and the command journal
+    (the live services' own, `Runtime.journal`).  The services a module's handlers act
+    through are passed to its ``routes`` beside this."""
 
     ctx: CtrlContext
     auth: Authenticator

@@ -1,8 +1,8 @@
 """HTTP API of Volumes, and of the expansions and moves of Volumes and writable layers
 (docs/storage.md, "Volumes"; docs/architecture.md, "HTTP API").
 
-Writes go through the Workspace service's `volumes` (create, delete) and `objects`
-(expand, move) parts; reads are store queries.  A Volume or Workspace ID of the wrong
+Writes go through `VolumeService` (create, delete) and `ObjectOps` (expand, move);
+reads are store queries.  A Volume or Workspace ID of the wrong
 shape is `invalid_argument`, an unknown one `not_found`.
 """
 
@@ -17,7 +17,8 @@ from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, read_body, read_query
 from kibotos.ctrl.api.workspaces import path_workspace_id
-from kibotos.ctrl.live.workspace_service import WorkspaceService
+from kibotos.ctrl.live.object_ops import ObjectOps
+from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.pools.object_op_txns import LAYER, VOLUME
 from kibotos.ctrl.wire.base import VersionedWrite
@@ -37,12 +38,8 @@ def path_volume_id(request: Request) -> str:
     return ids.check_object_id(request.path_params["volume_id"], "volume ID")
 
 
-def routes(api: Api) -> list[Route]:
+def routes(api: Api, volumes: VolumeService, objects: ObjectOps) -> list[Route]:
     ctx = api.ctx
-    if ctx.workspaces is None:
-        ctx.workspaces = WorkspaceService(ctx)
-    service: WorkspaceService = ctx.workspaces
-    volumes, objects = service.volumes, service.objects
 
     def identity(caller: Caller | None) -> str | None:
         return caller.identity_id if caller is not None else None

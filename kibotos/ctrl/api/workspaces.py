@@ -17,6 +17,7 @@ from starlette.requests import Request
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, read_body, read_query
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
@@ -91,11 +92,10 @@ def _cleanup(workspace_id: str, session: Session) -> dict[str, Any]:
             **inst_mod.cleanup_pending(inst, retired_at)}
 
 
-def routes(api: Api) -> list[Route]:
+def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]:
+    """The routes; writes and waiting reads go to `service`, the move check reads the
+    nodes' pools from the `runtime`'s capacity index."""
     ctx = api.ctx
-    if ctx.workspaces is None:
-        ctx.workspaces = WorkspaceService(ctx)
-    service: WorkspaceService = ctx.workspaces
 
     def identity(caller: Caller | None) -> str | None:
         return caller.identity_id if caller is not None else None
@@ -138,7 +138,7 @@ def routes(api: Api) -> list[Route]:
     async def move_check(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         query = read_query(request, MoveCheckQuery)
-        service.watch.drain()
+        runtime.watch.drain()
 
         def txn(session: Session) -> dict[str, Any]:
             ws = w.get_workspace(session, workspace_id)
@@ -150,7 +150,7 @@ def routes(api: Api) -> list[Route]:
 
         found = await ctx.store.run(txn)
         ws_json, objects = found["workspace"], found["objects"]
-        entry = service.index.nodes.get(query.node_id)
+        entry = runtime.index.nodes.get(query.node_id)
         pools = entry.pools if entry is not None else {}
         for obj in objects:
             pool = pools.get(obj["pool_id"])
