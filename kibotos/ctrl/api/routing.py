@@ -59,6 +59,12 @@ class Api:
     journal: Journal
 
 
+def identity_of(caller: Caller | None) -> str | None:
+    """The caller's identity ID, as the command journal records who asked (None for a
+    route anyone may call)."""
+    return caller.identity_id if caller is not None else None
+
+
 def ok(result: Any) -> JSONResponse:
     return JSONResponse({"result": result})
 

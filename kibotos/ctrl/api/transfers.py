@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Route, read_body
+from kibotos.ctrl.api.routing import Route, identity_of, read_body
 from kibotos.ctrl.live.transfer_service import TransferService
 from kibotos.ctrl.wire.transfers import (
     TransferExportIn,
@@ -25,16 +25,13 @@ from kibotos.ctrl.wire.transfers import (
 
 
 def routes(transfers: TransferService) -> list[Route]:
-    def identity(caller: Caller | None) -> str | None:
-        return caller.identity_id if caller is not None else None
-
     async def export(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, TransferExportIn)
-        return await transfers.export_volume(body, identity(caller))
+        return await transfers.export_volume(body, identity_of(caller))
 
     async def import_(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, TransferImportIn)
-        return await transfers.import_volume(body, identity(caller))
+        return await transfers.import_volume(body, identity_of(caller))
 
     return [
         Route("POST", "/v1/transfers/export", export, "operator",

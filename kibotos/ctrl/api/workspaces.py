@@ -16,7 +16,7 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body, read_query
+from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
@@ -97,12 +97,9 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
     nodes' pools from the `runtime`'s capacity index."""
     ctx = api.ctx
 
-    def identity(caller: Caller | None) -> str | None:
-        return caller.identity_id if caller is not None else None
-
     async def create_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, WorkspaceCreateIn)
-        return await service.create(body, identity(caller))
+        return await service.create(body, identity_of(caller))
 
     async def list_workspaces(request: Request, caller: Caller | None) -> dict[str, Any]:
         query = read_query(request, WorkspaceListQuery)
@@ -116,17 +113,17 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
     async def start_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, WorkspaceStartIn)
-        return await service.start(workspace_id, body, identity(caller))
+        return await service.start(workspace_id, body, identity_of(caller))
 
     async def stop_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, WorkspaceStopIn)
-        return await service.stop(workspace_id, body, identity(caller))
+        return await service.stop(workspace_id, body, identity_of(caller))
 
     async def delete_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, VersionedWrite)
-        return await service.delete(workspace_id, body, identity(caller))
+        return await service.delete(workspace_id, body, identity_of(caller))
 
     async def workspace_location(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_location, path_workspace_id(request)))

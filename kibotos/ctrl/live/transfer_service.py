@@ -68,16 +68,14 @@ class TransferService:
     def __init__(self, runtime: Runtime, volumes: VolumeService,
                  artifacts: ArtifactStore) -> None:
         self.runtime = runtime
-        self.ctx = runtime.ctx
-        self.store = runtime.store
-        self.journal = runtime.journal
         self.volumes = volumes
         self.artifacts = artifacts
 
     async def export_volume(self, body: TransferExportIn,
                             identity: str | None) -> dict[str, Any]:
-        ctx, journal, store, volumes = self.ctx, self.journal, self.store, self.volumes
-        self.runtime.require_running()
+        rt, volumes = self.runtime, self.volumes
+        ctx, journal, store = rt.ctx, rt.journal, rt.store
+        rt.require_running()
         replay = await journal.lookup(operation="transfer.export", params={}, body=body)
         if replay is not None:
             return replay.result
@@ -89,7 +87,7 @@ class TransferService:
             await journal.refuse(operation="transfer.export", params={}, body=body,
                                  identity_id=identity, exc=exc)
             raise  # pragma: no cover - refuse always raises
-        self.runtime.watch.drain()  # the index's node facts up to date
+        rt.watch.drain()  # the index's node facts up to date
         nodes = volumes.usable_nodes([pool_id], prefer=[holder or last or ""])
         if holder is not None:
             nodes = [n for n in nodes if n == holder]
@@ -141,8 +139,9 @@ class TransferService:
 
     async def import_volume(self, body: TransferImportIn,
                             identity: str | None) -> dict[str, Any]:
-        ctx, journal, store, volumes = self.ctx, self.journal, self.store, self.volumes
-        self.runtime.require_running()
+        rt, volumes = self.runtime, self.volumes
+        ctx, journal, store = rt.ctx, rt.journal, rt.store
+        rt.require_running()
         replay = await journal.lookup(operation="transfer.import", params={}, body=body)
         if replay is not None:
             return replay.result
@@ -157,7 +156,7 @@ class TransferService:
             if capacity < MIN_VOLUME_BYTES or capacity % (1 << 20):
                 raise FailedPrecondition(f"artifact {digest} holds a block file of "
                                          f"{capacity} bytes: not a Volume's capacity")
-            self.runtime.watch.drain()
+            rt.watch.drain()
             pool_id = body.pool_id or volumes.default_pool()
             nodes = volumes.usable_nodes([pool_id], drained_ok=False)
             if not nodes:
@@ -167,7 +166,7 @@ class TransferService:
                     details={"pool_id": pool_id})
             await store.run(partial(pool_capacity.check_room, pool_id=pool_id,
                                     add_bytes=capacity, what="Volume", now=ctx.now(),
-                                    default_capacity=self.runtime.default_capacity))
+                                    default_capacity=rt.default_capacity))
         except STORED_ERRORS as exc:
             await journal.refuse(operation="transfer.import", params={}, body=body,
                                  identity_id=identity, exc=exc)
@@ -191,6 +190,6 @@ class TransferService:
                        shared=volumes.pool_shared(node_id, pool_id),
                        capacity_bytes=capacity, labels=body.labels, node_id=node_id,
                        digest=digest, source=manifest.object_id, now=ctx.now(),
-                       default_capacity=self.runtime.default_capacity))
+                       default_capacity=rt.default_capacity))
         volumes.changed()
         return outcome.result
