@@ -1,7 +1,8 @@
 """``kibotos ctrl serve``: the ctrl role's lifetime, from opening the store to shutdown.
 
 Start: create the state directory, open and migrate the store, mark every session
-dead (they died with the previous process), load plugins, serve the API with
+dead (they died with the previous process), load plugins, build the live services once
+(`build_services`: the shared `Runtime` and every service on it), serve the API with
 hypercorn's trio worker, and run reconciliation.  The bound address (``listen`` may
 use port 0) goes to ``task_status`` and, atomically, to ``<state_dir>/listen-address``
 so tests and ``kibotos dev cluster`` can find ctrl.  SIGTERM or SIGINT: tell every
@@ -24,13 +25,25 @@ from kibotos.config import CtrlConfig
 from kibotos.credentials import SigningKey, key_path
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import CtrlContext, utcnow
+from kibotos.ctrl.live.node_feed import NodeFeed
 from kibotos.ctrl.live.node_sessions import SessionHub
+from kibotos.ctrl.live.object_ops import ObjectOps
+from kibotos.ctrl.live.placement_loop import PlacementLoop
 from kibotos.ctrl.live.reconcile import run_reconcile
 from kibotos.ctrl.live.registry_sweep import RegistrySweep
+from kibotos.ctrl.live.runtime import Runtime
+from kibotos.ctrl.live.services import CtrlServices
+from kibotos.ctrl.live.transfer_service import TransferService
+from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.live.workspace_service import WorkspaceService
+from kibotos.ctrl.live.workspace_tasks import WorkspaceTasks
+from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import session_store
+from kibotos.ctrl.model.placement import CapacityIndex
 from kibotos.ctrl.store import migrate
+from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.store.db import Store, make_engine
+from kibotos.errors import KibotosError
 from kibotos.plugins import load_plugins
 
 log = logging.getLogger("kibotos.ctrl")
@@ -51,14 +64,44 @@ def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
     # every welcome (docs/dataplane.md).
     key = SigningKey.load_or_create(key_path(config.ctrl.state_dir))
     hub.session_signing_public_key = key.public_key
-    ctx = CtrlContext(config=config, store=store,
-                      registries=load_plugins(config.plugins.disable), sessions=hub,
-                      session_signing_key=key)
-    # Validates ctrl.placement_policy against the plugin registry: a bad name stops
-    # ctrl here, naming the key and the policies there are.
-    ctx.workspaces = WorkspaceService(ctx)
-    hub.observers.append(ctx.workspaces)
-    return ctx
+    return CtrlContext(config=config, store=store,
+                       registries=load_plugins(config.plugins.disable), sessions=hub,
+                       session_signing_key=key)
+
+
+def build_services(ctx: CtrlContext) -> CtrlServices:
+    """Every live service of a ctrl, built once on one `Runtime` and wired here: who
+    tells whom (callbacks), what each sweep resumes and in which order, who follows the
+    node sessions.  Tests build theirs the same way; `CtrlServices.run` starts them."""
+    if not isinstance(ctx.sessions, SessionHub):
+        raise TypeError("build_services needs ctx.sessions to be a "
+                        "kibotos.ctrl.live.node_sessions.SessionHub")
+    # A misspelt policy must stop ctrl at start, naming the key and the choices.
+    name = ctx.config.ctrl.placement_policy
+    try:
+        policy_cls = ctx.registries.placement.get(name)
+    except KibotosError as exc:
+        raise type(exc)(f"ctrl.placement_policy: {exc.message}") from None
+    runtime = Runtime(ctx, CapacityIndex(policy_cls({})))
+    tasks = WorkspaceTasks(runtime)
+    feed = NodeFeed(runtime, follow=tasks.follow)
+    placement = PlacementLoop(runtime, created=feed.created, orphaned=tasks.orphaned)
+    workspaces = WorkspaceService(runtime, tasks=tasks, feed=feed, placement=placement)
+    volumes = VolumeService(runtime)
+    objects = ObjectOps(runtime, volumes)
+    artifacts = ArtifactStore(artifact_root(ctx.config))
+    artifacts.prepare()
+    transfers = TransferService(runtime, volumes, artifacts)
+    # Each sweep resumes Workspace stops and deletes, then Volumes, then object
+    # operations (a ctrl start, and every few seconds).
+    runtime.add_sweeper(tasks.sweep)
+    runtime.add_sweeper(volumes.sweep)
+    runtime.add_sweeper(objects.sweep)
+    ctx.sessions.observers.append(workspaces)
+    ctx.isolate_releasers.append(inst_mod.release_for_isolate)
+    return CtrlServices(ctx=ctx, runtime=runtime, workspaces=workspaces, feed=feed,
+                        volumes=volumes, objects=objects, transfers=transfers,
+                        artifacts=artifacts)
 
 
 async def open_store(config: CtrlConfig) -> Store:
@@ -138,7 +181,8 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
         ctx = build_context(config, store)
         assert isinstance(ctx.sessions, SessionHub)
         hub = ctx.sessions
-        app = build_app(ctx)
+        services = build_services(ctx)
+        app = build_app(services)
         shutdown = trio.Event()
 
         async def shutdown_trigger() -> None:
@@ -164,8 +208,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
             await nursery.start(RegistrySweep(
                 ctx, config.ctrl.reconcile_interval,
                 live_nodes=lambda: [s.node_id for s in hub.live()]).run)
-            assert ctx.workspaces is not None
-            await nursery.start(ctx.workspaces.run)
+            await nursery.start(services.run)
             task_status.started(address)
     finally:
         address_file.unlink(missing_ok=True)

@@ -19,7 +19,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from kibotos.config import CtrlConfig
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import CtrlContext
-from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.live.services import CtrlServices
+from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
 from kibotos.ctrl.store.db import Store
 
 
@@ -50,8 +51,15 @@ def ctx(ctrl_config: CtrlConfig, store: Store) -> CtrlContext:
 
 
 @pytest.fixture
-async def client(ctx: CtrlContext) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=build_app(ctx))
+def services(ctx: CtrlContext) -> CtrlServices:
+    """The context's live services, built once (not running: no test here needs them
+    to serve; `ws_helpers.open_ws_ctrl` runs them)."""
+    return build_services(ctx)
+
+
+@pytest.fixture
+async def client(services: CtrlServices) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build_app(services))
     async with httpx.AsyncClient(transport=transport, base_url="http://ctrl") as c:
         yield c
 
@@ -73,7 +81,8 @@ async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(
-                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
+                hypercorn_serve, build_app(build_services(ctx)),
+                hypercorn_config(config.ctrl.listen)))
             ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0])
             async with httpx.AsyncClient(base_url=ctrl.url, timeout=30) as http:
                 ctrl.http = http

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from kibotos.config import CtrlConfig
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.journal import input_digest
-from kibotos.ctrl.serve import build_context, open_store
+from kibotos.ctrl.serve import build_context, build_services, open_store
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Command
 from kibotos.ctrl.wire.base import IsolateIn, VersionedWrite
@@ -87,7 +87,7 @@ async def test_replay_survives_a_ctrl_restart(ctrl_config: CtrlConfig, store: St
     # A new process: new store connection, new context, new app, empty caches.
     reopened = await open_store(ctrl_config)
     try:
-        app = build_app(build_context(ctrl_config, reopened))
+        app = build_app(build_services(build_context(ctrl_config, reopened)))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://ctrl") as fresh:
             again = result(await fresh.post("/v1/nodes/node-a/drain", headers=operator,

@@ -161,7 +161,7 @@ async def test_require_auth_and_disabled(tmp_path: Path) -> None:
 
         # enabled = false: no /metrics route at all (read when the app is built).
         fresh(ctrl, enabled=False)
-        transport = httpx.ASGITransport(app=build_app(ctrl.ctx))
+        transport = httpx.ASGITransport(app=build_app(ctrl.services))
         async with httpx.AsyncClient(transport=transport, base_url="http://ctrl") as http:
             resp = await http.get("/metrics", headers=ctrl.operator)
             assert resp.status_code == 404

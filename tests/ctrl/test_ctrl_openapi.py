@@ -8,7 +8,7 @@ from ctrl_helpers import result
 
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.api.routing import Route
-from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.live.services import CtrlServices
 
 # The HTTP API table of docs/architecture.md.
 DOCUMENTED = {
@@ -45,13 +45,14 @@ DOCUMENTED = {
 }
 
 
-async def test_every_route_is_documented(client: httpx.AsyncClient, ctx: CtrlContext) -> None:
+async def test_every_route_is_documented(client: httpx.AsyncClient,
+                                         services: CtrlServices) -> None:
     resp = await client.get("/v1/openapi.json")
     assert resp.status_code == 200
     doc = resp.json()
     assert doc["openapi"].startswith("3.1")
     listed = {(method, path) for path, ops in doc["paths"].items() for method in ops}
-    table: list[Route] = build_app(ctx).state.routes
+    table: list[Route] = build_app(services).state.routes
     assert {(r.method.lower(), r.path) for r in table} == listed == DOCUMENTED
     schemas = doc["components"]["schemas"]
     for route in table:

@@ -27,7 +27,13 @@ from ctrl_helpers import (
 
 from kibotos.cli.main import kibotos_cli
 from kibotos.ctrl.api.app import build_app
-from kibotos.ctrl.serve import LISTEN_ADDRESS_FILE, build_context, open_store, serve_ctrl
+from kibotos.ctrl.serve import (
+    LISTEN_ADDRESS_FILE,
+    build_context,
+    build_services,
+    open_store,
+    serve_ctrl,
+)
 from kibotos.testing.fake_node import open_sim_node
 
 
@@ -52,7 +58,7 @@ async def test_sessions_of_the_previous_process_are_dead(tmp_path: Path) -> None
     config = make_config(tmp_path)
     store = await open_store(config)
     try:
-        app = build_app(build_context(config, store))
+        app = build_app(build_services(build_context(config, store)))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://ctrl") as http:
             operator = await enroll_operator(http, store)
@@ -139,7 +145,7 @@ def test_grant_writes_the_store_and_prints_the_token(tmp_path: Path) -> None:
     async def use() -> None:
         store = await open_store(make_config(tmp_path))
         try:
-            app = build_app(build_context(make_config(tmp_path), store))
+            app = build_app(build_services(build_context(make_config(tmp_path), store)))
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                          base_url="http://ctrl") as http:
                 issued = await exchange(http, token)
@@ -199,7 +205,7 @@ def test_grant_for_a_retired_node_exits_13(tmp_path: Path) -> None:
     async def retire() -> None:
         store = await open_store(make_config(tmp_path))
         try:
-            app = build_app(build_context(make_config(tmp_path), store))
+            app = build_app(build_services(build_context(make_config(tmp_path), store)))
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                          base_url="http://ctrl") as http:
                 operator = await enroll_operator(http, store)

@@ -33,8 +33,7 @@ async def test_a_start_while_the_pool_is_not_seen_available_says_no_admitted_nod
         async def seen_unavailable() -> bool:  # placement follows the report a moment later
             # (read placement's index: a create as the probe would succeed, and place a
             # Workspace, whenever the report has not reached it yet)
-            assert ctrl.ctx.workspaces is not None
-            entry = ctrl.ctx.workspaces.index.nodes.get("node-a")
+            entry = ctrl.runtime.index.nodes.get("node-a")
             fact = entry.pools.get("node-a-local") if entry is not None else None
             return fact is not None and not fact.available
 

@@ -37,7 +37,7 @@ async def test_a_failed_stop_prepare_is_failed_until_stop_force(tmp_path: Path,
         assert ws["reason"] == reason
         # The VMM still runs on the node and keeps its Allocation; start is refused.
         assert sim.instances[ws["instance_id"]].instance_id == ws["instance_id"]
-        assert ctrl.service.index.allocated("node-a")[0] == 1500
+        assert ctrl.runtime.index.allocated("node-a")[0] == 1500
         await ctrl.action(wid, "start", code="failed_precondition")
         # kibo workspace stop --force: the node stops this VMM (short sync) and releases.
         sim.refuse_stop = None
@@ -45,7 +45,7 @@ async def test_a_failed_stop_prepare_is_failed_until_stop_force(tmp_path: Path,
         ws = await ctrl.settled(wid)
         assert ws["state"] == "STOPPED"
         assert ws["instance"]["confirmed_on_disk"] is False  # not confirmed on disk
-        assert ctrl.service.index.allocated("node-a") == (0, 0)
+        assert ctrl.runtime.index.allocated("node-a") == (0, 0)
         force = [c for c in sim.commands if c["kind"] == "instance.stop"][-1]
         assert force["args"]["force"] is True
         # Volumes and the writable layer are kept: the next start reuses the layer.
@@ -72,7 +72,7 @@ async def test_a_node_that_no_longer_has_the_instance(tmp_path: Path) -> None:
         await ctrl.connect("node-a", sim=sim)
 
         async def released() -> bool:
-            return ctrl.service.index.allocated("node-a") == (0, 0)
+            return ctrl.runtime.index.allocated("node-a") == (0, 0)
 
         await wait_until(released, "ctrl released the Allocation on its own")
         assert (await ctrl.ws(wid))["state"] == "FAILED"
@@ -108,7 +108,7 @@ async def test_retrying_a_refused_reclaim_with_the_same_command_id_continues_it(
         ws = await ctrl.settled(wid)
         assert ws["state"] == "STOPPED"
         assert ws["instance"]["confirmed_on_disk"] is False
-        assert ctrl.service.index.allocated("node-a") == (0, 0)
+        assert ctrl.runtime.index.allocated("node-a") == (0, 0)
         stops = [c for c in sim.commands if c["kind"] == "instance.stop"]
         assert len(stops) == 2
         # Once done, the same ID replays the stored answer and changes nothing.

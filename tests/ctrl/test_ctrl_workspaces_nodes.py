@@ -53,7 +53,7 @@ async def test_isolate_releases_fails_and_counts(tmp_path: Path) -> None:
         assert ws["instance_id"] is None
         assert (await ctrl.ws(stopped))["state"] == "STOPPED"
         assert (await ctrl.ws(elsewhere))["state"] == "AVAILABLE"
-        assert ctrl.service.index.allocated("node-a") == (0, 0)
+        assert ctrl.runtime.index.allocated("node-a") == (0, 0)
         assert await cleanup(ctrl, running) == {
             "RUNTIME": ("UNKNOWN", "control_plane"),
             "VOLUME_ATTACHMENT": ("RELEASED", "control_plane"),
@@ -143,7 +143,7 @@ async def test_oom_kill_stops_the_workspace_and_start_works(tmp_path: Path) -> N
         await wait_until(stopped, "ctrl stopped the OOM-killed Workspace")
         ws = await ctrl.ws(wid)
         assert ws["reason"] == "OOM_KILLED"
-        assert ctrl.service.index.allocated("node-a") == (0, 0)
+        assert ctrl.runtime.index.allocated("node-a") == (0, 0)
         stops = [c["args"] for c in ctrl.sims["node-a"].commands if c["kind"] == "instance.stop"]
         assert stops == [{"instance_id": ws["last_instance_id"], "force": False,
                           "deadline_s": 30.0}]
@@ -165,7 +165,7 @@ async def test_unexpected_exit_fails_until_stop_force(tmp_path: Path) -> None:
         ws = await ctrl.ws(wid)
         assert ws["reason"] == EXITED
         # It keeps its Allocation (and stays on the node) until stop --force.
-        assert ctrl.service.index.allocated("node-a")[0] == 1500
+        assert ctrl.runtime.index.allocated("node-a")[0] == 1500
         assert ws["node_id"] == "node-a"
         err = await ctrl.action(wid, "start", code="failed_precondition")
         assert f"kibo workspace stop {wid} --force" in err["message"]
@@ -173,7 +173,7 @@ async def test_unexpected_exit_fails_until_stop_force(tmp_path: Path) -> None:
         ws = await ctrl.settled(wid)
         assert ws["state"] == "STOPPED"
         assert ws["instance"]["confirmed_on_disk"] is False
-        assert ctrl.service.index.allocated("node-a") == (0, 0)
+        assert ctrl.runtime.index.allocated("node-a") == (0, 0)
         await ctrl.action(wid, "start")
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
 

@@ -186,7 +186,7 @@ async def test_drain_and_cancel_are_sent_to_the_node(tmp_path: Path) -> None:
 async def test_unknown_policy_names_the_key(tmp_path: Path, policy: str) -> None:
     from ctrl_helpers import make_config
 
-    from kibotos.ctrl.serve import build_context, open_store
+    from kibotos.ctrl.serve import build_context, build_services, open_store
     from kibotos.errors import InvalidArgument
 
     config = make_config(tmp_path, placement_policy=f"{policy}-typo")
@@ -194,6 +194,6 @@ async def test_unknown_policy_names_the_key(tmp_path: Path, policy: str) -> None
     try:
         with pytest.raises(InvalidArgument, match=r"ctrl\.placement_policy: unknown "
                                                   r"placement .*available: binpack, spread"):
-            build_context(config, store)
+            build_services(build_context(config, store))
     finally:
         store.close()

@@ -15,7 +15,7 @@ from volume_helpers import create_volume, settled_volume
 from ws_helpers import events, open_ws_ctrl
 
 from kibotos import transfer_archive
-from kibotos.ctrl.api.transfers import TransferExportOut, TransferImportOut
+from kibotos.ctrl.wire.transfers import TransferExportOut, TransferImportOut
 from kibotos.node.storage.objects import PoolObjects
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.transfer import NodeTransfers

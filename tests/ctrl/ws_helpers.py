@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session
 
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import CtrlContext
+from kibotos.ctrl.live.runtime import Runtime
+from kibotos.ctrl.live.services import CtrlServices
 from kibotos.ctrl.live.workspace_service import WorkspaceService
-from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
 from kibotos.ctrl.store.models import Template
 from kibotos.testing.fake_node import SimNode, open_sim_node
 from kibotos.testing.sim_instances import SimInstances
@@ -42,6 +44,7 @@ def add_template(session: Session, name: str = TEMPLATE) -> None:
 @dataclass
 class WsCtrl:
     ctx: CtrlContext
+    services: CtrlServices
     url: str
     http: httpx.AsyncClient
     operator: dict[str, str]
@@ -55,8 +58,12 @@ class WsCtrl:
 
     @property
     def service(self) -> WorkspaceService:
-        assert self.ctx.workspaces is not None
-        return self.ctx.workspaces
+        return self.services.workspaces
+
+    @property
+    def runtime(self) -> Runtime:
+        """What the services share: the capacity index, the in-flight map."""
+        return self.services.runtime
 
     # ------------------------------------------------------------------ API
 
@@ -159,15 +166,15 @@ async def open_ws_ctrl(tmp_path: Path, *, policy: str = "binpack",
     store = await open_store(config)
     await store.write(add_template)
     ctx = build_context(config, store)
+    services = build_services(ctx)
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(
-                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
-            assert ctx.workspaces is not None
-            await nursery.start(ctx.workspaces.run)
+                hypercorn_serve, build_app(services), hypercorn_config(config.ctrl.listen)))
+            await nursery.start(services.run)
             async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
                 operator = await enroll_operator(http, store)
-                ctrl = WsCtrl(ctx, binds[0], http, operator, nursery)
+                ctrl = WsCtrl(ctx, services, binds[0], http, operator, nursery)
                 try:
                     yield ctrl
                 finally:

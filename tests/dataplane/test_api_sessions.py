@@ -28,7 +28,7 @@ from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.api.sessions import Operation, WorkspaceSessionOut
 from kibotos.ctrl.live.context import CtrlContext, utcnow
 from kibotos.ctrl.model import enrollment
-from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.errors import ERROR_CLASSES, PermissionDenied
 from kibotos.testing.fake_node import open_sim_node
@@ -72,7 +72,7 @@ async def ctx(tmp_path: Path) -> AsyncIterator[CtrlContext]:
 
 @pytest.fixture
 async def client(ctx: CtrlContext) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=build_app(ctx))
+    transport = httpx.ASGITransport(app=build_app(build_services(ctx)))
     async with httpx.AsyncClient(transport=transport, base_url="http://ctrl") as c:
         yield c
 
@@ -208,7 +208,8 @@ async def test_welcome_carries_the_public_key(tmp_path: Path) -> None:
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(
-                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
+                hypercorn_serve, build_app(build_services(ctx)),
+                hypercorn_config(config.ctrl.listen)))
             async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
                 node = await exchange(http, ctx, "node", "node-a")
             with trio.fail_after(30):

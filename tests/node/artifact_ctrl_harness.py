@@ -21,7 +21,7 @@ from kibotos.config import CtrlConfig
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import utcnow
 from kibotos.ctrl.model import enrollment
-from kibotos.ctrl.serve import build_context, hypercorn_config, open_store
+from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
 from kibotos.ctrl.store.artifacts import artifact_root
 
 
@@ -57,7 +57,8 @@ async def loopback_ctrl(tmp_path: Path, nodes: Sequence[str]) -> AsyncIterator[L
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(
-                hypercorn_serve, build_app(ctx), hypercorn_config(config.ctrl.listen)))
+                hypercorn_serve, build_app(build_services(ctx)),
+                hypercorn_config(config.ctrl.listen)))
             async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
                 grant = await store.write(partial(
                     enrollment.create_grant, kind="operator", node_id=None, name="op",

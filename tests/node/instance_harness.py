@@ -25,6 +25,7 @@ from kibotos.config import NodeConfig, parse  # noqa: E402
 from kibotos.node.instances.lifecycle import Settings  # noqa: E402
 from kibotos.node.instances.manager import VmInstanceManager  # noqa: E402
 from kibotos.node.instances.setup import build_instance_manager  # noqa: E402
+from kibotos.node.storage.holder_watch import HolderWatch  # noqa: E402
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs  # noqa: E402
 from kibotos.node.storage.pools.marker import init_pool  # noqa: E402
 from kibotos.plugins import Registries, load_plugins  # noqa: E402
@@ -90,6 +91,13 @@ class Node:
 
     async def command(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
         return await self.manager.command_handlers()[kind](args)
+
+    def holder_check(self) -> HolderWatch:
+        """A holder check over this node's Instances, wired as the manager wires its
+        own, for a test to run one pass of by hand (`HolderWatch.check`); the manager's
+        own one runs every 5 s beside it."""
+        m = self.manager
+        return HolderWatch(m.launcher, instances=m.instances, fail=m.fail, interval=3600)
 
     async def wait_state(self, instance_id: str, *states: str) -> dict[str, Any]:
         """The first published frame of `instance_id` in one of `states` (also one

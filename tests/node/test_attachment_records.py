@@ -24,7 +24,6 @@ from kibotos.node.checks import maintenance_check
 from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
 from kibotos.node.records import instance_records as records
 from kibotos.node.records.attachments import Attachments
-from kibotos.node.storage.holder_watch import HolderWatch
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 from kibotos.node.storage.pools import legacy_names as ln
 from kibotos.node.storage.pools import startup
@@ -214,7 +213,7 @@ async def test_records_follow_attach_stop_destroy_and_fence() -> None:
         await node.wait_state("inst-3", RUNNING)
         other = PoolObjects("pool-a", node.pool, VOLUMES, "node-b")
         await other.take("vol-1", 2, may_create=False)
-        assert await HolderWatch(node.manager, interval=3600).check() == ["inst-3"]
+        assert await node.holder_check().check() == ["inst-3"]
         await node.wait_state("inst-3", FAILED)
         assert Attachments(root).attached() == set()  # fenced: receipt, then no record
         await node.command("instance.stop", {"instance_id": "inst-3", "force": True})

@@ -15,7 +15,7 @@ from instance_harness import DEADLINE, Node, running_node
 
 from kibotos import atomicfile
 from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
-from kibotos.node.storage.holder_watch import TAKEN_OVER, HolderWatch
+from kibotos.node.storage.holder_watch import TAKEN_OVER
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 
 MIB = 1 << 20
@@ -47,7 +47,7 @@ async def test_taken_over_instance_is_stopped_receipted_and_failed() -> None:
         assert inst is not None
         assert inst.main_process is not None
         pid = inst.main_process[0]
-        watch = HolderWatch(node.manager, interval=3600)
+        watch = node.holder_check()
         assert await watch.check() == []  # nobody took anything: nothing happens
         assert node.manager.get("inst-1").state == RUNNING  # type: ignore[union-attr]
 
@@ -90,7 +90,7 @@ async def test_same_epoch_held_by_another_node_is_also_a_takeover() -> None:
         # A holder record naming another node at this node's own epoch: not ours.
         atomicfile.write_json(node.pool / RETAINED_LAYERS / "holders" / "ws-1.json",
                               {"node_id": "node-b", "epoch": 1}, prefix="node-b")
-        assert await HolderWatch(node.manager, interval=3600).check() == ["inst-1"]
+        assert await node.holder_check().check() == ["inst-1"]
         frame = await node.wait_state("inst-1", FAILED)
         assert "retained layer ws-1 in pool pool-a is held by node node-b" in frame["reason"]
         assert rec(node.pool, RETAINED_LAYERS, "releases", "ws-1")["node_id"] == "node-a"
@@ -102,7 +102,7 @@ async def test_unreadable_holder_record_is_retried_not_fenced() -> None:
         path = node.pool / VOLUMES / "holders" / "vol-1.json"
         good = path.read_bytes()
         path.write_bytes(b"{not json")  # what a flaky mount might show once
-        watch = HolderWatch(node.manager, interval=3600)
+        watch = node.holder_check()
         assert await watch.check() == []
         assert node.manager.get("inst-1").state == RUNNING  # type: ignore[union-attr]
         path.write_bytes(good)

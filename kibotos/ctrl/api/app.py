@@ -1,5 +1,9 @@
 """The ctrl ASGI application: the route table of every API module, one error mapping.
 
+The app is built on ctrl's live services (`CtrlServices`, built once by
+`kibotos.ctrl.serve.build_services`): each route module gets the services its handlers
+act through, and none builds one of its own.
+
 Errors leave in one shape, ``{"error": {"code", "message", "details"?}}``, with the HTTP
 status of `kibotos.errors`: a `KibotosError` as it is, a pydantic validation error as
 ``invalid_argument`` naming the bad field, an unknown route as ``not_found``, anything
@@ -35,10 +39,8 @@ from kibotos.ctrl.api.metrics import RequestMetrics
 from kibotos.ctrl.api.openapi import build_openapi
 from kibotos.ctrl.api.routing import Api, Route, endpoint
 from kibotos.ctrl.live.cluster_metrics import install as install_metrics
-from kibotos.ctrl.live.context import CtrlContext
-from kibotos.ctrl.live.journal import Journal
 from kibotos.ctrl.live.node_sessions import SessionHub
-from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
+from kibotos.ctrl.live.services import CtrlServices
 from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
 
 log = logging.getLogger("kibotos.ctrl.api.app")
@@ -85,7 +87,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
     return _error(Internal(f"internal error: {type(exc).__name__}: {exc}"))
 
 
-def api_routes(api: Api) -> list[Route]:
+def api_routes(api: Api, services: CtrlServices) -> list[Route]:
     """The whole HTTP API, as a table (the OpenAPI document is built from it)."""
     table: list[Route] = []
 
@@ -94,13 +96,11 @@ def api_routes(api: Api) -> list[Route]:
 
     table.extend(api_enrollment.routes(api))
     table.extend(api_nodes.routes(api))
-    artifacts = ArtifactStore(artifact_root(api.ctx.config))
-    artifacts.prepare()
-    table.extend(api_templates.routes(api, artifacts))
-    table.extend(api_workspaces.routes(api))
+    table.extend(api_templates.routes(api, services.artifacts))
+    table.extend(api_workspaces.routes(api, services.workspaces, services.runtime))
     table.extend(api_sessions.routes(api))
-    table.extend(api_volumes.routes(api))
-    table.extend(api_transfers.routes(api, artifacts))
+    table.extend(api_volumes.routes(api, services.volumes, services.objects))
+    table.extend(api_transfers.routes(services.transfers))
     table.extend(api_pools.routes(api))
     table.append(Route("GET", "/v1/node/session", None, "node",
                        "The node control session (WebSocket)", websocket=True))
@@ -110,19 +110,20 @@ def api_routes(api: Api) -> list[Route]:
     return table
 
 
-def build_app(ctx: CtrlContext) -> Starlette:
+def build_app(services: CtrlServices) -> Starlette:
+    ctx = services.ctx
     if not isinstance(ctx.sessions, SessionHub):
         raise TypeError("build_app needs ctx.sessions to be a "
                         "kibotos.ctrl.live.node_sessions.SessionHub")
     hub = ctx.sessions
     auth = Authenticator(ctx.store)
-    api = Api(ctx=ctx, auth=auth, journal=Journal(ctx.store, ctx.now))
+    api = Api(ctx=ctx, auth=auth, journal=services.runtime.journal)
 
     async def node_session(ws: WebSocket) -> None:
         await hub.serve_websocket(ws, auth)
 
     starlette_routes: list[BaseRoute] = []
-    table = api_routes(api)
+    table = api_routes(api, services)
     for route in table:
         if route.websocket:
             starlette_routes.append(WebSocketRoute(route.path, node_session))
@@ -132,7 +133,8 @@ def build_app(ctx: CtrlContext) -> Starlette:
     middleware: list[Middleware] = []
     if ctx.config.metrics.enabled:  # Prometheus text, outside /v1 (docs/metrics.md)
         starlette_routes.append(StarletteRoute(
-            "/metrics", install_metrics(ctx, auth.operator), methods=["GET"]))
+            "/metrics", install_metrics(ctx, services.runtime.index, auth.operator),
+            methods=["GET"]))
         middleware.append(Middleware(RequestMetrics, metrics=ctx.metrics))
     app = Starlette(
         routes=starlette_routes,
@@ -145,6 +147,7 @@ def build_app(ctx: CtrlContext) -> Starlette:
         },
     )
     app.state.ctx = ctx
+    app.state.services = services
     app.state.api = api
     app.state.routes = table
     return app

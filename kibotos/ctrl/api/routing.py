@@ -50,11 +50,19 @@ class Route:
 
 @dataclass
 class Api:
-    """What every handler needs: the context, the authenticator and the journal."""
+    """What every handler needs: the context, the authenticator and the command journal
+    (the live services' own, `Runtime.journal`).  The services a module's handlers act
+    through are passed to its ``routes`` beside this."""
 
     ctx: CtrlContext
     auth: Authenticator
     journal: Journal
+
+
+def identity_of(caller: Caller | None) -> str | None:
+    """The caller's identity ID, as the command journal records who asked (None for a
+    route anyone may call)."""
+    return caller.identity_id if caller is not None else None
 
 
 def ok(result: Any) -> JSONResponse:

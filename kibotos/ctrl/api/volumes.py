@@ -1,8 +1,8 @@
 """HTTP API of Volumes, and of the expansions and moves of Volumes and writable layers
 (docs/storage.md, "Volumes"; docs/architecture.md, "HTTP API").
 
-Writes go through the Workspace service's `volumes` (create, delete) and `objects`
-(expand, move) parts; reads are store queries.  A Volume or Workspace ID of the wrong
+Writes go through `VolumeService` (create, delete) and `ObjectOps` (expand, move);
+reads are store queries.  A Volume or Workspace ID of the wrong
 shape is `invalid_argument`, an unknown one `not_found`.
 """
 
@@ -15,9 +15,10 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body, read_query
+from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
 from kibotos.ctrl.api.workspaces import path_workspace_id
-from kibotos.ctrl.live.workspace_service import WorkspaceService
+from kibotos.ctrl.live.object_ops import ObjectOps
+from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.pools.object_op_txns import LAYER, VOLUME
 from kibotos.ctrl.wire.base import VersionedWrite
@@ -37,19 +38,12 @@ def path_volume_id(request: Request) -> str:
     return ids.check_object_id(request.path_params["volume_id"], "volume ID")
 
 
-def routes(api: Api) -> list[Route]:
+def routes(api: Api, volumes: VolumeService, objects: ObjectOps) -> list[Route]:
     ctx = api.ctx
-    if ctx.workspaces is None:
-        ctx.workspaces = WorkspaceService(ctx)
-    service: WorkspaceService = ctx.workspaces
-    volumes, objects = service.volumes, service.objects
-
-    def identity(caller: Caller | None) -> str | None:
-        return caller.identity_id if caller is not None else None
 
     async def create_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, VolumeCreateIn)
-        return await volumes.create(body, identity(caller))
+        return await volumes.create(body, identity_of(caller))
 
     async def list_volumes(request: Request, caller: Caller | None) -> dict[str, Any]:
         q = read_query(request, VolumeListQuery)
@@ -65,27 +59,27 @@ def routes(api: Api) -> list[Route]:
     async def delete_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
         volume_id = path_volume_id(request)
         body = await read_body(request, VersionedWrite)
-        return await volumes.delete(volume_id, body, identity(caller))
+        return await volumes.delete(volume_id, body, identity_of(caller))
 
     async def expand_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
         volume_id = path_volume_id(request)
         body = await read_body(request, ExpandIn)
-        return await objects.expand(VOLUME, volume_id, body, identity(caller))
+        return await objects.expand(VOLUME, volume_id, body, identity_of(caller))
 
     async def move_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
         volume_id = path_volume_id(request)
         body = await read_body(request, MoveIn)
-        return await objects.move(VOLUME, volume_id, body, identity(caller))
+        return await objects.move(VOLUME, volume_id, body, identity_of(caller))
 
     async def expand_layer(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, ExpandIn)
-        return await objects.expand(LAYER, workspace_id, body, identity(caller))
+        return await objects.expand(LAYER, workspace_id, body, identity_of(caller))
 
     async def move_layer(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, MoveIn)
-        return await objects.move(LAYER, workspace_id, body, identity(caller))
+        return await objects.move(LAYER, workspace_id, body, identity_of(caller))
 
     async def layer_status(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await objects.status(LAYER, path_workspace_id(request))

@@ -16,7 +16,8 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body, read_query
+from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
@@ -91,18 +92,14 @@ def _cleanup(workspace_id: str, session: Session) -> dict[str, Any]:
             **inst_mod.cleanup_pending(inst, retired_at)}
 
 
-def routes(api: Api) -> list[Route]:
+def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]:
+    """The routes; writes and waiting reads go to `service`, the move check reads the
+    nodes' pools from the `runtime`'s capacity index."""
     ctx = api.ctx
-    if ctx.workspaces is None:
-        ctx.workspaces = WorkspaceService(ctx)
-    service: WorkspaceService = ctx.workspaces
-
-    def identity(caller: Caller | None) -> str | None:
-        return caller.identity_id if caller is not None else None
 
     async def create_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, WorkspaceCreateIn)
-        return await service.create(body, identity(caller))
+        return await service.create(body, identity_of(caller))
 
     async def list_workspaces(request: Request, caller: Caller | None) -> dict[str, Any]:
         query = read_query(request, WorkspaceListQuery)
@@ -116,17 +113,17 @@ def routes(api: Api) -> list[Route]:
     async def start_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, WorkspaceStartIn)
-        return await service.start(workspace_id, body, identity(caller))
+        return await service.start(workspace_id, body, identity_of(caller))
 
     async def stop_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, WorkspaceStopIn)
-        return await service.stop(workspace_id, body, identity(caller))
+        return await service.stop(workspace_id, body, identity_of(caller))
 
     async def delete_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         body = await read_body(request, VersionedWrite)
-        return await service.delete(workspace_id, body, identity(caller))
+        return await service.delete(workspace_id, body, identity_of(caller))
 
     async def workspace_location(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_location, path_workspace_id(request)))
@@ -138,7 +135,7 @@ def routes(api: Api) -> list[Route]:
     async def move_check(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
         query = read_query(request, MoveCheckQuery)
-        service.watch.drain()
+        runtime.watch.drain()
 
         def txn(session: Session) -> dict[str, Any]:
             ws = w.get_workspace(session, workspace_id)
@@ -150,7 +147,7 @@ def routes(api: Api) -> list[Route]:
 
         found = await ctx.store.run(txn)
         ws_json, objects = found["workspace"], found["objects"]
-        entry = service.index.nodes.get(query.node_id)
+        entry = runtime.index.nodes.get(query.node_id)
         pools = entry.pools if entry is not None else {}
         for obj in objects:
             pool = pools.get(obj["pool_id"])

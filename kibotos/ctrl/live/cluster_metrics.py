@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.model import workspace_records as w
-from kibotos.ctrl.model.placement import pools_of
+from kibotos.ctrl.model.placement import CapacityIndex, pools_of
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.store.models import Command, Instance, StoragePool, Workspace
 from kibotos.errors import KibotosError
@@ -103,9 +103,11 @@ class StoreGauges:
 class ClusterCollector(Collector):
     """Yields the gauges at scrape time (registered in the ctrl's own registry)."""
 
-    def __init__(self, ctx: CtrlContext, store_gauges: StoreGauges) -> None:
+    def __init__(self, ctx: CtrlContext, store_gauges: StoreGauges,
+                 index: CapacityIndex) -> None:
         self.ctx = ctx
         self.store_gauges = store_gauges
+        self.index = index
 
     def describe(self) -> list[Any]:
         return []  # computed at scrape time: nothing to check at registration
@@ -120,9 +122,6 @@ class ClusterCollector(Collector):
                                      "Node control sessions open on this ctrl")
         sessions.add_metric([], len(live()) if callable(live) else 0)
         yield sessions
-        service = self.ctx.workspaces
-        if service is None:
-            return
         by_status = dict.fromkeys(NODE_STATUSES, 0)
         status = GaugeMetricFamily("kibotos_ctrl_node_status", "1 for each node that is "
                                    "not retired, labelled with its status",
@@ -139,7 +138,7 @@ class ClusterCollector(Collector):
             )}
         members: dict[str, int] = {}
         available: dict[str, int] = {}
-        for entry in sorted(service.index.nodes.values(), key=lambda e: e.node_id):
+        for entry in sorted(self.index.nodes.values(), key=lambda e: e.node_id):
             facts = entry.facts
             state = nodes.status(facts)
             by_status[state] = by_status.get(state, 0) + 1
@@ -217,11 +216,11 @@ class ClusterCollector(Collector):
         yield age
 
 
-def install(ctx: CtrlContext, operator_check: Any) -> Any:
+def install(ctx: CtrlContext, index: CapacityIndex, operator_check: Any) -> Any:
     """Wire the gauges and the store timing into ``ctx.metrics`` (once per context,
     however many apps are built on it) and return the ``GET /metrics`` endpoint.
-    `operator_check` is `Authenticator.operator`, used when ``[metrics]
-    require_auth`` is set."""
+    `index` is the live services' capacity index (`Runtime.index`); `operator_check`
+    is `Authenticator.operator`, used when ``[metrics] require_auth`` is set."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.requests import Request
     from starlette.responses import Response
@@ -231,7 +230,7 @@ def install(ctx: CtrlContext, operator_check: Any) -> Any:
     if gauges is None:
         gauges = StoreGauges(ctx)
         metrics.store_gauges = gauges
-        metrics.registry.register(ClusterCollector(ctx, gauges))
+        metrics.registry.register(ClusterCollector(ctx, gauges, index))
         metrics.watch_store(ctx.store.listen)
     store_gauges = gauges
 

@@ -1,7 +1,9 @@
 """What every part of a running ctrl shares: config, store, live sessions, plugins.
 
-Built once by `serve_ctrl` (or by a test) and handed to the ASGI app; nothing here is
-module-global, so several ctrl instances can run in one process (tests, benchmarks).
+Built once by `serve_ctrl` (or by a test) and handed to the live services
+(`serve.build_services`), which the ASGI app is built on; nothing here is module-global,
+so several ctrl instances can run in one process (tests, benchmarks).  The services are
+not in here: they take the context, never the reverse.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from kibotos.config import CtrlConfig
 from kibotos.credentials import SigningKey
@@ -17,9 +19,6 @@ from kibotos.ctrl.api.metrics import CtrlMetrics
 from kibotos.ctrl.model.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
 from kibotos.plugins import Registries
-
-if TYPE_CHECKING:
-    from kibotos.ctrl.live.workspace_service import WorkspaceService
 
 
 def utcnow() -> datetime:
@@ -57,8 +56,5 @@ class CtrlContext:
     #: Signs session credentials (``<state_dir>/session-signing.key``); its public key
     #: goes to every node in ``welcome.session_signing_public_key``.
     session_signing_key: SigningKey | None = None
-    #: The Workspace service (placement, Instances); built by `serve.build_context`
-    #: (or by the API's route table); its `run` must be started for it to serve.
-    workspaces: WorkspaceService | None = None
     #: This ctrl's Prometheus counters, in a registry of its own (docs/metrics.md).
     metrics: CtrlMetrics = field(default_factory=CtrlMetrics)

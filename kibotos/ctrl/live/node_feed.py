@@ -1,6 +1,8 @@
 """What nodes say about their Instances, applied to the store in order: the
 ``instance_state`` frames and the Instance lists of ``hello`` and ``report``
-(`instances.on_instance_state`, `instances.reconcile`), for `WorkspaceService`.
+(`instances.on_instance_state`, `instances.reconcile`), for `WorkspaceService`.  What
+those rules ask for next (stop, destroy, discard) goes to the ``follow`` callback (the
+Workspace tasks' `follow`).
 
 A frame of a create still in flight (the node may send CREATING before the create's
 result) is set aside and applied once the create is recorded: waiting for it in the
@@ -13,17 +15,16 @@ is checked at most once per grace period per node, as a safety net behind the fr
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.wire.session import Hello, InstanceState, Report
-
-if TYPE_CHECKING:
-    from kibotos.ctrl.live.workspace_service import WorkspaceService
 
 #: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
 REPORT_GRACE_S = 30.0
@@ -31,8 +32,10 @@ APPLIED_CACHE = 100_000
 
 
 class NodeFeed:
-    def __init__(self, service: WorkspaceService) -> None:
-        self.service = service
+    def __init__(self, runtime: Runtime, *,
+                 follow: Callable[[Iterable[inst_mod.Followup]], None]) -> None:
+        self.runtime = runtime
+        self.follow = follow
         self._deferred: dict[str, list[tuple[str, InstanceState]]] = {}
         self._deferring: set[str] = set()
         #: The last state applied per Instance, to skip frames that repeat it.
@@ -40,10 +43,10 @@ class NodeFeed:
         self._report_reconciled: dict[str, float] = {}
 
     async def session_started(self, node_id: str, hello: Hello) -> None:
-        started = self.service.ctx.now()
+        started = self.runtime.ctx.now()
         if hello.report.instances is not None:
             await self._reconcile(node_id, hello.report.instances, started)
-        self.service.tasks.wake()
+        self.runtime.wake()
 
     async def node_report(self, node_id: str, report: Report) -> None:
         if report.instances is None:
@@ -53,22 +56,22 @@ class NodeFeed:
             return
         self._report_reconciled[node_id] = trio.current_time()
         await self._reconcile(node_id, report.instances,
-                              self.service.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
+                              self.runtime.ctx.now() - timedelta(seconds=REPORT_GRACE_S))
 
     async def instance_state(self, node_id: str, frame: InstanceState) -> None:
         """Apply a frame, in order per Instance (see the module docstring)."""
         key = frame.instance_id
-        if key in self.service.inflight or key in self._deferred:
+        if key in self.runtime.inflight or key in self._deferred:
             self._deferred.setdefault(key, []).append((node_id, frame))
             if key not in self._deferring:
                 self._deferring.add(key)
-                self.service.tasks.spawn(self._apply_deferred, key)
+                self.runtime.spawn(self._apply_deferred, key)
             return
         await self._apply_frame(node_id, frame)
 
     async def _apply_deferred(self, key: str) -> None:
         try:
-            pending = self.service.inflight.get(key)
+            pending = self.runtime.inflight.get(key)
             if pending is not None:
                 await pending.wait()
             while self._deferred.get(key):
@@ -83,15 +86,20 @@ class NodeFeed:
         if frame.guest is None and frame.cleanup is None and \
                 self._applied.get(frame.instance_id) == seen:
             return  # the node said it already (e.g. CREATING of a create just recorded)
-        followups = await self.service.store.write(partial(
+        followups = await self.runtime.store.write(partial(
             inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
-            state=frame.state, reason=frame.reason, now=self.service.ctx.now(),
+            state=frame.state, reason=frame.reason, now=self.runtime.ctx.now(),
             guest=frame.guest, cleanup=frame.cleanup, objects=frame.objects))
         self.remember(frame.instance_id, seen)
-        self.service.tasks.follow(followups)
+        self.follow(followups)
+
+    def created(self, instance_id: str) -> None:
+        """A create or start recorded its Instance CREATING (the placement loop says so):
+        the node's CREATING frame that may follow repeats it and is skipped."""
+        self.remember(instance_id, ("CREATING", None))
 
     def remember(self, instance_id: str, seen: tuple[str, str | None]) -> None:
-        """Note the state last applied to an Instance (a create records CREATING)."""
+        """Note the state last applied to an Instance."""
         self._applied[instance_id] = seen
         self._applied.move_to_end(instance_id)
         while len(self._applied) > APPLIED_CACHE:
@@ -99,9 +107,9 @@ class NodeFeed:
 
     async def _reconcile(self, node_id: str, listed: list[dict[str, Any]],
                          listed_after: datetime) -> None:
-        skip = set(self.service.inflight)
-        followups = await self.service.store.write(partial(
+        skip = set(self.runtime.inflight)
+        followups = await self.runtime.store.write(partial(
             inst_mod.reconcile, node_id=node_id,
             listed=[i for i in listed if i.get("instance_id") not in skip],
-            now=self.service.ctx.now(), listed_after=listed_after))
-        self.service.tasks.follow(followups)
+            now=self.runtime.ctx.now(), listed_after=listed_after))
+        self.follow(followups)

@@ -15,23 +15,23 @@ spec: storage-pools-on-nfs, "Notes" and "Troubleshooting").
   the old copy is deleted (``volume.delete`` / ``layer.delete`` in the old pool).
 
 Both need the object's Workspace stopped and keep it from starting until they end.
+The nodes are chosen and called through `VolumeService` (`usable_nodes`, `call`), whose
+readers `changed` wakes; the tasks run on the shared `Runtime`.
 """
 
 from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kibotos.ctrl.live.journal import STORED_ERRORS
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
+from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import object_op_txns as ot
 from kibotos.ctrl.wire.volumes import ExpandIn, MoveIn
 from kibotos.errors import FailedPrecondition, KibotosError
-
-if TYPE_CHECKING:
-    from kibotos.ctrl.live.volume_service import VolumeService
-    from kibotos.ctrl.live.workspace_service import WorkspaceService
 
 log = logging.getLogger("kibotos.ctrl.live.volume_service")
 
@@ -44,15 +44,15 @@ RETRY_PAUSE = 2.0
 
 
 class ObjectOps:
-    """A part of the Workspace service (its `objects`), beside `VolumeService`."""
+    """Expansions and moves on the shared `Runtime`, beside `VolumeService`."""
 
-    def __init__(self, workspaces: WorkspaceService, volumes: VolumeService) -> None:
-        self.ws = workspaces
+    def __init__(self, runtime: Runtime, volumes: VolumeService) -> None:
+        self.runtime = runtime
         self.volumes = volumes
-        self.ctx = workspaces.ctx
-        self.store = workspaces.store
+        self.ctx = runtime.ctx
+        self.store = runtime.store
+        self.journal = runtime.journal
         self._active: SingleFlight[tuple[str, str]] = SingleFlight()
-        workspaces.tasks.sweepers.append(self.sweep)
 
     def _operation(self, kind: str, verb: str) -> str:
         return f"{'volume' if kind == ot.VOLUME else 'workspace.layer'}.{verb}"
@@ -64,26 +64,26 @@ class ObjectOps:
 
     async def expand(self, kind: str, name: str, body: ExpandIn,
                      identity_id: str | None) -> dict[str, Any]:
-        self.ws.require_running()
-        outcome = await self.volumes.journal.execute(
+        self.runtime.require_running()
+        outcome = await self.journal.execute(
             operation=self._operation(kind, "expand"), params=self._params(kind, name),
             body=body, identity_id=identity_id,
             fn=partial(ot.begin_expand, kind=kind, name=name,
                        capacity_bytes=body.capacity_bytes, expected=body.expected_version,
-                       now=self.ctx.now(), default_capacity=self.volumes.default_capacity))
+                       now=self.ctx.now(), default_capacity=self.runtime.default_capacity))
         await self._started(kind, name)
         return outcome.result
 
     async def move(self, kind: str, name: str, body: MoveIn,
                    identity_id: str | None) -> dict[str, Any]:
-        self.ws.require_running()
+        self.runtime.require_running()
         operation, params = self._operation(kind, "move"), self._params(kind, name)
-        journal = self.volumes.journal
+        journal = self.journal
         replay = await journal.lookup(operation=operation, params=params, body=body)
         if replay is not None:
             return replay.result
         try:
-            self.ws.watch.drain()
+            self.runtime.watch.drain()
             subject = await self.store.run(partial(ot.subject_of, kind=kind, name=name))
             node_id = self._copier(subject.pool_id, body.pool_id, subject.object_id)
         except STORED_ERRORS as exc:
@@ -94,7 +94,7 @@ class ObjectOps:
             operation=operation, params=params, body=body, identity_id=identity_id,
             fn=partial(ot.begin_move, kind=kind, name=name, pool_id=body.pool_id,
                        node_id=node_id, expected=body.expected_version, now=self.ctx.now(),
-                       default_capacity=self.volumes.default_capacity))
+                       default_capacity=self.runtime.default_capacity))
         await self._started(kind, name)
         return outcome.result
 
@@ -111,7 +111,7 @@ class ObjectOps:
 
     async def _started(self, kind: str, name: str) -> None:
         subject = await self.store.run(partial(ot.subject_of, kind=kind, name=name))
-        self.ws.tasks.spawn(self.run, kind, subject.object_id)
+        self.runtime.spawn(self.run, kind, subject.object_id)
         self.volumes.changed()
 
     async def status(self, kind: str, name: str) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class ObjectOps:
     async def sweep(self) -> None:
         for kind, object_id in await self.store.run(ot.pending):
             if (kind, object_id) not in self._active:
-                self.ws.tasks.spawn(self.run, kind, object_id)
+                self.runtime.spawn(self.run, kind, object_id)
 
     async def run(self, kind: str, object_id: str) -> None:
         await self._active.run((kind, object_id), partial(self._run, kind, object_id),
@@ -135,7 +135,7 @@ class ObjectOps:
             if state is None:
                 return
             if not await self._step(state):
-                await self.ws.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
 
     async def _step(self, state: ot.OpState) -> bool:
         """One step of the operation; False when no node could do it now."""

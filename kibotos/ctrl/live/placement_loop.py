@@ -7,20 +7,26 @@ Instance a node may have accepted but that is not recorded is destroyed.  Refusa
 say "not now, not here" (memory tight, drained, any failed_precondition or
 resource_exhausted, a lost or silent session) move on to the next candidate; with
 ``--node`` there is none, and the node's refusal is the answer.
+
+The loop works on the shared `Runtime` (index, in-flight map, sessions, metrics) and
+tells its two followers through callbacks: ``created`` once an Instance is recorded
+(the node feed then skips the node's repeated CREATING), ``orphaned`` for an Instance a
+node may hold unrecorded (the Workspace tasks destroy it).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from sqlalchemy.orm import Session
 
 from kibotos import ids
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.model import workspace_txns as tx
-from kibotos.ctrl.model.placement import Demand, NodeEntry, admit
+from kibotos.ctrl.model.placement import CapacityIndex, Demand, NodeEntry, admit
 from kibotos.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -29,9 +35,6 @@ from kibotos.errors import (
     Unavailable,
 )
 from kibotos.units import format_bytes, format_cores
-
-if TYPE_CHECKING:
-    from kibotos.ctrl.live.workspace_service import WorkspaceService
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 
@@ -42,91 +45,101 @@ Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
 Args = Callable[[NodeEntry, str], dict[str, Any]]
 
 
-async def place(service: WorkspaceService, demand: Demand, pinned: str | None,
-                args: Args, commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
-    """Try candidates best first until a node accepts; record the accepted one.
-    Counted in ``kibotos_ctrl_placements_total`` (docs/metrics.md)."""
-    operation = "create" if demand.pools is None else "start"
-    try:
-        result = await _place(service, demand, pinned, args, commit, journal)
-    except KibotosError as exc:
-        service.ctx.metrics.placement(operation, exc.code)
-        raise
-    service.ctx.metrics.placement(operation, "placed")
-    return result
+class PlacementLoop:
+    """Places creates and starts (the module docstring) for `WorkspaceService`."""
 
+    def __init__(self, runtime: Runtime, *, created: Callable[[str], None],
+                 orphaned: Callable[[str, str], None]) -> None:
+        self.runtime = runtime
+        self.index = runtime.index
+        self.created = created
+        self.orphaned = orphaned
 
-async def _place(service: WorkspaceService, demand: Demand, pinned: str | None,
-                 args: Args, commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
-    tried: set[str] = set()
-    last: KibotosError | None = None
-    while True:
-        if pinned is not None:
-            if pinned in tried:
-                assert last is not None
-                raise last
-            refusal = service.index.verdict(pinned, demand)
-            if refusal is not None:
-                raise refusal.error(pinned)
-            node_id: str | None = pinned
-        else:
-            node_id = service.index.best(demand, tried)
-            if node_id is None:
-                raise _exhausted(service, demand, tried, last)
-        assert node_id is not None
-        tried.add(node_id)
-        instance_id = ids.new_id("inst")
-        try:
-            return await _try_node(service, node_id, instance_id, demand, args, commit,
-                                   journal)
-        except _NextNode as nxt:
-            last = nxt.error
-
-
-async def _try_node(service: WorkspaceService, node_id: str, instance_id: str,
-                    demand: Demand, args: Args, commit: Commit,
+    async def place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
                     journal: Callable[..., Any]) -> dict[str, Any]:
-    entry = service.index.nodes[node_id]
-    service.index.reserve(node_id, instance_id, demand.cpu_millis, demand.memory_bytes)
-    done = service.inflight[instance_id] = trio.Event()
-    accepted = committed = False
-    try:
+        """Try candidates best first until a node accepts; record the accepted one.
+        Counted in ``kibotos_ctrl_placements_total`` (docs/metrics.md)."""
+        operation = "create" if demand.pools is None else "start"
+        metrics = self.runtime.ctx.metrics
         try:
-            await service.ctx.sessions.call(node_id, "instance.create",
-                                            args(entry, instance_id), CREATE_TIMEOUT)
-            accepted = True
-            service.ctx.metrics.node_answer("accepted")
+            result = await self._place(demand, pinned, args, commit, journal)
         except KibotosError as exc:
-            service.ctx.metrics.node_answer(_answer(exc))
-            reason = exc.details.get("reason")
-            if isinstance(exc, ResourceExhausted) and reason == "memory_tight":
-                service.index.mark_tight(node_id)
-                raise _NextNode(exc) from None
-            if isinstance(exc, FailedPrecondition | ResourceExhausted):
-                # Drained meanwhile, or unable for a reason of its own: the node's
-                # verdict; unpinned placement goes on with the next candidate.
-                raise _NextNode(exc) from None
-            if isinstance(exc, Unavailable | DeadlineExceeded):
-                # The node may have accepted after all: make sure it holds nothing.
-                accepted = isinstance(exc, DeadlineExceeded)
-                raise _NextNode(exc) from None
+            metrics.placement(operation, exc.code)
             raise
+        metrics.placement(operation, "placed")
+        return result
+
+    async def _place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
+                     journal: Callable[..., Any]) -> dict[str, Any]:
+        tried: set[str] = set()
+        last: KibotosError | None = None
+        while True:
+            if pinned is not None:
+                if pinned in tried:
+                    assert last is not None
+                    raise last
+                refusal = self.index.verdict(pinned, demand)
+                if refusal is not None:
+                    raise refusal.error(pinned)
+                node_id: str | None = pinned
+            else:
+                node_id = self.index.best(demand, tried)
+                if node_id is None:
+                    raise _exhausted(self.index, demand, tried, last)
+            assert node_id is not None
+            tried.add(node_id)
+            instance_id = ids.new_id("inst")
+            try:
+                return await self._try_node(node_id, instance_id, demand, args, commit,
+                                            journal)
+            except _NextNode as nxt:
+                last = nxt.error
+
+    async def _try_node(self, node_id: str, instance_id: str, demand: Demand, args: Args,
+                        commit: Commit, journal: Callable[..., Any]) -> dict[str, Any]:
+        index, inflight = self.index, self.runtime.inflight
+        ctx = self.runtime.ctx
+        entry = index.nodes[node_id]
+        index.reserve(node_id, instance_id, demand.cpu_millis, demand.memory_bytes)
+        done = inflight[instance_id] = trio.Event()
+        accepted = committed = False
         try:
-            result, replayed = await journal(commit(node_id, instance_id))
-        except tx.Stale as exc:
-            log.info("placement on %s went stale: %s", node_id, exc)
-            raise _NextNode(Unavailable(str(exc))) from None
-        committed = not replayed
-        if committed:
-            service.feed.remember(instance_id, ("CREATING", None))
-        return dict(result)
-    finally:
-        if not committed:
-            service.index.unreserve(instance_id)
-            if accepted:
-                service.tasks.spawn(service.tasks.destroy_orphan, node_id, instance_id)
-        del service.inflight[instance_id]
-        done.set()
+            try:
+                await ctx.sessions.call(node_id, "instance.create",
+                                        args(entry, instance_id), CREATE_TIMEOUT)
+                accepted = True
+                ctx.metrics.node_answer("accepted")
+            except KibotosError as exc:
+                ctx.metrics.node_answer(_answer(exc))
+                reason = exc.details.get("reason")
+                if isinstance(exc, ResourceExhausted) and reason == "memory_tight":
+                    index.mark_tight(node_id)
+                    raise _NextNode(exc) from None
+                if isinstance(exc, FailedPrecondition | ResourceExhausted):
+                    # Drained meanwhile, or unable for a reason of its own: the node's
+                    # verdict; unpinned placement goes on with the next candidate.
+                    raise _NextNode(exc) from None
+                if isinstance(exc, Unavailable | DeadlineExceeded):
+                    # The node may have accepted after all: make sure it holds nothing.
+                    accepted = isinstance(exc, DeadlineExceeded)
+                    raise _NextNode(exc) from None
+                raise
+            try:
+                result, replayed = await journal(commit(node_id, instance_id))
+            except tx.Stale as exc:
+                log.info("placement on %s went stale: %s", node_id, exc)
+                raise _NextNode(Unavailable(str(exc))) from None
+            committed = not replayed
+            if committed:
+                self.created(instance_id)
+            return dict(result)
+        finally:
+            if not committed:
+                index.unreserve(instance_id)
+                if accepted:
+                    self.orphaned(node_id, instance_id)
+            del inflight[instance_id]
+            done.set()
 
 
 def _answer(exc: KibotosError) -> str:
@@ -138,11 +151,11 @@ def _answer(exc: KibotosError) -> str:
     return exc.code
 
 
-def _exhausted(service: WorkspaceService, demand: Demand, tried: set[str],
+def _exhausted(index: CapacityIndex, demand: Demand, tried: set[str],
                last: KibotosError | None) -> ResourceExhausted:
     """Say why no node could take it: the count of nodes per refusal reason."""
     reasons: dict[str, int] = {}
-    for entry in service.index.nodes.values():
+    for entry in index.nodes.values():
         if entry.node_id in tried:
             reason = "refused by the node" if last is None else last.message
         else:

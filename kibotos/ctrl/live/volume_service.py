@@ -8,12 +8,14 @@ background task sends ``volume.create`` and moves the Volume to AVAILABLE, or FA
 with the node's reason.  A delete is refused while a Workspace that is not DELETED has
 the Volume attached; it records DELETING and a task sends ``volume.delete`` to the
 holder, or to any live node attached to the pool (granting it the use right first).
-Tasks retry while no node can be reached, also after a ctrl restart (the Workspace
-service's sweep resumes them), as Workspace stops and deletes do.
+Tasks retry while no node can be reached, also after a ctrl restart (`sweep`, one of
+the shared runtime's sweepers, resumes them), as Workspace stops and deletes do.
 
 Attaching at Workspace create, the Volumes' part of a start and the detach at Workspace
-delete are in `workspace_ops`/`workspace_tasks`, through `volume_txns`; expansions and
-moves of Volumes and writable layers are in `object_ops`.
+delete are in `workspace_service`/`workspace_tasks`, through `volume_attach`; expansions
+and moves of Volumes and writable layers are in `object_ops`, Transfers in
+`transfer_service`: both choose their nodes and send their commands through this
+service's `usable_nodes` and `call`, and wake its readers with `changed`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from kibotos import ids
 from kibotos.ctrl.live.journal import STORED_ERRORS
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.pools import volume_txns as vt
@@ -41,9 +44,6 @@ from kibotos.errors import (
     Unavailable,
 )
 
-if TYPE_CHECKING:
-    from kibotos.ctrl.live.workspace_service import WorkspaceService
-
 log = logging.getLogger("kibotos.ctrl.live.volume_service")
 
 #: ``volume.create`` truncates and formats a sparse file; ``volume.delete`` unlinks.
@@ -55,21 +55,20 @@ BUSY_PAUSE = 10.0
 
 
 class VolumeService:
-    """A part of the Workspace service (its `volumes`): its tasks run in that
-    service's nursery and its sweep runs with that service's."""
+    """Volumes on the shared `Runtime`: its tasks run in the runtime's nursery, its
+    `sweep` with the runtime's."""
 
-    def __init__(self, workspaces: WorkspaceService) -> None:
-        self.ws = workspaces
-        self.ctx = workspaces.ctx
-        self.store = workspaces.store
-        self.journal = workspaces.journal
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.ctx = runtime.ctx
+        self.store = runtime.store
+        self.journal = runtime.journal
         self._active: SingleFlight[str] = SingleFlight()
         self._changed = trio.Event()
-        workspaces.tasks.sweepers.append(self.sweep)
 
     @property
     def default_capacity(self) -> int | None:
-        return self.ctx.config.testing.pool_capacity
+        return self.runtime.default_capacity
 
     def changed(self) -> None:
         """Wake readers waiting for a settled Volume (`get` with ``wait_s``)."""
@@ -83,7 +82,7 @@ class VolumeService:
         """Live nodes (session alive, not isolated, retired or revoked) that report
         every pool in `pools` available; `prefer` first, then in ID order."""
         wanted = set(pools)
-        index = self.ws.index
+        index = self.runtime.index
         order = [n for n in prefer if n] + sorted(n for n in index.nodes if n not in prefer)
         out = []
         for node_id in order:
@@ -101,9 +100,11 @@ class VolumeService:
                 out.append(node_id)
         return out
 
-    def _default_pool(self) -> str:
+    def default_pool(self) -> str:
+        """The one default pool of the live nodes that are not drained (a create or
+        import that names no pool goes there); none or several is refused."""
         defaults = sorted({entry.default_pool.pool_id for node_id, entry
-                           in self.ws.index.nodes.items()
+                           in self.runtime.index.nodes.items()
                            if entry.default_pool is not None
                            and node_id in self.usable_nodes((), drained_ok=False)})
         if len(defaults) == 1:
@@ -116,20 +117,20 @@ class VolumeService:
                               details={"pools": defaults})
 
     def pool_shared(self, node_id: str, pool_id: str) -> bool:
-        entry = self.ws.index.nodes.get(node_id)
+        entry = self.runtime.index.nodes.get(node_id)
         fact = entry.pools.get(pool_id) if entry is not None else None
         return bool(fact is not None and fact.shared)
 
     # ------------------------------------------------------------------ create
 
     async def create(self, body: VolumeCreateIn, identity_id: str | None) -> dict[str, Any]:
-        self.ws.require_running()
+        self.runtime.require_running()
         replay = await self.journal.lookup(operation="volume.create", params={}, body=body)
         if replay is not None:
             return replay.result
         try:
-            self.ws.watch.drain()
-            pool_id = body.pool_id or self._default_pool()
+            self.runtime.watch.drain()
+            pool_id = body.pool_id or self.default_pool()
             nodes = self.usable_nodes([pool_id], drained_ok=False)
             if not nodes:
                 raise FailedPrecondition(
@@ -150,7 +151,7 @@ class VolumeService:
                        node_id=node_id, now=self.ctx.now(),
                        default_capacity=self.default_capacity))
         if not outcome.replayed:
-            self.ws.tasks.spawn(self.finish_create, volume_id)
+            self.runtime.spawn(self.finish_create, volume_id)
         return outcome.result
 
     async def finish_create(self, volume_id: str) -> None:
@@ -173,7 +174,7 @@ class VolumeService:
                                               object_id=volume_id, node_id=others[0],
                                               now=now()))
                     continue
-                await self.ws.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
                 continue
             try:
                 result = await self.call(node_id, "volume.create", {
@@ -186,7 +187,7 @@ class VolumeService:
                                           message=exc.message, now=now()))
                 return
             if result is None:
-                await self.ws.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
                 continue
             await store.write(partial(vt.create_done, volume_id=volume_id, node_id=node_id,
                                       now=now()))
@@ -195,7 +196,7 @@ class VolumeService:
     def _may_return(self, node_id: str) -> bool:
         """A node that is only disconnected may come back; an isolated, retired or
         revoked one will not hold the use right again at this epoch."""
-        entry = self.ws.index.nodes.get(node_id)
+        entry = self.runtime.index.nodes.get(node_id)
         if entry is None:
             return False
         facts = entry.facts
@@ -230,14 +231,14 @@ class VolumeService:
 
     async def delete(self, volume_id: str, body: VersionedWrite,
                      identity_id: str | None) -> dict[str, Any]:
-        self.ws.require_running()
+        self.runtime.require_running()
         outcome = await self.journal.execute(
             operation="volume.delete", params={"volume_id": volume_id}, body=body,
             identity_id=identity_id,
             fn=partial(vt.begin_delete, volume_id=volume_id, expected=body.expected_version,
                        now=self.ctx.now()))
         if outcome.result.get("state") == vt.DELETING:
-            self.ws.tasks.spawn(self.finish_delete, volume_id)
+            self.runtime.spawn(self.finish_delete, volume_id)
         self.changed()
         return outcome.result
 
@@ -256,7 +257,7 @@ class VolumeService:
             if right.holder_node_id is not None:
                 nodes = [n for n in nodes if n == right.holder_node_id]
             if not nodes:
-                await self.ws.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
                 continue
             node_id = nodes[0]
             epoch = await store.write(partial(tx.grant_for_delete, kind="volume",
@@ -273,7 +274,7 @@ class VolumeService:
                             exc.message)
                 result = None
             if result is None:
-                await self.ws.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
                 continue
             await store.write(partial(vt.delete_done, volume_id=volume_id, now=now()))
             return
@@ -299,5 +300,5 @@ class VolumeService:
         """Resume every create and delete that has no task (ctrl start, lost tasks)."""
         for volume_id, state in await self.store.run(vt.pending):
             if volume_id not in self._active:
-                self.ws.tasks.spawn(self.finish_create if state == vt.CREATING
-                                    else self.finish_delete, volume_id)
+                self.runtime.spawn(self.finish_create if state == vt.CREATING
+                                   else self.finish_delete, volume_id)

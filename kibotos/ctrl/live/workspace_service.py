@@ -14,7 +14,10 @@ on on the node; its ``instance_state`` frames move the Workspace on (`instances`
 Stops and deletes are recorded at once (STOPPING, DELETING) and finished by background
 tasks (`workspace_tasks`) that call the node and retry while it is away, also after a
 ctrl restart.  The service follows the nodes' sessions as a `SessionObserver`; what
-nodes say about Instances is applied by `workspace_feed`.
+nodes say about Instances is applied by `node_feed`, and the candidates of a create or
+start are tried by `placement_loop`.  All of them share one `Runtime` (index, journal,
+in-flight map, background tasks) and are built together by
+`kibotos.ctrl.serve.build_services`.
 """
 
 from __future__ import annotations
@@ -29,119 +32,52 @@ import trio
 from sqlalchemy.orm import Session
 
 from kibotos import ids
-from kibotos.ctrl.live.context import CtrlContext
-from kibotos.ctrl.live.journal import STORED_ERRORS, Journal
+from kibotos.ctrl.live.journal import STORED_ERRORS
 from kibotos.ctrl.live.node_feed import NodeFeed
-from kibotos.ctrl.live.object_ops import ObjectOps
-from kibotos.ctrl.live.placement_loop import Args, Commit, place
-from kibotos.ctrl.live.volume_service import VolumeService
-from kibotos.ctrl.live.workspace_tasks import Tasks
-from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.live.placement_loop import Args, Commit, PlacementLoop
+from kibotos.ctrl.live.runtime import Runtime
+from kibotos.ctrl.live.workspace_tasks import WorkspaceTasks
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model import workspace_txns as tx
-from kibotos.ctrl.model.placement import CapacityIndex, Demand, NodeEntry
+from kibotos.ctrl.model.placement import Demand, NodeEntry
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import volume_attach as va
 from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.store.watch import (
     Change,
     NodeSnapshot,
-    StoreWatch,
     TemplateSnapshot,
     WorkspaceSnapshot,
 )
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.session import Hello, InstanceState, Report
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
-from kibotos.errors import (
-    KibotosError,
-    Unavailable,
-)
 from kibotos.volume_mounts import default_mount_point
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 
-#: How often pending operations are looked at again, and the index resynchronised.
-SWEEP_INTERVAL = 5.0
-RESYNC_INTERVAL = 60.0
-
-
 
 class WorkspaceService:
-    def __init__(self, ctx: CtrlContext) -> None:
-        self.ctx = ctx
-        self.store = ctx.store
-        self.journal = Journal(ctx.store, ctx.now)
-        # A misspelt policy must stop ctrl at start, naming the key and the choices.
-        name = ctx.config.ctrl.placement_policy
-        try:
-            policy_cls = ctx.registries.placement.get(name)
-        except KibotosError as exc:
-            raise type(exc)(f"ctrl.placement_policy: {exc.message}") from None
-        self.index = CapacityIndex(policy_cls({}))
-        self.watch = StoreWatch(ctx.store)
-        self.watch.subscribe(self._on_changes)
-        self.tasks = Tasks(self)
-        self.running = False
-        #: Creates and starts whose node accepted but whose records are not committed.
-        self.inflight: dict[str, trio.Event] = {}
+    """Workspaces on the shared `Runtime`, with its tasks, feed and placement loop."""
+
+    def __init__(self, runtime: Runtime, *, tasks: WorkspaceTasks, feed: NodeFeed,
+                 placement: PlacementLoop) -> None:
+        self.runtime = runtime
+        self.ctx = runtime.ctx
+        self.store = runtime.store
+        self.journal = runtime.journal
+        self.tasks = tasks
+        self.feed = feed
+        self.placement = placement
         self._locks: dict[str, tuple[trio.Lock, int]] = {}
         self._ws_changed = trio.Event()
-        self._node_changed = trio.Event()
-        self._loading: list[list[Change]] | None = None
         self._drain_known: dict[str, bool] = {}
-        self.feed = NodeFeed(self)
-        self.volumes = VolumeService(self)
-        self.objects = ObjectOps(self, self.volumes)
         self._templates: dict[str, dict[str, str]] = {}
-        ctx.isolate_releasers.append(inst_mod.release_for_isolate)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """Load the index, resume pending operations, serve until cancelled."""
-        self.watch.attach()
-        await self.resync()
-        async with trio.open_nursery() as nursery:
-            self.tasks.nursery = nursery
-            self.running = True
-            try:
-                task_status.started()
-                last_resync = trio.current_time()
-                while True:
-                    await self.tasks.sweep()
-                    await trio.sleep(SWEEP_INTERVAL)
-                    if trio.current_time() - last_resync >= RESYNC_INTERVAL:
-                        await self.resync()
-                        last_resync = trio.current_time()
-            finally:
-                self.running = False
-                self.tasks.nursery = None
-                self.watch.detach()
-
-    async def resync(self) -> None:
-        """Read the index afresh (ctrl start; and periodically, for the placements of
-        other ctrl replicas).  Changes committed while reading are applied again after
-        it, so none is lost to the older snapshot."""
-        self._loading = []
-        try:
-            state = await self.store.run(CapacityIndex.read)
-            self.watch.drain()
-            self.index.install(state)
-            for batch in self._loading:
-                self.index.apply(batch)
-        finally:
-            self._loading = None
-
-    def require_running(self) -> None:
-        if not self.running:
-            raise Unavailable("ctrl's Workspace service is not running yet")
+        runtime.watch.subscribe(self._on_changes)
 
     def _on_changes(self, batch: list[Change]) -> None:
-        if self._loading is not None:
-            self._loading.append(batch)
-        self.index.apply(batch)
+        """After the runtime's index took the batch: the Template cache, readers
+        waiting for a Workspace to settle, and the nodes' drain flags."""
         for change in batch:
             if isinstance(change, TemplateSnapshot):
                 self._templates.pop(change.name, None)
@@ -149,8 +85,6 @@ class WorkspaceService:
                 self._ws_changed.set()
                 self._ws_changed = trio.Event()
             elif isinstance(change, NodeSnapshot):
-                self._node_changed.set()
-                self._node_changed = trio.Event()
                 self._follow_drain(change)
 
     def _follow_drain(self, node: NodeSnapshot) -> None:
@@ -159,11 +93,7 @@ class WorkspaceService:
         known = self._drain_known.get(node.node_id)
         self._drain_known[node.node_id] = flag
         if known is not None and known != flag and node.session_alive:
-            self.tasks.spawn(self.tasks.tell_drain, node.node_id, flag)
-
-    async def wait_node_change(self, timeout: float) -> None:
-        with trio.move_on_after(timeout):
-            await self._node_changed.wait()
+            self.runtime.spawn(self.tasks.tell_drain, node.node_id, flag)
 
     @contextlib.asynccontextmanager
     async def lock(self, workspace_id: str) -> AsyncIterator[None]:
@@ -183,7 +113,7 @@ class WorkspaceService:
     # ------------------------------------------------------------------ create, start
 
     async def create(self, body: WorkspaceCreateIn, identity_id: str | None) -> dict[str, Any]:
-        self.require_running()
+        self.runtime.require_running()
         journal = partial(self._journaled, "workspace.create", {}, body, identity_id)
         replay = await self.journal.lookup(operation="workspace.create", params={}, body=body)
         if replay is not None:
@@ -197,7 +127,7 @@ class WorkspaceService:
             demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels,
                             frozenset(v.right.pool_id for v in volumes))
             rooms = await self.store.run(pool_capacity.snapshot)
-            default_capacity = self.ctx.config.testing.pool_capacity
+            default_capacity = self.runtime.default_capacity
 
             def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
                 assert entry.default_pool is not None
@@ -218,7 +148,7 @@ class WorkspaceService:
                     "launch": {"hostname": workspace_id, "env": {}}}
 
             def commit(node_id: str, instance_id: str) -> Callable[[Session], dict[str, Any]]:
-                pool = self.index.nodes[node_id].default_pool
+                pool = self.runtime.index.nodes[node_id].default_pool
                 assert pool is not None
                 return partial(va.commit_create, plans=volumes, workspace_id=workspace_id,
                                template=template, labels=body.labels,
@@ -235,7 +165,7 @@ class WorkspaceService:
 
     async def start(self, workspace_id: str, body: WorkspaceStartIn,
                     identity_id: str | None) -> dict[str, Any]:
-        self.require_running()
+        self.runtime.require_running()
         params = {"workspace_id": workspace_id}
         journal = partial(self._journaled, "workspace.start", params, body, identity_id)
         replay = await self.journal.lookup(operation="workspace.start", params=params,
@@ -314,13 +244,13 @@ class WorkspaceService:
 
     async def place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
                     journal: Callable[..., Any]) -> dict[str, Any]:
-        return await place(self, demand, pinned, args, commit, journal)
+        return await self.placement.place(demand, pinned, args, commit, journal)
 
     # ------------------------------------------------------------------ stop, delete
 
     async def stop(self, workspace_id: str, body: WorkspaceStopIn,
                    identity_id: str | None) -> dict[str, Any]:
-        self.require_running()
+        self.runtime.require_running()
         async with self.lock(workspace_id):
             outcome = await self.journal.execute(
                 operation="workspace.stop", params={"workspace_id": workspace_id}, body=body,
@@ -335,12 +265,12 @@ class WorkspaceService:
                     now=self.ctx.now()))
                 result = result if again is None else again
         if result.get("state") == w.STOPPING:
-            self.tasks.spawn(self.tasks.stop, workspace_id)
+            self.runtime.spawn(self.tasks.stop, workspace_id)
         return result
 
     async def delete(self, workspace_id: str, body: VersionedWrite,
                      identity_id: str | None) -> dict[str, Any]:
-        self.require_running()
+        self.runtime.require_running()
         async with self.lock(workspace_id):
             outcome = await self.journal.execute(
                 operation="workspace.delete", params={"workspace_id": workspace_id},
@@ -348,7 +278,7 @@ class WorkspaceService:
                 fn=partial(tx.begin_delete, workspace_id=workspace_id,
                            expected=body.expected_version, now=self.ctx.now()))
         if outcome.result.get("state") == w.DELETING:
-            self.tasks.spawn(self.tasks.delete, workspace_id)
+            self.runtime.spawn(self.tasks.delete, workspace_id)
         return outcome.result
 
     # ------------------------------------------------------------------ reads
@@ -378,7 +308,7 @@ class WorkspaceService:
         await self.feed.instance_state(node_id, frame)
 
     async def session_ended(self, node_id: str) -> None:
-        self.tasks.wake()
+        self.runtime.wake()
 
 
 def _get_json(session: Session, workspace_id: str) -> dict[str, Any]:

@@ -6,17 +6,18 @@ resumed: a task runs per Workspace and loops until the Workspace left that state
 waiting while the node it needs has no session, and the sweep (`Tasks.sweep`, every
 few seconds and at ctrl start) starts one for every such Workspace that has none.  A
 stop whose node was isolated ends at once: the isolate made the Workspace FAILED.
+
+The tasks run in the shared nursery of `kibotos.ctrl.live.runtime.Runtime`; their
+sweep (`WorkspaceTasks.sweep`) is one of the runtime's sweepers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
 
-import trio
-
+from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
@@ -25,9 +26,6 @@ from kibotos.ctrl.pools import operator_writes as pool_ops
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import volume_attach as va
 from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
-
-if TYPE_CHECKING:
-    from kibotos.ctrl.live.workspace_service import WorkspaceService
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 
@@ -41,51 +39,37 @@ DRAIN_TIMEOUT = 10.0
 RETRY_PAUSE = 2.0
 
 
-class Tasks:
-    def __init__(self, service: WorkspaceService) -> None:
-        self.service = service
-        self.nursery: trio.Nursery | None = None
+class WorkspaceTasks:
+    """The Workspace service's background work, on the shared `Runtime`."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.ctx = runtime.ctx
+        self.store = runtime.store
         self._active: SingleFlight[str] = SingleFlight()
-        #: Other parts' resumptions (Volumes, object operations), run with the sweep.
-        self.sweepers: list[Callable[[], Awaitable[None]]] = []
-
-    @property
-    def ctx(self) -> Any:
-        return self.service.ctx
-
-    def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """Run `fn` in the background; without a running service the sweep picks the
-        work up once it runs (stops and deletes are recorded in the store)."""
-        if self.nursery is not None:
-            self.nursery.start_soon(self._guard, fn, *args)
-
-    async def _guard(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        try:
-            await fn(*args)
-        except KibotosError as exc:
-            log.warning("%s%r failed: %s", fn.__name__, args, exc.message)
-        except Exception:
-            log.exception("%s%r failed", fn.__name__, args)
-
-    def wake(self) -> None:
-        """A session started or ended: let waiting tasks look again now."""
-        self.spawn(self.sweep)
 
     def follow(self, followups: Iterable[inst_mod.Followup]) -> None:
+        """Start what the store's Instance rules asked for (`instances.Followup`)."""
+        spawn = self.runtime.spawn
         for f in followups:
             if f.action == "stop" and f.workspace_id is not None:
-                self.spawn(self.stop, f.workspace_id)
+                spawn(self.stop, f.workspace_id)
             elif f.action == "destroy":
-                self.spawn(self.destroy_orphan, f.node_id, f.instance_id)
+                spawn(self.destroy_orphan, f.node_id, f.instance_id)
             elif f.action == "discard":
-                self.spawn(self.discard, f.node_id, f.instance_id)
+                spawn(self.discard, f.node_id, f.instance_id)
+
+    def orphaned(self, node_id: str, instance_id: str) -> None:
+        """A node may hold an Instance ctrl did not record: destroy it in the
+        background (`destroy_orphan`)."""
+        self.runtime.spawn(self.destroy_orphan, node_id, instance_id)
 
     async def sweep(self) -> None:
-        for workspace_id, state in await self.service.store.run(tx.pending_operations):
+        """Start a task for every STOPPING or DELETING Workspace that has none."""
+        for workspace_id, state in await self.store.run(tx.pending_operations):
             if workspace_id not in self._active:
-                self.spawn(self.stop if state == w.STOPPING else self.delete, workspace_id)
-        for sweeper in self.sweepers:
-            await sweeper()
+                self.runtime.spawn(self.stop if state == w.STOPPING else self.delete,
+                                   workspace_id)
 
     async def _call(self, node_id: str, kind: str, args: dict[str, object],
                     timeout: float) -> dict[str, object] | None:
@@ -106,7 +90,7 @@ class Tasks:
         await self._active.run(workspace_id, partial(self._stop, workspace_id))
 
     async def _stop(self, workspace_id: str) -> None:
-        store, now = self.service.store, self.ctx.now
+        store, now = self.store, self.ctx.now
         while True:
             state = await store.run(partial(tx.stop_state, workspace_id=workspace_id))
             if state is None or state[0] != w.STOPPING:
@@ -130,7 +114,7 @@ class Tasks:
                                           now=now()))
                 return
             if result is None:
-                await self.service.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
                 continue
             await store.write(partial(
                 tx.stop_done, workspace_id=workspace_id, instance_id=instance_id,
@@ -143,7 +127,7 @@ class Tasks:
         await self._active.run(workspace_id, partial(self._delete, workspace_id))
 
     async def _delete(self, workspace_id: str) -> None:
-        store, now = self.service.store, self.ctx.now
+        store, now = self.store, self.ctx.now
         while True:
             state = await store.run(partial(tx.delete_state, workspace_id=workspace_id))
             if state is None or state.state != w.DELETING:
@@ -164,11 +148,11 @@ class Tasks:
                                              now=now())):
                     return
             if not progressed:
-                await self.service.wait_node_change(RETRY_PAUSE)
+                await self.runtime.wait_node_change(RETRY_PAUSE)
 
     async def _delete_object(self, right: tx.RightPlan) -> bool:
         """Delete one object on a node that can reach its pool; False if none can now."""
-        store, now = self.service.store, self.ctx.now
+        store, now = self.store, self.ctx.now
         if right.kind != use_rights.RETAINED_LAYER:
             # A Volume outlives its Workspace: it is detached, not deleted.
             await store.write(partial(va.detach, volume_id=right.object_id, now=now()))
@@ -196,7 +180,7 @@ class Tasks:
         """The holder if it is connected; else a connected node attached to the pool,
         the last holder first.  Drained nodes delete too (spec: a drain only stops new
         Workspaces)."""
-        index = self.service.index
+        index = self.runtime.index
         preferred = [right.holder_node_id] if right.holder_node_id else [
             n for n in (right.last_holder_node_id,) if n]
         others = sorted(n for n in index.nodes if n not in preferred)
@@ -217,10 +201,10 @@ class Tasks:
     async def destroy_orphan(self, node_id: str, instance_id: str) -> None:
         """Destroy an Instance the node runs but ctrl has no record of (a create ctrl
         gave up on), unless a create in flight records it after all."""
-        pending = self.service.inflight.get(instance_id)
+        pending = self.runtime.inflight.get(instance_id)
         if pending is not None:
             await pending.wait()
-        if await self.service.store.run(partial(tx.instance_known, instance_id=instance_id)):
+        if await self.store.run(partial(tx.instance_known, instance_id=instance_id)):
             return
         log.info("node %s: destroying Instance %s, which ctrl has no record of",
                  node_id, instance_id)
@@ -234,7 +218,7 @@ class Tasks:
                  node_id, instance_id)
         if await self._call(node_id, "instance.destroy", {"instance_id": instance_id},
                             DESTROY_TIMEOUT) is not None:
-            await self.service.store.write(partial(
+            await self.store.write(partial(
                 tx.instance_discarded, instance_id=instance_id, now=self.ctx.now()))
 
     async def tell_drain(self, node_id: str, requested: bool) -> None:

@@ -108,6 +108,8 @@ class VmInstanceManager:
         self.transfers: TransferTarget | None = None
         self.cleanups = PendingCleanups(launcher, finish=self._finish_release,
                                         publish=self._publish)
+        #: The 5 s holder check (`kibotos.node.storage.holder_watch`), run by `run`.
+        self.holder_watch = HolderWatch(launcher, instances=self.instances, fail=self.fail)
         #: What this start did with the Instances it found (adoption verdict → count;
         #: the node's ``/metrics``, docs/metrics.md).
         self.adoption_counts: dict[str, int] = {}
@@ -161,7 +163,7 @@ class VmInstanceManager:
                 await self._restore()
                 nursery.start_soon(self._probe)
                 nursery.start_soon(self._watch)
-                nursery.start_soon(HolderWatch(self).run)
+                nursery.start_soon(self.holder_watch.run)
                 nursery.start_soon(prune_loop, self.dirs.records)
                 task_status.started()
         finally:

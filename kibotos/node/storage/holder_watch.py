@@ -18,23 +18,24 @@ the node, on its own and whether or not it can reach ctrl:
 4. reports the Instance FAILED with a reason saying the use right was taken over.
 
 A check that cannot read a record (an NFS hiccup) logs it and tries again next time.
+
+The check is given what it works with, as the manager's other helpers are (`Takeover`,
+`PendingCleanups`): the `Launcher` (pools, unit stop, attachment records) and two
+callbacks of the manager, ``instances`` (the Instances the node has now) and ``fail``
+(make one FAILED, persisted and published).  It does not know the manager.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import trio
 
 from kibotos.errors import KibotosError
 from kibotos.logs import EventLogger
-from kibotos.node.instances.lifecycle import HeldObject, Instance
+from kibotos.node.instances.lifecycle import HeldObject, Instance, Launcher
 from kibotos.node.storage.objects import Holder
-
-if TYPE_CHECKING:
-    from kibotos.node.instances.manager import VmInstanceManager
 
 log = EventLogger()
 
@@ -50,11 +51,14 @@ Found = list[tuple[HeldObject, Holder]]
 
 
 class HolderWatch:
-    """Runs the check of the module docstring for one node's Instance manager."""
+    """Runs the check of the module docstring over one node's Instances."""
 
-    def __init__(self, manager: VmInstanceManager, *,
+    def __init__(self, launcher: Launcher, *, instances: Callable[[], Iterable[Instance]],
+                 fail: Callable[[Instance, str], Awaitable[None]],
                  interval: float = HOLDER_CHECK_INTERVAL) -> None:
-        self.manager = manager
+        self.launcher = launcher
+        self.instances = instances
+        self.fail = fail
         self.interval = interval
 
     async def run(self) -> None:
@@ -68,7 +72,7 @@ class HolderWatch:
     async def check(self) -> list[str]:
         """One pass over every Instance with objects open; the IDs it fenced."""
         fenced = []
-        for inst in self.manager.instances():
+        for inst in self.instances():
             if inst.released or not inst.held:
                 continue
             found = await self._taken_over(inst, inst.held)
@@ -84,7 +88,7 @@ class HolderWatch:
         found: Found = []
         for obj in held:
             try:
-                pool = self.manager.launcher.pool(obj.pool_id, obj.kind)
+                pool = self.launcher.pool(obj.pool_id, obj.kind)
                 successor = await trio.to_thread.run_sync(pool.taken_over, obj.object_id,
                                                           obj.epoch)
             except (KibotosError, OSError) as exc:
@@ -113,16 +117,15 @@ class HolderWatch:
                       object=first.object_id, epoch=first.epoch,
                       successor=successor.node_id, successor_epoch=successor.epoch)
             try:
-                await self.manager.launcher.stop_unit(inst, timeout=FENCE_STOP_GRACE)
+                await self.launcher.stop_unit(inst, timeout=FENCE_STOP_GRACE)
             except (KibotosError, OSError) as exc:
                 log.error("holder check: the VMM did not stop; no receipt yet",
                           instance=inst.instance_id, error=str(exc))
-                await self.manager.fail(inst, f"{TAKEN_OVER}, but its VMM did not stop "
-                                              f"yet: {exc}")
+                await self.fail(inst, f"{TAKEN_OVER}, but its VMM did not stop yet: {exc}")
                 return False
             taken = dict(found)
             for obj in inst.held:
-                pool = self.manager.launcher.pool(obj.pool_id, obj.kind)
+                pool = self.launcher.pool(obj.pool_id, obj.kind)
                 succ = taken.get(obj)
                 if succ is not None:
                     await trio.to_thread.run_sync(functools.partial(
@@ -130,7 +133,7 @@ class HolderWatch:
                 else:
                     await trio.to_thread.run_sync(functools.partial(
                         pool.release, obj.object_id, obj.epoch, confirmed_on_disk=False))
-                await self.manager.launcher.drop_attachment(inst, obj)
+                await self.launcher.drop_attachment(inst, obj)
             inst.released = True
             what = (f"{first.kind.rstrip('s').replace('-', ' ')} {first.object_id} in "
                     f"pool {first.pool_id}")
@@ -139,5 +142,5 @@ class HolderWatch:
                       "was stopped and the release receipt written")
             log.info("holder check: release receipt written", instance=inst.instance_id,
                      objects=len(taken))
-            await self.manager.fail(inst, reason)
+            await self.fail(inst, reason)
             return True
