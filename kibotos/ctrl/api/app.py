@@ -35,10 +35,10 @@ from kibotos.ctrl.api import transfers as api_transfers
 from kibotos.ctrl.api import volumes as api_volumes
 from kibotos.ctrl.api import workspaces as api_workspaces
 from kibotos.ctrl.api.auth import Authenticator, Caller
+from kibotos.ctrl.api.cluster_metrics import install as install_metrics
 from kibotos.ctrl.api.metrics import RequestMetrics
 from kibotos.ctrl.api.openapi import build_openapi
 from kibotos.ctrl.api.routing import Api, Route, endpoint
-from kibotos.ctrl.live.cluster_metrics import install as install_metrics
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.services import CtrlServices
 from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound

@@ -5,7 +5,7 @@ tests and benchmarks run several ctrls in one process, and each must count only 
 requests.  Counters and histograms are updated where things happen (the middleware for
 HTTP requests, `kibotos.ctrl.live.placement_loop` for placements, SQLAlchemy session events for
 store transactions); gauges are computed at scrape time by
-`kibotos.ctrl.live.cluster_metrics` from the in-memory index and a bounded, cached store
+`kibotos.ctrl.api.cluster_metrics` from the in-memory index and a bounded, cached store
 read.  The metric names and labels are documented in docs/metrics.md.
 
 Label values are kept to bounded sets, so a scanner probing random paths or methods
