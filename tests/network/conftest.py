@@ -10,10 +10,9 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-from netbed import SCOPE, World
+from netbed import SCOPE, World, network_config
 
 from kibotos.node.network import host_table
-from kibotos.node.network.config import NetworkSection
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -35,15 +34,6 @@ def _require_tools() -> None:
 @pytest.fixture
 def net_tools() -> None:
     _require_tools()
-
-
-def network_config(**changes: object) -> NetworkSection:
-    values: dict[str, object] = {
-        "ipv4_pool": "10.200.0.0/24", "ipv6_pool": "fd00:6b69::/120",
-        "management_cidrs": ["10.99.0.0/24"], "uplink": "up0", "public_egress": True,
-        "resolvers": ["198.18.0.1"]}
-    values.update(changes)
-    return NetworkSection.model_validate(values)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ itself after `LIFETIME` seconds at the latest.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import select
@@ -104,11 +105,8 @@ def serve_tcp(stopper: Stopper, sock: socket.socket,
 
 
 def _handle(conn: socket.socket, handle: Callable[[socket.socket], None]) -> None:
-    with conn:
-        try:
-            handle(conn)
-        except OSError:
-            pass
+    with conn, contextlib.suppress(OSError):
+        handle(conn)
 
 
 def http_answer(text: str) -> Callable[[socket.socket], None]:
@@ -291,6 +289,17 @@ def resolve(guest: Guest, name: str, server: str, timeout: float = 2.0) -> str |
 
 
 SCOPE = "7e570000"
+
+
+def network_config(**changes: object) -> NetworkSection:
+    """The node's [network] in the `World`: pools of its own, the management network,
+    the uplink ``up0``, the test internet's DNS responder as the deployment resolver."""
+    values: dict[str, object] = {
+        "ipv4_pool": "10.200.0.0/24", "ipv6_pool": "fd00:6b69::/120",
+        "management_cidrs": ["10.99.0.0/24"], "uplink": "up0", "public_egress": True,
+        "resolvers": ["198.18.0.1"]}
+    values.update(changes)
+    return NetworkSection.model_validate(values)
 
 
 class Instance:

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import network_config
-from netbed import Instance, World, fetch, resolve
+from netbed import Instance, World, fetch, network_config, resolve
 
 from kibotos.node.network import netns as ns
 from kibotos.node.network.policy import NetworkPolicy

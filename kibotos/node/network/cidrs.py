@@ -31,22 +31,24 @@ NEVER_REACHABLE_6: tuple[ipaddress.IPv6Network, ...] = tuple(
         "::/128", "::1/128", "::ffff:0:0/96", "fe80::/10", "fd00:ec2::254/128", "ff00::/8"))
 
 
-def parse_network(value: object, what: str) -> Network:
+def parse_network(value: object, what: str = "") -> Network:
     """`value` as a network: an address (a /32 or /128) or a CIDR with its host bits
-    clear.  Raises ValueError naming `what`."""
+    clear.  Raises ValueError, its message starting with `what` when given."""
+    lead = f"{what}: " if what else ""
     if not isinstance(value, str):
-        raise ValueError(f"{what}: expected a CIDR or an IP address as a string, "
+        raise ValueError(f"{lead}expected a CIDR or an IP address as a string, "
                          f"got {type(value).__name__}")
     try:
         return ipaddress.ip_network(value, strict=True)
     except ValueError:
         pass
     try:
-        ipaddress.ip_network(value, strict=False)
+        wide = ipaddress.ip_network(value, strict=False)
     except ValueError:
-        raise ValueError(f"{what}: {value!r} is not an IP address or a CIDR") from None
-    raise ValueError(f"{what}: {value!r} has host bits set (did you mean "
-                     f"{ipaddress.ip_network(value, strict=False)} or a /32 or /128?)")
+        raise ValueError(f"{lead}{value!r} is not an IP address or a CIDR") from None
+    address = value.split("/", 1)[0]
+    raise ValueError(f"{lead}{value!r} has host bits set (did you mean {wide} or "
+                     f"{address}/{wide.max_prefixlen}?)")
 
 
 def parse_address(value: object, what: str) -> Address:

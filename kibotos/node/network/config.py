@@ -39,12 +39,12 @@ class NetworkSection(BaseModel):
     @field_validator("ipv4_pool")
     @classmethod
     def _pool4(cls, v: str) -> str:
-        return str(_pool(v, 4, "ipv4_pool"))
+        return str(_pool(v, 4))
 
     @field_validator("ipv6_pool")
     @classmethod
     def _pool6(cls, v: str | None) -> str | None:
-        return None if v is None else str(_pool(v, 6, "ipv6_pool"))
+        return None if v is None else str(_pool(v, 6))
 
     @field_validator("management_cidrs")
     @classmethod
@@ -129,8 +129,8 @@ class NetworkSection(BaseModel):
         return count
 
 
-def _pool(value: Any, family: cidrs.Family, key: str) -> cidrs.Network:
-    network = cidrs.parse_network(value, key)
+def _pool(value: Any, family: cidrs.Family) -> cidrs.Network:
+    network = cidrs.parse_network(value)
     if network.version != family:
         raise ValueError(f"{value!r} is not an IPv{family} network")
     if network.num_addresses < SLOT_SIZE:

@@ -7,9 +7,9 @@ pools and the ``kbv*`` veths), so Instance setup and teardown never touch it.
 * postrouting: traffic of the pools leaving by any interface but an Instance veth is
   masqueraded to that interface's address, or SNAT'd to ``uplink`` when the uplink is
   given as an address and the traffic leaves by the interface that has it;
-* input: from an Instance veth only replies, neighbour discovery and DNS to a deployment resolver reach the
-  host (a host address in ``resolvers``); every other address of the host, ctrl on the
-  same host included, is unreachable from guests whatever the policy;
+* input: from an Instance veth only replies, neighbour discovery and DNS to a deployment
+  resolver reach the host (a host address in ``resolvers``); every other address of the
+  host, ctrl on the same host included, is unreachable from guests whatever the policy;
 * forward: nothing goes from one Instance veth to another through the host.
 
 It also turns on forwarding in the host namespace (``net.ipv4.ip_forward``, and IPv6
