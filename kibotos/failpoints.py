@@ -81,9 +81,8 @@ KNOWN: dict[str, str] = {
                                          "recorded and before the table is written",
     "node.network.switch.after-table": "network switch, after the new table and before the "
                                        "record is updated",
-    "node.network.teardown.after-tap": "Instance network teardown, after the tap is removed",
-    "node.network.teardown.after-veth": "Instance network teardown, after the veth is removed "
-                                        "and before the namespace is unbound",
+    "node.network.teardown.after-devices": "Instance network teardown, after the tap and the "
+                                           "veth are removed, before the namespace is unbound",
     "node.legacy-name.after-step": "renaming an object's old SHA-256 names, after one of its "
                                    "files moved, before the next (metadata moves last)",
 }

@@ -26,7 +26,7 @@ HERE = Path(__file__).parent
 SETUP_POINTS = ["node.network.after-netns", "node.network.after-veth",
                 "node.network.after-tap", "node.network.after-addresses",
                 "node.network.after-table"]
-TEARDOWN_POINTS = ["node.network.teardown.after-tap", "node.network.teardown.after-veth"]
+TEARDOWN_POINTS = ["node.network.teardown.after-devices"]
 TUNGETIFF = 0x800454D2
 
 

@@ -62,6 +62,8 @@ def write_table(records: NetworkRecords, record: NetworkRecord, config: NetworkS
     facts = NetworkFacts.current(config, uplink)
     _write(record, record.policy, facts, netns_dir)
     failpoints.hit("node.network.after-table")
+    if facts == record.facts:  # as allocated: the record already says so (no 2nd fsync)
+        return record
     updated = dataclasses.replace(record, facts=facts)
     records.write(updated)
     return updated

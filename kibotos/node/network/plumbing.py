@@ -42,6 +42,10 @@ from kibotos.node.network.slots import LinkAddresses
 from kibotos.node.network.tap import create_tap
 
 IFA_F_NODAD = 0x02  # an address of ours on a point-to-point link needs no duplicate test
+#: The interface group of the tap and the veth in the namespace: one RTM_DELLINK of the
+#: group removes both (and the veth's host end) in one batch, one RCU grace period
+#: instead of one per device (~15 ms each).
+DEVICE_GROUP = 0x6B69
 
 
 def _sysctls(v6: bool) -> dict[str, str]:
@@ -106,8 +110,8 @@ def _addresses(record: NetworkRecord, path: Path, host: Path | None) -> None:
         for link in families:
             _add_address(ipr, veth, link.ns, link.prefix)
             _add_address(ipr, tap, link.gateway, link.prefix)
-        ipr.link("set", index=veth, state="up")
-        ipr.link("set", index=tap, state="up")
+        ipr.link("set", index=veth, state="up", group=DEVICE_GROUP)
+        ipr.link("set", index=tap, state="up", group=DEVICE_GROUP)
         for link in families:
             _default_route(ipr, veth, link)
 
@@ -150,17 +154,19 @@ def teardown(names: NetworkNames, *, host_netns: Path | None = None,
     removed = []
     if ns.is_netns(path):
         with ns.map_netlink_errors(f"remove the devices of {path}"), ns.netlink(path) as ipr:
-            for name, point in ((names.tap, "node.network.teardown.after-tap"),
-                                (names.ns_veth, "node.network.teardown.after-veth")):
-                index = _index(ipr, name)
-                if index is not None:
-                    _delete(ipr, index)
-                    removed.append(f"{name} in {names.netns}")
-                    failpoints.hit(point)
+            present = [n for n in (names.tap, names.ns_veth) if _index(ipr, n) is not None]
+            if present:
+                _delete(ipr, group=DEVICE_GROUP)
+                for name in present:  # a setup killed before the group was set
+                    index = _index(ipr, name)
+                    if index is not None:
+                        _delete(ipr, index=index)
+                removed += [f"{name} in {names.netns}" for name in present]
+                failpoints.hit("node.network.teardown.after-devices")
     with ns.map_netlink_errors(f"remove veth {names.host_veth}"), ns.netlink(host_netns) as ipr:
         index = _index(ipr, names.host_veth)
         if index is not None:
-            _delete(ipr, index)
+            _delete(ipr, index=index)
             removed.append(names.host_veth)
     with ns.map_netlink_errors(f"remove network namespace {path}"):
         if ns.remove_netns(path):
@@ -168,9 +174,9 @@ def teardown(names: NetworkNames, *, host_netns: Path | None = None,
     return removed
 
 
-def _delete(ipr: Any, index: int) -> None:
+def _delete(ipr: Any, **which: int) -> None:
     try:
-        ipr.link("del", index=index)
+        ipr.link("del", **which)
     except NetlinkError as exc:
         if exc.code != errno.ENODEV:  # gone meanwhile (the peer of a veth just deleted)
             raise
