@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import shutil
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ def _require_tools() -> None:
         missing.append("root (network namespaces)")
     if not os.path.exists("/dev/net/tun"):
         missing.append("/dev/net/tun")
+    if ctypes.util.find_library("nftables") is None:
+        missing.append("libnftables1")
     if missing:
         msg = f"the network tests need {', '.join(missing)} (packaging/apt-test-deps.txt)"
         if IN_CI:

@@ -20,6 +20,7 @@ itself after `LIFETIME` seconds at the latest.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 import select
@@ -264,9 +265,10 @@ class Guest:
 
 
 def fetch(sock_factory: Callable[[int], socket.socket], address: str, port: int = 80,
-          timeout: float = 2.0) -> str:
-    """The body an HTTP server at `address` answers, or the OSError's name when the
-    connection fails (a rejected connection fails at once; a dropped one times out)."""
+          timeout: float = 5.0) -> str:
+    """The body an HTTP server at `address` answers, or ``failed: <errno name>`` when
+    the connection fails (``EHOSTUNREACH`` at once when a table rejects it, ``timeout``
+    when a packet is dropped)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with sock_factory(family) as sock:
         sock.settimeout(timeout)
@@ -276,12 +278,14 @@ def fetch(sock_factory: Callable[[int], socket.socket], address: str, port: int 
             reply = b""
             while chunk := sock.recv(4096):
                 reply += chunk
+        except TimeoutError:
+            return "failed: timeout"
         except OSError as exc:
-            return f"failed: {type(exc).__name__}"
+            return f"failed: {errno.errorcode.get(exc.errno or 0, type(exc).__name__)}"
     return reply.split(b"\r\n\r\n", 1)[1].decode()
 
 
-def resolve(guest: Guest, name: str, server: str, timeout: float = 2.0) -> str | None:
+def resolve(guest: Guest, name: str, server: str, timeout: float = 5.0) -> str | None:
     with guest.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.settimeout(timeout)
         sock.sendto(dns_query(name), (server, 53))
@@ -319,7 +323,7 @@ class Instance:
                            str(v4.gateway), v4.prefix,
                            None if v6 is None else (str(v6.guest), str(v6.gateway)))
 
-    def fetch(self, address: str, port: int = 80, timeout: float = 2.0) -> str:
+    def fetch(self, address: str, port: int = 80, timeout: float = 5.0) -> str:
         return fetch(self.guest.socket, address, port, timeout)
 
     def switch(self, policy: NetworkPolicy) -> None:

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ConfigDict
 
 from kibotos import config as kconfig
 from kibotos.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -28,11 +27,9 @@ BASE = {"ipv4_pool": "10.200.0.0/24", "ipv6_pool": "fd00:6b69::/120",
         "resolvers": ["192.0.2.53"]}
 
 
-class _Node(BaseModel):
-    """[network] as the node config will hold it (kibotos.config: network: … | None)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    network: NetworkSection | None = None
+NODE = {"node": {"id": "node-a", "ctrl_url": "http://127.0.0.1:7400"},
+        "storage": {"root": "/var/lib/kibotos/node"},
+        "resources": {"cpu": 2, "memory": "4G"}}
 
 
 def section(**changes: object) -> NetworkSection:
@@ -41,15 +38,24 @@ def section(**changes: object) -> NetworkSection:
 
 def config_error(**changes: object) -> str:
     with pytest.raises(InvalidArgument) as err:
-        kconfig.parse(_Node, {"network": {**BASE, **changes}}, "node.toml")
+        kconfig.parse(kconfig.NodeConfig, {**NODE, "network": {**BASE, **changes}},
+                      "node.toml")
     return err.value.message
 
 
 # ---------------------------------------------------------------------------- [network]
 
 
-def test_no_section_means_no_network():
-    assert kconfig.parse(_Node, {}, "node.toml").network is None
+def test_no_section_means_no_network(tmp_path: Path):
+    assert kconfig.parse(kconfig.NodeConfig, NODE, "node.toml").network is None
+    toml = tmp_path / "node.toml"
+    toml.write_text('[node]\nid = "node-a"\nctrl_url = "http://127.0.0.1:7400"\n'
+                    '[storage]\nroot = "/srv/kibotos"\n[resources]\ncpu = 2\n'
+                    'memory = "4G"\n[network]\nipv4_pool = "10.200.0.0/16"\n'
+                    'uplink = "eth0"\npublic_egress = true\nresolvers = ["192.0.2.53"]\n')
+    network = kconfig.load(kconfig.NodeConfig, toml).network
+    assert network is not None
+    assert (network.slot_count, network.public_egress) == (16384, True)
 
 
 def test_a_valid_section_and_its_parsed_views():

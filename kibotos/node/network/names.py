@@ -46,7 +46,7 @@ class NetworkNames:
     @classmethod
     def of(cls, scope: str, instance_id: str) -> NetworkNames:
         """The names for one Instance of the node whose processes are named `scope`
-        (eight hex digits, `kibotos.node.dataplane_supervisor.scope_of`)."""
+        (eight hex digits, `kibotos.node.dataplane.supervisor.scope_of`)."""
         if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
             raise InvalidArgument(f"invalid network scope {scope!r}: expected 8 hex digits")
         ids.check_object_id(instance_id, "Instance ID")
