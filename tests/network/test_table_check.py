@@ -13,6 +13,7 @@ import pytest
 from netbed import Instance, World, ip, network_config
 
 from kibotos.node.network import enforce, nft, slot_table
+from kibotos.node.network import netns as ns
 from kibotos.node.network.policy import NetworkPolicy
 from kibotos.node.network.records import NetworkRecords
 from kibotos.node.network.table_check import check
@@ -166,3 +167,10 @@ def test_a_switch_a_crash_interrupted_is_finished_by_adoption(instance):
     assert a.records.read(a.record.instance_id) == a.record
     assert a.fetch("198.18.0.1", timeout=3).startswith("failed")
     assert a.fetch("198.18.1.1") == "198.18.1.1"
+
+
+def test_refused_when_the_namespace_is_gone(instance):
+    ns.remove_netns(instance.netns)  # unbound by hand (processes in it keep it alive)
+    outcome = adopt(instance)
+    assert not outcome.rewritten
+    assert outcome.report.refusals == (f"the network namespace {instance.netns} is missing",)

@@ -93,6 +93,9 @@ def isolate(record: NetworkRecord, *, netns_dir: Path = NETNS_DIR) -> None:
     """Cut the Instance off: the namespace's veth down (no packet leaves, whatever any
     table says) and the node table replaced by one that drops everything."""
     path = record.names.netns_path(netns_dir)
+    if not ns.is_netns(path):
+        raise FailedPrecondition(f"isolate the network of {record.instance_id}: its "
+                                 f"namespace {path} is missing")
     with ns.map_netlink_errors(f"isolate the network of {record.instance_id}"), \
             ns.netlink(path) as ipr:
         found = ipr.link_lookup(ifname=record.names.ns_veth)
@@ -121,10 +124,13 @@ def adopt(records: NetworkRecords, record: NetworkRecord, config: NetworkSection
           uplink: list[str], *, netns_dir: Path = NETNS_DIR) -> Adoption:
     """At node start: rewrite the Instance's table from its recorded policy with this
     version (finishing a switch a crash interrupted), or, in the four refusal cases of
-    `table_check`, isolate it (the caller marks the Instance FAILED; its VMM runs on)."""
+    `table_check`, isolate it (the caller marks the Instance FAILED; its VMM runs on).
+    A namespace whose bind is gone is refused and not isolated here: the caller reaches
+    it only through the VMM's process (``/proc/<pid>/ns/net``)."""
     report = check(record, config, uplink, netns_dir=netns_dir)
     if report.refused:
-        isolate(record, netns_dir=netns_dir)
+        if ns.is_netns(record.names.netns_path(netns_dir)):
+            isolate(record, netns_dir=netns_dir)
         return Adoption(record, report, rewritten=False)
     policy = record.pending_policy if record.pending_policy is not None else record.policy
     facts = NetworkFacts.current(config, uplink)

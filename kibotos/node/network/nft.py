@@ -23,6 +23,7 @@ import ctypes
 import json
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,14 +103,21 @@ def _run(commands: list[tuple[str, bool]], what: str) -> str:
             _free_later(ctx)
 
 
+def _in(netns: Path | None, fn: Callable[[], str], what: str) -> str:
+    try:
+        return in_netns(netns, fn)
+    except OSError as exc:  # the namespace could not be joined
+        raise FailedPrecondition(f"{what}: cannot enter {netns}: {exc.strerror or exc}") from None
+
+
 def apply(netns: Path | None, script: str, what: str) -> None:
     """Commit `script` in `netns` as one transaction (all of it or nothing)."""
-    in_netns(netns, lambda: _run([(script, False)], what))
+    _in(netns, lambda: _run([(script, False)], what), what)
 
 
 def ruleset(netns: Path | None, what: str) -> list[dict[str, Any]]:
     """The namespace's whole ruleset as nft's JSON objects (``metainfo`` left out)."""
-    return _objects(in_netns(netns, lambda: _run([("list ruleset", True)], what)), what)
+    return _objects(_in(netns, lambda: _run([("list ruleset", True)], what), what), what)
 
 
 def canonical(script: str, what: str) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ from typing import Any
 from kibotos.node.network import cidrs, nft
 from kibotos.node.network.config import NetworkSection
 from kibotos.node.network.names import NETNS_DIR, TABLE, TABLE_FAMILY
+from kibotos.node.network.netns import is_netns
 from kibotos.node.network.policy import parse_policy, why_not_enforceable
 from kibotos.node.network.records import NetworkRecord
 from kibotos.node.network.slot_table import (
@@ -198,6 +199,8 @@ def check(record: NetworkRecord, config: NetworkSection, uplink_addresses: list[
     """Read the table of the record's namespace and report (`compare`)."""
     policy_problem = why_not_enforceable(record.policy, config)
     path = record.names.netns_path(netns_dir)
+    if not is_netns(path):  # nothing to read, and nothing to rewrite
+        return TableReport((f"the network namespace {path} is missing",), ())
     actual = nft.ruleset(path, f"read the slot table of {record.names.netns}")
     if policy_problem is not None:  # nothing this version could write to compare with
         return TableReport((*_table_refusals(actual), policy_problem), ())
