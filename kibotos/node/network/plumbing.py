@@ -162,7 +162,8 @@ def teardown(names: NetworkNames, *, host_netns: Path | None = None,
                     if index is not None:
                         _delete(ipr, index=index)
                 removed += [f"{name} in {names.netns}" for name in present]
-                failpoints.hit("node.network.teardown.after-devices")
+        if removed:
+            failpoints.hit("node.network.teardown.after-devices")
     with ns.map_netlink_errors(f"remove veth {names.host_veth}"), ns.netlink(host_netns) as ipr:
         index = _index(ipr, names.host_veth)
         if index is not None:
