@@ -249,3 +249,15 @@ def test_the_reader_on_listings_written_by_hand():
                    None).refusals == ("chain mine was added by hand",)
     policy = compare(_listing(guest), _listing(), [wanted], wanted, "cannot enforce")
     assert policy.refusals == ("cannot enforce",)
+
+
+def test_what_the_guest_is_told_to_configure(tmp_path: Path):
+    from kibotos.node.network.enforce import guest_interface_config
+
+    record = NetworkRecords(tmp_path).allocate("inst-g", SCOPE, section(), NetworkPolicy(), [])
+    assert guest_interface_config(record) == {
+        "addresses": [
+            {"family": "ipv4", "address": "10.200.0.3", "prefix": 31, "gateway": "10.200.0.2"},
+            {"family": "ipv6", "address": "fd00:6b69::3", "prefix": 127,
+             "gateway": "fd00:6b69::2"}],
+        "resolvers": ["10.200.0.2"]}  # the gateway, for the family a resolver has
