@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kibotos import ids, units
 from kibotos.errors import InvalidArgument
+from kibotos.node.network.config import NetworkSection
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -317,6 +318,8 @@ class NodeConfig(_Strict):
     host: HostSection = Field(default_factory=HostSection)
     vmm: VmmSection = Field(default_factory=VmmSection)
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
+    #: Workspace networking (docs/network.md); absent: Instances get no network at all.
+    network: NetworkSection | None = None
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     testing: TestingSection = Field(default_factory=TestingSection)
 

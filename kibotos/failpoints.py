@@ -71,6 +71,18 @@ KNOWN: dict[str, str] = {
                             "its metadata",
     "node.legacy-name.after-link": "renaming an object's old SHA-256 name, after the file is "
                                    "linked under its ID, before the old name is unlinked",
+    "node.network.after-netns": "Instance network setup, after the namespace is bound",
+    "node.network.after-veth": "Instance network setup, after the veth pair exists",
+    "node.network.after-tap": "Instance network setup, after the guest's tap exists",
+    "node.network.after-addresses": "Instance network setup, after addresses and routes",
+    "node.network.after-table": "Instance network setup, after the slot table is written "
+                                "and before the record has its facts",
+    "node.network.switch.after-pending": "network switch, after the pending policy is "
+                                         "recorded and before the table is written",
+    "node.network.switch.after-table": "network switch, after the new table and before the "
+                                       "record is updated",
+    "node.network.teardown.after-devices": "Instance network teardown, after the tap and the "
+                                           "veth are removed, before the namespace is unbound",
     "node.legacy-name.after-step": "renaming an object's old SHA-256 names, after one of its "
                                    "files moved, before the next (metadata moves last)",
 }
