@@ -35,9 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kibotos.network_config import NetworkSection  # noqa: E402
 from kibotos.node.network import enforce, host_table, plumbing  # noqa: E402
 from kibotos.node.network import netns as ns  # noqa: E402
-from kibotos.node.network.config import NetworkSection  # noqa: E402
 from kibotos.node.network.policy import NetworkPolicy  # noqa: E402
 from kibotos.node.network.records import NetworkRecords  # noqa: E402
 from kibotos.node.network.tap import create_tap  # noqa: E402

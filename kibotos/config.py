@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kibotos import ids, units
 from kibotos.errors import InvalidArgument
-from kibotos.node.network.config import NetworkSection
+from kibotos.network_config import NetworkSection
 
 M = TypeVar("M", bound=BaseModel)
 

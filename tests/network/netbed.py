@@ -33,9 +33,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from kibotos.network_config import NetworkSection
 from kibotos.node.network import enforce, plumbing
 from kibotos.node.network import netns as ns
-from kibotos.node.network.config import NetworkSection
 from kibotos.node.network.policy import NetworkPolicy
 from kibotos.node.network.records import NetworkRecords
 from kibotos.node.network.tap import TAP_FLAGS, create_tap, open_tap

@@ -13,8 +13,8 @@ import pytest
 
 from kibotos import config as kconfig
 from kibotos.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kibotos.network_config import NetworkSection
 from kibotos.node.network import slot_table
-from kibotos.node.network.config import NetworkSection
 from kibotos.node.network.names import NetworkNames
 from kibotos.node.network.policy import NetworkPolicy, parse_policy, why_not_enforceable
 from kibotos.node.network.records import NetworkRecords

@@ -16,9 +16,9 @@ from typing import Any
 
 from kibotos import failpoints
 from kibotos.errors import FailedPrecondition
+from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
 from kibotos.node.network import nft
-from kibotos.node.network.config import NetworkSection
 from kibotos.node.network.names import NETNS_DIR
 from kibotos.node.network.policy import NetworkPolicy, why_not_enforceable
 from kibotos.node.network.records import NetworkFacts, NetworkRecord, NetworkRecords

@@ -21,10 +21,11 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+from kibotos import cidrs
 from kibotos.errors import FailedPrecondition
-from kibotos.node.network import cidrs, nft
+from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
-from kibotos.node.network.config import NetworkSection
+from kibotos.node.network import nft
 from kibotos.node.network.names import HOST_VETH_PREFIX, TABLE_FAMILY
 
 FORMAT = 1

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kibotos import cidrs
 from kibotos.errors import InvalidArgument
-from kibotos.node.network import cidrs
-from kibotos.node.network.config import NetworkSection
+from kibotos.network_config import NetworkSection
 
 #: The largest allow_out/deny_out list accepted (a set element each; kept small so a
 #: table stays quick to write and read back).

@@ -29,7 +29,7 @@ from typing import Any
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.node.network.config import NetworkSection
+from kibotos.network_config import NetworkSection
 from kibotos.node.network.names import NetworkNames
 from kibotos.node.network.policy import NetworkPolicy
 from kibotos.node.network.slots import SlotAddresses, lowest_free, slot_addresses

@@ -34,8 +34,8 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kibotos.node.network import cidrs
-from kibotos.node.network.config import NetworkSection
+from kibotos import cidrs
+from kibotos.network_config import NetworkSection
 from kibotos.node.network.names import NS_VETH, TABLE, TABLE_FAMILY, TAP
 from kibotos.node.network.policy import NetworkPolicy, parse_policy
 from kibotos.node.network.records import NetworkFacts, NetworkRecord

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kibotos.errors import InvalidArgument, ResourceExhausted
-from kibotos.node.network.config import SLOT_SIZE, NetworkSection
+from kibotos.network_config import SLOT_SIZE, NetworkSection
 
 PREFIX4 = 31
 PREFIX6 = 127

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos.node.network import cidrs, nft
-from kibotos.node.network.config import NetworkSection
+from kibotos import cidrs
+from kibotos.network_config import NetworkSection
+from kibotos.node.network import nft
 from kibotos.node.network.names import NETNS_DIR, TABLE, TABLE_FAMILY
 from kibotos.node.network.netns import is_netns
 from kibotos.node.network.policy import parse_policy, why_not_enforceable

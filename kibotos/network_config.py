@@ -1,5 +1,7 @@
 """``[network]`` of the node config: the guest address pools, what guests never reach,
-the uplink, and the deployment resolvers (docs/network.md).
+the uplink, and the deployment resolvers (docs/network.md).  It sits in the core beside
+`kibotos.config`, not in `kibotos.node.network`, because ctrl loads the config module
+too and must not import the node role.
 
 Without the section a node gives its Instances no network at all (as before networking
 existed); with it every Instance gets a slot from the pools.  Values are checked, never
@@ -15,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kibotos.node.network import cidrs
+from kibotos import cidrs
 
 #: A slot is four addresses (two /31 or /127 links: host<->namespace, namespace<->guest).
 SLOT_SIZE = 4
