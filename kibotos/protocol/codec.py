@@ -22,16 +22,17 @@ class ProtocolError(Exception):
     """A frame that is not a valid message."""
 
 
-def describe(exc: ValidationError, *, top: str = "message") -> str:
-    """Every error of `exc` as ``field.path: what is wrong``, joined by ``; ``."""
+def describe(exc: ValidationError) -> str:
+    """Every error of `exc` as ``field.path: what is wrong`` (a rule over several
+    fields says only what is wrong), joined by ``; ``."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or top
+        loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 

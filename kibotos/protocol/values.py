@@ -34,6 +34,9 @@ MAX_NODE_CPU_MILLIS = 1_000_000_000
 MAX_NODE_MEMORY = 1 << 56
 #: Instance and object counts a node reports.
 MAX_COUNT = 1_000_000
+#: The longest free text (a reason, a held part) a frame carries; a sender cuts longer
+#: texts to it (`clip`).
+MAX_REASON = 4000
 
 
 _E = TypeVar("_E", bound=Enum)
@@ -97,4 +100,12 @@ NodeMemory = Annotated[StrictInt, Field(ge=0, le=MAX_NODE_MEMORY)]
 #: An overcommit ratio as a decimal string (``"1.5"``), 0-16, three decimals at most.
 Ratio = Annotated[StrictStr, Field(max_length=16), AfterValidator(_ratio)]
 #: Free text from the other side (a reason, an error message): bounded, never parsed.
-Reason = Annotated[StrictStr, Field(max_length=4000)]
+Reason = Annotated[StrictStr, Field(max_length=MAX_REASON)]
+
+
+def clip(text: str | None) -> str | None:
+    """`text` cut to `MAX_REASON` characters, for a sender whose reason comes from an
+    error message of unknown length."""
+    if text is None or len(text) <= MAX_REASON:
+        return text
+    return text[:MAX_REASON - 1] + "…"

@@ -250,8 +250,8 @@ def test_object_kind_is_one_of_two(kind: str) -> None:
 
 
 def test_a_copy_needs_two_pools() -> None:
-    assert "from_pool_id and to_pool_id are both pool-a" in refused(
-        "object.copy", good("object.copy", to_pool_id="pool-a"))
+    assert refused("object.copy", good("object.copy", to_pool_id="pool-a")) == \
+        "object.copy: from_pool_id and to_pool_id are both pool-a"
 
 
 @pytest.mark.parametrize("capacity", [0, MIB - 1, 3 * MIB + 1])

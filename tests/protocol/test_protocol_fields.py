@@ -118,3 +118,6 @@ def test_reasons_are_bounded_text() -> None:
     assert check(values.Reason, "x" * 4000)
     refuse(values.Reason, "x" * 4001, "at most 4000")
     refuse(values.Reason, 5, "valid string")
+    assert values.clip("x" * 5000) == "x" * 3999 + "…"
+    assert values.clip("short") == "short"
+    assert values.clip(None) is None

@@ -46,4 +46,4 @@ def parse_args(model: type[_A], args: object, kind: str | None = None) -> _A:
     try:
         return model.model_validate(args)
     except ValidationError as exc:
-        raise InvalidArgument(f"{kind}: {describe(exc, top='args')}") from None
+        raise InvalidArgument(f"{kind}: {describe(exc)}") from None
