@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from kibotos.config import NodeConfig, parse
-from kibotos.node.vmsetup import build_instance_manager
+from kibotos.node.instances.setup import build_instance_manager
 from kibotos.plugins import load_plugins
 from kibotos.protocol import COMMANDS
 from kibotos.testing.sim_instances import SimInstances
