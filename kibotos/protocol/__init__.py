@@ -14,6 +14,7 @@ from __future__ import annotations
 from kibotos.protocol.codec import ProtocolError, decode, describe, encode, parse
 from kibotos.protocol.commands import (
     COMMANDS,
+    LIST_LIMIT,
     Args,
     CreateSpec,
     DestroyArgs,
@@ -86,6 +87,7 @@ __all__ = [
     "ENDED_STATES",
     "HELD_KIND_OF",
     "HOLDING_STATES",
+    "LIST_LIMIT",
     "NODE_MESSAGES",
     "Amount",
     "Args",

@@ -9,6 +9,7 @@ shows the guest facts as the node sent them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
@@ -17,6 +18,7 @@ from kibotos.protocol.ids import InstanceId, ObjectId, PoolId, WorkspaceId
 from kibotos.protocol.states import CleanupItem, HeldKind, InstanceStatus
 from kibotos.protocol.values import (
     MAX_COUNT,
+    MAX_ERROR_MESSAGE,
     Count,
     Epoch,
     NodeCpuMillis,
@@ -71,16 +73,40 @@ class InstanceSummary(Part):
     objects: HeldObjects | None = None
 
 
+GUEST_TEXT = 128
+GUEST_CAPABILITIES = 256
+
+
 class GuestFacts(Part):
     """What the node says of a RUNNING Instance's guest (``instance_state.guest``):
     `responding` is false for an adopted Instance until its guest is configured again."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="allow")
 
-    boot_id: Annotated[StrictStr, Field(max_length=128)] | None = None
-    capabilities: Annotated[list[Annotated[StrictStr, Field(max_length=128)]],
-                            Field(max_length=256)] = Field(default_factory=list)
+    boot_id: Annotated[StrictStr, Field(max_length=GUEST_TEXT)] | None = None
+    capabilities: Annotated[list[Annotated[StrictStr, Field(max_length=GUEST_TEXT)]],
+                            Field(max_length=GUEST_CAPABILITIES)] = Field(default_factory=list)
     responding: StrictBool | None = None
+
+    @classmethod
+    def from_guest(cls, facts: Mapping[str, Any]) -> GuestFacts:
+        """The guest facts a node sends, from what it gathered from the guest (which it
+        does not trust): what fits its shape, texts cut to their ceiling; what does not
+        fit (a number for a boot ID, a list for a version) is left out."""
+        out: dict[str, Any] = {}
+        for key, value in facts.items():
+            if key == "capabilities":
+                if isinstance(value, list | tuple):
+                    out[key] = [c for c in value if isinstance(c, str)
+                                and len(c) <= GUEST_TEXT][:GUEST_CAPABILITIES]
+            elif key == "responding":
+                if isinstance(value, bool):
+                    out[key] = value
+            elif isinstance(value, str):
+                out[key] = value[:GUEST_TEXT]
+            elif value is None or (isinstance(value, int | float) and key != "boot_id"):
+                out[key] = value
+        return cls.model_validate(out)
 
 
 class HeldPart(Part):
@@ -101,7 +127,7 @@ class CommandError(Part):
     """``command_result.error``: ``{code, message, details?}`` as in the HTTP API."""
 
     code: Annotated[StrictStr, Field(min_length=1, max_length=64)]
-    message: Annotated[StrictStr, Field(max_length=16000)]
+    message: Annotated[StrictStr, Field(max_length=MAX_ERROR_MESSAGE)]
     details: dict[str, Any] | None = None
 
 

@@ -37,6 +37,8 @@ MAX_COUNT = 1_000_000
 #: The longest free text (a reason, a held part) a frame carries; a sender cuts longer
 #: texts to it (`clip`).
 MAX_REASON = 4000
+#: The longest error message a ``command_result`` carries.
+MAX_ERROR_MESSAGE = 16000
 
 
 _E = TypeVar("_E", bound=Enum)
