@@ -32,6 +32,7 @@ from kibotos.ctrl.model import session_store
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.db import Store, make_engine
 from kibotos.plugins import load_plugins
+from kibotos.protocol import CloseReason
 
 log = logging.getLogger("kibotos.ctrl")
 
@@ -143,7 +144,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
 
         async def shutdown_trigger() -> None:
             await shutdown.wait()
-            await hub.close_all("ctrl_shutdown")
+            await hub.close_all(CloseReason.CTRL_SHUTDOWN)
 
         async with trio.open_nursery() as nursery:
             if handle_signals:

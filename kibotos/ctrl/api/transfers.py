@@ -49,8 +49,10 @@ from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.store.artifacts import ArtifactStore
 from kibotos.ctrl.store.models import UseRight, Volume
 from kibotos.ctrl.wire.base import Result, WriteRequest, _as_value_error
-from kibotos.ctrl.wire.volumes import MIN_VOLUME_BYTES, VolumeOut, _pool, _volume_id
+from kibotos.ctrl.wire.volumes import MIN_VOLUME_BYTES, VolumeOut
 from kibotos.errors import FailedPrecondition, Unavailable
+from kibotos.protocol import ObjectExportArgs, ObjectImportArgs, ObjectKind
+from kibotos.protocol.ids import Digest, PoolId, VolumeId
 
 #: Packing or unpacking streams the whole (sparse) block file through zstd and HTTP.
 TRANSFER_TIMEOUT = 6 * 3600.0
@@ -59,24 +61,14 @@ FIRST_EPOCH = 1
 
 
 class TransferExportIn(WriteRequest):
-    volume_id: str
-
-    _vid = field_validator("volume_id")(lambda v: _volume_id(v))
+    volume_id: VolumeId
 
 
 class TransferImportIn(WriteRequest):
-    artifact_digest: str
+    artifact_digest: Digest
     #: None: the one default pool of the nodes that can take it.
-    pool_id: str | None = None
+    pool_id: PoolId | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-
-    _pool_id = field_validator("pool_id")(lambda v: _pool(v))
-
-    @field_validator("artifact_digest")
-    @classmethod
-    def _digest(cls, v: str) -> str:
-        checked: str = _as_value_error(ids.check_digest, v)
-        return checked
 
     @field_validator("labels")
     @classmethod
@@ -225,9 +217,9 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         epoch, capacity = await store.write(partial(
             grant_for_export, volume_id=volume_id, node_id=node_id, now=ctx.now()))
         try:
-            answer = await volumes.call(node_id, "object.export", {
-                "kind": use_rights.VOLUME, "pool_id": pool_id, "object_id": volume_id,
-                "epoch": epoch}, TRANSFER_TIMEOUT)
+            answer = await volumes.call(node_id, ObjectExportArgs(
+                kind=ObjectKind.VOLUME, pool_id=pool_id, object_id=volume_id, epoch=epoch),
+                TRANSFER_TIMEOUT)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await store.write(partial(release_export, volume_id=volume_id,
@@ -301,9 +293,9 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         if exists:
             raise FailedPrecondition(f"volume {volume_id} exists already; use another "
                                      "command ID", details={"volume_id": volume_id})
-        answer = await volumes.call(node_id, "object.import", {
-            "kind": use_rights.VOLUME, "pool_id": pool_id, "object_id": volume_id,
-            "artifact_digest": digest, "epoch": FIRST_EPOCH}, TRANSFER_TIMEOUT)
+        answer = await volumes.call(node_id, ObjectImportArgs(
+            kind=ObjectKind.VOLUME, pool_id=pool_id, object_id=volume_id,
+            artifact_digest=digest, epoch=FIRST_EPOCH), TRANSFER_TIMEOUT)
         if answer is None:
             raise Unavailable(f"node {node_id} did not finish the import of {digest}; "
                               "retry with the same command ID",

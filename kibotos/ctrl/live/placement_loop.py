@@ -28,6 +28,7 @@ from kibotos.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from kibotos.protocol import CreateSpec
 from kibotos.units import format_bytes, format_cores
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 CREATE_TIMEOUT = 30.0
 
 Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
-Args = Callable[[NodeEntry, str], dict[str, Any]]
+#: The ``instance.create`` arguments for a candidate node and a new Instance ID.
+Args = Callable[[NodeEntry, str], CreateSpec]
 
 
 async def place(service: WorkspaceService, demand: Demand, pinned: str | None,
@@ -92,8 +94,8 @@ async def _try_node(service: WorkspaceService, node_id: str, instance_id: str,
     accepted = committed = False
     try:
         try:
-            await service.ctx.sessions.call(node_id, "instance.create",
-                                            args(entry, instance_id), CREATE_TIMEOUT)
+            await service.ctx.sessions.call(node_id, args(entry, instance_id),
+                                            CREATE_TIMEOUT)
             accepted = True
             service.ctx.metrics.node_answer("accepted")
         except KibotosError as exc:
