@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kibotos import ids, units
+from kibotos import units
 from kibotos.errors import InvalidArgument
 from kibotos.network_config import NetworkSection
+from kibotos.protocol.ids import NodeId, PoolId
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -107,7 +108,7 @@ class CtrlConfig(_Strict):
 
 
 class NodeSection(_Strict):
-    id: str
+    id: NodeId
     ctrl_url: str
     enrollment_grant_file: Path | None = None
     dataplane_listen: str = "127.0.0.1:7500"
@@ -130,34 +131,18 @@ class NodeSection(_Strict):
                              "(at most 84 bytes)")
         return v
 
-    @field_validator("id")
-    @classmethod
-    def _node_id(cls, v: str) -> str:
-        try:
-            return ids.check_node_id(v)
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
-
     _listen = field_validator("dataplane_listen")(lambda v: _check_listen(v))
     _metrics_listen = field_validator("metrics_listen")(
         lambda v: _check_listen(v) if v else v)
 
 
 class PoolSection(_Strict):
-    id: str
+    id: PoolId
     path: Path
     default: bool = False
     shared: bool = False
     driver: str = "local"
     capacity: Any = None  # removed key: refused with the spec's message below
-
-    @field_validator("id")
-    @classmethod
-    def _pool_id(cls, v: str) -> str:
-        try:
-            return ids.check_pool_id(v)
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
 
     @field_validator("path")
     @classmethod

@@ -45,6 +45,7 @@ from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.store.db import Store, make_engine
 from kibotos.errors import KibotosError
 from kibotos.plugins import load_plugins
+from kibotos.protocol import CloseReason
 
 log = logging.getLogger("kibotos.ctrl")
 
@@ -187,7 +188,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
 
         async def shutdown_trigger() -> None:
             await shutdown.wait()
-            await hub.close_all("ctrl_shutdown")
+            await hub.close_all(CloseReason.CTRL_SHUTDOWN)
 
         async with trio.open_nursery() as nursery:
             if handle_signals:

@@ -3,6 +3,11 @@ docs/architecture.md ("Session commands for Instances") the way the real node's
 `VmInstanceManager` does, without VMs, so ctrl's Workspace code can be tested (and
 benchmarked with a thousand nodes) against real sessions.
 
+Every command's arguments are parsed with its type in `kibotos.protocol` (the one the
+real node parses with, and ctrl builds from), so what the real node refuses (a
+``"template": {}``, a memory size below 64 MiB, an unknown field) the simulation
+refuses too, with the same ``invalid_argument`` naming the field.
+
 * ``instance.create`` admits like the node (refused while drained, ``memory_tight``
   while memory is tight), is idempotent by ID, answers ``{accepted: true}`` at once and
   "boots" in the background: CREATING, then RUNNING after `boot_delay` (or FAILED with
@@ -36,7 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
@@ -48,10 +53,29 @@ from kibotos.errors import (
     NotFound,
     ResourceExhausted,
 )
+from kibotos.protocol import (
+    HELD_KIND_OF,
+    HOLDING_STATES,
+    Args,
+    CreateSpec,
+    DestroyArgs,
+    DrainArgs,
+    InstanceState,
+    LayerDeleteArgs,
+    LayerRef,
+    ObjectCopyArgs,
+    ObjectExpandArgs,
+    Report,
+    StopArgs,
+    VolumeCreateArgs,
+    VolumeDeleteArgs,
+    parse_args,
+)
+from kibotos.protocol.values import clip
 
 EXITED_REASON = "node reports the Instance as no longer running"
 OOM_REASON = "oom_killed"
-HOLDING = frozenset({"CREATING", "RUNNING", "STOPPING", "FAILED"})
+HOLDING = HOLDING_STATES
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -66,8 +90,8 @@ class SimInstance:
     workspace_id: str
     cpu_millis: int
     memory_bytes: int
-    layer: dict[str, Any]
-    args: dict[str, Any]
+    layer: LayerRef
+    spec: CreateSpec
     state: str = "CREATING"
     reason: str | None = None
     #: ``{kind, pool_id, object_id, epoch, released_cleanly}`` as the node reports them.
@@ -85,7 +109,7 @@ class SimObject:
 
 
 #: ctrl's object kinds → the node's (its pool directories), as ``objects`` names them.
-NODE_KINDS = {"retained_layer": "retained-layers", "volume": "volumes"}
+NODE_KINDS = {kind.value: held.value for kind, held in HELD_KIND_OF.items()}
 
 
 TAKEN_OVER = "the use right was taken over by a newer epoch; retrying will not succeed"
@@ -136,7 +160,7 @@ class SimInstances:
 
     async def report(self) -> None:
         if self._send is not None:
-            await self._send({"type": "report", **self.report_fields()})
+            await self._send(Report.model_validate(self.report_fields()).to_wire())
 
     async def _set(self, inst: SimInstance, state: str, reason: str | None = None) -> None:
         inst.state, inst.reason = state, reason
@@ -144,10 +168,10 @@ class SimInstances:
             return
         frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
                                  "workspace_id": inst.workspace_id, "state": state,
-                                 "reason": reason, "at": _now(), "objects": inst.objects}
+                                 "reason": clip(reason), "at": _now(), "objects": inst.objects}
         if state == "RUNNING":
             frame["guest"] = {"boot_id": f"boot-{inst.instance_id}", "capabilities": []}
-        await self._send(frame)
+        await self._send(InstanceState.model_validate(frame).to_wire())
         if self.auto_report:
             self._report_soon()
 
@@ -179,29 +203,45 @@ class SimInstances:
 
     # ------------------------------------------------------------------ commands
 
-    KINDS = ("instance.create", "instance.stop", "instance.destroy", "layer.delete",
-             "node.drain", "volume.create", "volume.delete", "object.expand",
-             "object.copy")
+    #: The commands it answers; their arguments' types.
+    ARGS: ClassVar[dict[str, type[Args]]] = {cls.KIND: cls for cls in (
+        CreateSpec, StopArgs, DestroyArgs, LayerDeleteArgs, DrainArgs, VolumeCreateArgs,
+        VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs)}
+    KINDS: ClassVar[tuple[str, ...]] = tuple(ARGS)
 
     def handles(self, kind: str) -> bool:
         return kind in self.KINDS
 
     async def handle(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
         self.commands.append({"kind": kind, "args": args})
-        handler = {"instance.create": self._create, "instance.stop": self._stop,
-                   "instance.destroy": self._destroy, "layer.delete": self._layer_delete,
-                   "node.drain": self._drain, "volume.create": self._volume_create,
-                   "volume.delete": self._volume_delete, "object.expand": self._expand,
-                   "object.copy": self._copy}.get(kind)
-        if handler is None:
+        model = self.ARGS.get(kind)
+        if model is None:
             raise InvalidArgument(f"unknown command kind {kind!r} for this node")
-        return await handler(args)
+        parsed = parse_args(model, args)
+        if isinstance(parsed, CreateSpec):
+            return await self._create(parsed)
+        if isinstance(parsed, StopArgs):
+            return await self._stop(parsed)
+        if isinstance(parsed, DestroyArgs):
+            return await self._destroy(parsed)
+        if isinstance(parsed, LayerDeleteArgs):
+            return await self._layer_delete(parsed)
+        if isinstance(parsed, DrainArgs):
+            return await self._drain(parsed)
+        if isinstance(parsed, VolumeCreateArgs):
+            return await self._volume_create(parsed)
+        if isinstance(parsed, VolumeDeleteArgs):
+            return await self._volume_delete(parsed)
+        if isinstance(parsed, ObjectExpandArgs):
+            return await self._expand(parsed)
+        assert isinstance(parsed, ObjectCopyArgs)
+        return await self._copy(parsed)
 
-    async def _create(self, args: dict[str, Any]) -> dict[str, Any]:
-        instance_id = str(args["instance_id"])
+    async def _create(self, spec: CreateSpec) -> dict[str, Any]:
+        instance_id = spec.instance_id
         existing = self.instances.get(instance_id)
         if existing is not None:
-            if existing.args == args:
+            if existing.spec.digest() == spec.digest():
                 return {"accepted": True}
             raise AlreadyExists(f"Instance {instance_id} already exists with other arguments")
         if instance_id in self.destroyed:
@@ -212,21 +252,19 @@ class SimInstances:
         if self.memory_tight:
             raise ResourceExhausted("host memory is tight: it takes no new Instances",
                                     details={"reason": "memory_tight"})
-        layer = dict(args["layer"])
+        layer = spec.layer
         for other in self.instances.values():
-            if other.state in HOLDING and other.layer["ref"] == layer["ref"]:
-                raise FailedPrecondition(f"retained layer {layer['ref']} is in use by "
+            if other.state in HOLDING and other.layer.ref == layer.ref:
+                raise FailedPrecondition(f"retained layer {layer.ref} is in use by "
                                          f"Instance {other.instance_id}")
-        inst = SimInstance(instance_id, str(args["workspace_id"]), int(args["cpu_millis"]),
-                           int(args["memory_bytes"]), layer, dict(args))
-        key = ("retained_layer", str(layer.get("pool_id")), str(layer["ref"]))
-        if layer.get("create") and key not in self.objects:
-            self.objects[key] = SimObject(int(layer.get("capacity_bytes", 0)),
-                                          int(layer.get("epoch", 0)), released=False)
-        inst.objects = [self._open(key, int(layer.get("epoch", 0)))]
-        inst.objects += [self._open(("volume", str(v["pool_id"]), str(v["volume_id"])),
-                                    int(v.get("epoch", 0)))
-                         for v in args.get("volumes") or ()]
+        inst = SimInstance(instance_id, spec.workspace_id, spec.cpu_millis,
+                           spec.memory_bytes, layer, spec)
+        key = ("retained_layer", layer.pool_id, layer.ref)
+        if layer.create and key not in self.objects:
+            self.objects[key] = SimObject(layer.capacity_bytes, layer.epoch, released=False)
+        inst.objects = [self._open(key, layer.epoch)]
+        inst.objects += [self._open(("volume", v.pool_id, v.volume_id), v.epoch)
+                         for v in spec.volumes]
         self.instances[instance_id] = inst
         if self._nursery is not None:
             self._nursery.start_soon(self._boot, inst)
@@ -266,14 +304,14 @@ class SimInstances:
             if found is not None and found.epoch == obj["epoch"]:
                 found.released = True
 
-    async def _stop(self, args: dict[str, Any]) -> dict[str, Any]:
-        inst = self.instances.get(str(args["instance_id"]))
+    async def _stop(self, args: StopArgs) -> dict[str, Any]:
+        inst = self.instances.get(args.instance_id)
         if inst is None:
-            raise NotFound(f"Instance {args['instance_id']} is not on this node")
+            raise NotFound(f"Instance {args.instance_id} is not on this node")
         if self.refuse_stop is not None:
             await self._set(inst, "FAILED", self.refuse_stop.message)
             raise self.refuse_stop
-        force = bool(args.get("force"))
+        force = args.force
         if inst.state == "STOPPED":
             return {"confirmed_on_disk": not force}
         running = inst.state == "RUNNING"
@@ -282,21 +320,20 @@ class SimInstances:
         await self._set(inst, "STOPPED")
         return {"confirmed_on_disk": running and not force}
 
-    async def _destroy(self, args: dict[str, Any]) -> dict[str, Any]:
-        inst = self.instances.pop(str(args["instance_id"]), None)
+    async def _destroy(self, args: DestroyArgs) -> dict[str, Any]:
+        inst = self.instances.pop(args.instance_id, None)
         if inst is not None:
             self.destroyed.add(inst.instance_id)
             self._release(inst)
             await self._set(inst, "DESTROYED")
         return {"destroyed": True}
 
-    async def _layer_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _layer_delete(self, args: LayerDeleteArgs) -> dict[str, Any]:
         await self._object_gate()
-        key = ("retained_layer", str(args["pool_id"]), str(args["ref"]))
-        self._check_epoch(key, int(args["epoch"]))
+        key = ("retained_layer", args.pool_id, args.ref)
+        self._check_epoch(key, args.epoch)
         self.objects.pop(key, None)
-        self.deleted_layers.append((str(args["pool_id"]), str(args["ref"]),
-                                    int(args["epoch"])))
+        self.deleted_layers.append((args.pool_id, args.ref, args.epoch))
         return {"deleted": True}
 
     # ------------------------------------------------------------------ pool objects
@@ -320,11 +357,11 @@ class SimInstances:
         for inst in self.instances.values():
             if inst.state not in HOLDING:
                 continue
-            if kind == "retained_layer" and inst.layer["ref"] == object_id \
-                    and inst.layer["pool_id"] == pool_id:
+            if kind == "retained_layer" and inst.layer.ref == object_id \
+                    and inst.layer.pool_id == pool_id:
                 return inst.instance_id
-            for vol in inst.args.get("volumes") or ():
-                if vol["volume_id"] == object_id and vol["pool_id"] == pool_id:
+            for vol in inst.spec.volumes:
+                if vol.volume_id == object_id and vol.pool_id == pool_id:
                     return inst.instance_id
         return None
 
@@ -334,10 +371,10 @@ class SimInstances:
             raise NotFound(f"{kind} {object_id} is not in pool {pool_id}")
         return found
 
-    async def _volume_create(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _volume_create(self, args: VolumeCreateArgs) -> dict[str, Any]:
         await self._object_gate()
-        key = ("volume", str(args["pool_id"]), str(args["volume_id"]))
-        capacity, epoch = int(args["capacity_bytes"]), int(args["epoch"])
+        key = ("volume", args.pool_id, args.volume_id)
+        capacity, epoch = args.capacity_bytes, args.epoch
         existing = self.objects.get(key)
         if existing is not None:
             self._check_epoch(key, epoch)
@@ -347,48 +384,47 @@ class SimInstances:
         self.objects[key] = SimObject(capacity, epoch)
         return {"created": True}
 
-    async def _volume_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _volume_delete(self, args: VolumeDeleteArgs) -> dict[str, Any]:
         await self._object_gate()
-        pool_id, volume_id = str(args["pool_id"]), str(args["volume_id"])
+        pool_id, volume_id = args.pool_id, args.volume_id
         holder = self._in_use("volume", pool_id, volume_id)
         if holder is not None:
             raise FailedPrecondition(f"volume {volume_id} is open in Instance {holder}")
         key = ("volume", pool_id, volume_id)
-        self._check_epoch(key, int(args["epoch"]))
+        self._check_epoch(key, args.epoch)
         self.objects.pop(key, None)
         return {"deleted": True}
 
-    async def _expand(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _expand(self, args: ObjectExpandArgs) -> dict[str, Any]:
         await self._object_gate()
-        kind, pool_id, object_id = str(args["kind"]), str(args["pool_id"]), \
-            str(args["object_id"])
+        kind, pool_id, object_id = args.kind.value, args.pool_id, args.object_id
         found = self._object(kind, pool_id, object_id)
-        self._check_epoch((kind, pool_id, object_id), int(args["epoch"]))
+        self._check_epoch((kind, pool_id, object_id), args.epoch)
         if self._in_use(kind, pool_id, object_id) is not None:
             raise FailedPrecondition(f"{kind} {object_id} is open in an Instance")
-        capacity = int(args["capacity_bytes"])
+        capacity = args.capacity_bytes
         if capacity < found.capacity_bytes:
             raise InvalidArgument(f"{kind} {object_id} has {found.capacity_bytes} bytes; "
                                   "block files only grow")
         found.capacity_bytes = capacity
         return {"capacity_bytes": capacity}
 
-    async def _copy(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _copy(self, args: ObjectCopyArgs) -> dict[str, Any]:
         await self._object_gate()
-        kind, object_id = str(args["kind"]), str(args["object_id"])
-        source = self._object(kind, str(args["from_pool_id"]), object_id)
-        self._check_epoch((kind, str(args["from_pool_id"]), object_id), int(args["epoch"]))
-        self.objects[(kind, str(args["to_pool_id"]), object_id)] = SimObject(
-            source.capacity_bytes, int(args["epoch"]))
+        kind, object_id = args.kind.value, args.object_id
+        source = self._object(kind, args.from_pool_id, object_id)
+        self._check_epoch((kind, args.from_pool_id, object_id), args.epoch)
+        self.objects[(kind, args.to_pool_id, object_id)] = SimObject(
+            source.capacity_bytes, args.epoch)
         return {"copied": True}
 
-    async def _drain(self, args: dict[str, Any]) -> dict[str, Any]:
-        self.drain_requested = bool(args["requested"])
+    async def _drain(self, args: DrainArgs) -> dict[str, Any]:
+        self.drain_requested = args.requested
         return {"drain_requested": self.drain_requested}
 
     async def destroy_all(self) -> int:
         """What a node told it was isolated does before it exits."""
         ids = list(self.instances)
         for instance_id in ids:
-            await self._destroy({"instance_id": instance_id})
+            await self._destroy(DestroyArgs(instance_id=instance_id))
         return len(ids)

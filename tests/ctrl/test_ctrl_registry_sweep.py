@@ -18,8 +18,8 @@ from ws_helpers import WsCtrl, open_ws_ctrl
 
 from kibotos.ctrl.live.registry_sweep import store_results
 from kibotos.ctrl.store.models import Workspace
-from kibotos.ctrl.wire.session import InstanceState
 from kibotos.ctrl.wire.workspaces import CleanupStatusOut
+from kibotos.protocol import InstanceState
 
 ITEMS = ("RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL")
 OBSERVED = "2026-01-02T03:04:05.678901+00:00"

@@ -14,6 +14,7 @@ from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.reconcile import reconcile_once
 from kibotos.ctrl.wire.base import NodeOut
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
+from kibotos.protocol import RegistryDeleteArgs, RegistryListArgs
 from kibotos.testing.fake_node import hello_message, open_sim_node
 
 
@@ -284,7 +285,7 @@ async def test_commands_over_the_session(running_ctrl: RunningCtrl) -> None:
     hub = hub_of(ctrl)
     cred = await ctrl.enroll("node-a")
     with pytest.raises(Unavailable):
-        await hub.call("node-a", "echo", {}, timeout=5)
+        await hub.call("node-a", RegistryListArgs(), timeout=5)
     async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
         await alive(ctrl, "node-a")
 
@@ -292,7 +293,7 @@ async def test_commands_over_the_session(running_ctrl: RunningCtrl) -> None:
             for _ in range(2):
                 before = len(node.received)
                 cmd = await node.wait_for("command", after=before)
-                if cmd["kind"] == "echo":
+                if cmd["kind"] == "registry.list":
                     await node.send({"type": "command_result", "id": cmd["id"], "ok": True,
                                      "result": {"args": cmd["args"]}})
                 else:
@@ -303,13 +304,15 @@ async def test_commands_over_the_session(running_ctrl: RunningCtrl) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(answer)
             await trio.sleep(0.1)
-            assert await hub.call("node-a", "echo", {"x": 1}, timeout=30) == {
-                "args": {"x": 1}}
+            # registry.* are answered here: the simulated node leaves them alone.
+            assert await hub.call("node-a", RegistryListArgs(limit=5), timeout=30) == {
+                "args": {"limit": 5}}
             await trio.sleep(0.1)
             with pytest.raises(FailedPrecondition, match="no such thing"):
-                await hub.call("node-a", "break", {}, timeout=30)
+                await hub.call("node-a", RegistryDeleteArgs(instance_ids=["inst-1"]),
+                               timeout=30)
         with pytest.raises(DeadlineExceeded):
-            await hub.call("node-a", "ignored", {}, timeout=0.5)
+            await hub.call("node-a", RegistryListArgs(), timeout=0.5)
 
 
 async def test_isolate_and_the_incarnation_rules(running_ctrl: RunningCtrl) -> None:

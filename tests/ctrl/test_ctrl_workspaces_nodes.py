@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ctrl_helpers import wait_until
-from ws_helpers import WsCtrl, open_ws_ctrl
+from ws_helpers import TEMPLATE_REF, WsCtrl, open_ws_ctrl
 
 from kibotos.ctrl.wire.workspaces import CleanupStatusOut
 
@@ -189,7 +189,9 @@ async def test_reconnect_reconciles_the_instance_list(tmp_path: Path) -> None:
         del sim.instances[lost["instance_id"]]
         stray = await sim.handle("instance.create", {
             "instance_id": "inst-stray", "workspace_id": "ws-stray", "cpu_millis": 100,
-            "memory_bytes": 1 << 26, "layer": {"ref": "lay-stray"}})
+            "memory_bytes": 1 << 26, "template": TEMPLATE_REF,
+            "layer": {"pool_id": "node-a-local", "ref": "lay-stray",
+                      "capacity_bytes": 1 << 26, "epoch": 1, "create": True}})
         assert stray == {"accepted": True}
         await ctrl.connect("node-a", sim=sim)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ws_helpers import TEMPLATE_REF
+
 from kibotos.testing.sim_instances import SimInstances, SimObject
 
 GI = 1 << 30
@@ -14,7 +16,7 @@ GI = 1 << 30
 def create_args(instance_id: str, epoch: int, *, create: bool,
                 volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"instance_id": instance_id, "workspace_id": "ws-1", "cpu_millis": 1000,
-            "memory_bytes": GI, "template": {},
+            "memory_bytes": GI, "template": TEMPLATE_REF,
             "layer": {"pool_id": "p", "ref": "lay-1", "capacity_bytes": GI, "epoch": epoch,
                       "create": create},
             "volumes": volumes or []}

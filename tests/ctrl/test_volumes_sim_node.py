@@ -4,6 +4,7 @@ the Volume tests of ctrl rely on, answer as docs/architecture.md says the node d
 from __future__ import annotations
 
 import pytest
+from ws_helpers import TEMPLATE_REF
 
 from kibotos.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
 from kibotos.testing.sim_instances import SimInstances
@@ -51,7 +52,7 @@ async def test_objects_in_use_and_injected_failures() -> None:
     await sim.handle("volume.create", dict(VOL))
     await sim.handle("instance.create", {
         "instance_id": "inst-1", "workspace_id": "ws-1", "cpu_millis": 1000,
-        "memory_bytes": GI, "template": {},
+        "memory_bytes": GI, "template": TEMPLATE_REF,
         "layer": {"pool_id": "p", "ref": "lay-1", "capacity_bytes": GI, "epoch": 1,
                   "create": True},
         "volumes": [{"volume_id": "vol-a", "pool_id": "p", "epoch": 1}]})

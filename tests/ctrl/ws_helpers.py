@@ -31,6 +31,11 @@ from kibotos.testing.sim_instances import SimInstances
 GI = 1 << 30
 DIGEST = "sha256:" + "ab" * 32
 TEMPLATE = "base"
+#: ``instance.create``'s ``template`` of `TEMPLATE`, for a test that commands a
+#: simulated node itself.
+TEMPLATE_REF = {"name": TEMPLATE, "image_digest": DIGEST,
+                "kernel_digest": "sha256:" + "cd" * 32,
+                "initramfs_digest": "sha256:" + "ef" * 32}
 
 
 def add_template(session: Session, name: str = TEMPLATE) -> None:

@@ -19,9 +19,9 @@ from kibotos.node.instances.adoption import (
     differences,
     judge,
 )
-from kibotos.node.instances.commands import CreateSpec
 from kibotos.node.instances.contract import CREATING, FAILED, RUNNING, STOPPING
 from kibotos.node.instances.lifecycle import Instance
+from kibotos.protocol import CreateSpec
 
 NAME = "kibotos-vmm-inst-1.service"
 ARGV = ["/usr/bin/vmm", "--socket", "/r/runtime/instances/inst-1/agent.sock"]

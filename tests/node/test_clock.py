@@ -50,8 +50,8 @@ def test_malformed_skew_counts_as_zero(tmp_path: Path, caplog) -> None:
 def test_reply_frame(tmp_path: Path) -> None:
     (tmp_path / "skew").write_text("2")
     clock = NodeClock(tmp_path / "skew", wall=lambda: 50.0, sync_status=lambda: UNKNOWN)
-    assert clock.reply(7) == {"type": "clock_reply", "id": 7, "node_time": 52.0,
-                              "sync_status": "unknown"}
+    assert clock.reply(7).to_wire() == {"type": "clock_reply", "id": 7, "node_time": 52.0,
+                                        "sync_status": "unknown"}
 
 
 def test_kernel_sync_status_is_one_of_three() -> None:

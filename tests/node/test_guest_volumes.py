@@ -10,8 +10,8 @@ import pytest
 from kibotos_qemu.backend import QemuVmm
 
 from kibotos.guest import Volume
-from kibotos.node.instances.commands import CreateSpec
 from kibotos.node.runtime.guest_volumes import guest_volumes
+from kibotos.protocol import CreateSpec
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -62,9 +62,9 @@ def test_a_backend_without_devices_mounts_nothing(tmp_path: Path) -> None:
 
 def test_two_volumes_on_one_mount_point_are_refused() -> None:
     from kibotos.errors import InvalidArgument
-    from kibotos.node.instances.commands import parse_args
+    from kibotos.protocol import parse_args
     with pytest.raises(InvalidArgument, match="share a mount point"):
-        parse_args(CreateSpec, "instance.create", spec([]).model_dump(mode="json") | {
+        parse_args(CreateSpec, spec([]).model_dump(mode="json") | {
             "volumes": [{"volume_id": "vol-a", "pool_id": "pool-a", "epoch": 1},
                         {"volume_id": "vol-b", "pool_id": "pool-a", "epoch": 1,
                          "mount_point": "/mnt/vol-a"}]})

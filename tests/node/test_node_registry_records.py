@@ -17,7 +17,6 @@ from node_helpers import node_config
 
 from kibotos import atomicfile
 from kibotos.errors import InvalidArgument
-from kibotos.node.instances.commands import CreateSpec
 from kibotos.node.instances.contract import STOPPED
 from kibotos.node.instances.lifecycle import Instance
 from kibotos.node.records import instance_records as records
@@ -25,6 +24,7 @@ from kibotos.node.records import machine_logs
 from kibotos.node.records.instance_dirs import InstanceDirs
 from kibotos.node.records.registry import LIST_LIMIT, Registry, cleanup_result, registry_handlers
 from kibotos.node.storage.pools import startup as pools_startup
+from kibotos.protocol import CreateSpec
 
 
 def _write(registry: Registry, instance_id: str, age_s: float) -> None:

@@ -120,14 +120,17 @@ async def test_clock_usage_ping_and_commands(tmp_path: Path) -> None:
         await conn.send(type="clock_probe", id=7)
         seen["clock"] = await conn.receive_type("clock_reply")
         seen["clock_window"] = (before, time.time())
-        await conn.send(type="usage_request", id="u1")
+        await conn.send(type="usage_request", id="u1")  # not an integer ID: ignored
+        await conn.send(type="usage_request", id=2)
         seen["usage"] = await conn.receive_type("usage")
-        await conn.send(type="command", id="c1", kind="no-such-thing", args={})
+        await conn.send(type="command", id=11, kind="no-such-thing", args={})
         seen["unknown"] = await conn.receive_type("command_result")
-        await conn.send(type="command", id="c2", kind="echo", args={"x": 1})
+        await conn.send(type="command", id=12, kind="echo", args={"x": 1})
         seen["echo"] = await conn.receive_type("command_result")
-        await conn.send(type="command", id="c3", kind="refuse", args={})
+        await conn.send(type="command", id=13, kind="refuse", args={})
         seen["refuse"] = await conn.receive_type("command_result")
+        await conn.send(type="command", id=14, kind="echo", args=["x"])
+        seen["malformed"] = await conn.receive_type("command_result")
         await conn.send(type="something_new", id=1)  # ignored, session stays
         await conn.send(type="clock_probe", id=8)
         seen["clock2"] = await conn.receive_type("clock_reply")
@@ -159,19 +162,22 @@ async def test_clock_usage_ping_and_commands(tmp_path: Path) -> None:
     assert clock["sync_status"] in (SYNCHRONIZED, UNSYNCHRONIZED, UNKNOWN)
     assert seen["clock2"]["id"] == 8
     usage = seen["usage"]
-    assert usage["id"] == "u1"
+    assert usage["id"] == 2
     assert usage["sample"]["memory_total_bytes"] == 8_000_000 * 1024
     assert usage["sample"]["memory_available_bytes"] == 6_000_000 * 1024
     assert usage["sample"]["vm_cpu_cores"] is None
-    assert seen["unknown"]["id"] == "c1"
+    assert seen["unknown"]["id"] == 11
     assert seen["unknown"]["ok"] is False
     assert seen["unknown"]["error"]["code"] == "invalid_argument"
     assert "no-such-thing" in seen["unknown"]["error"]["message"]
-    assert seen["echo"] == {"type": "command_result", "id": "c2", "ok": True,
+    assert seen["echo"] == {"type": "command_result", "id": 12, "ok": True,
                             "result": {"echo": {"x": 1}}}
     assert seen["refuse"]["ok"] is False
     assert seen["refuse"]["error"] == {"code": "failed_precondition",
                                        "message": "node is draining"}
+    assert seen["malformed"]["id"] == 14
+    assert seen["malformed"]["error"]["code"] == "invalid_argument"
+    assert "args: Input should be a valid dictionary" in seen["malformed"]["error"]["message"]
 
 
 async def test_reconnects_after_a_drop_with_a_new_session(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ async def test_32_byte_id_is_fine(pool: Path) -> None:
 
 @pytest.mark.parametrize(("field", "value", "match"), [
     ("capacity_bytes", 64 * MIB + 1, "whole number of MiB"),
-    ("capacity_bytes", 0, "greater than 0"),
+    ("capacity_bytes", 0, "must be at least 1 MiB"),
     ("epoch", -1, "greater than or equal"),
     ("pool_id", "Pool/A", "pool ID"),
     ("extra", 1, "unknown field"),

@@ -34,6 +34,7 @@ from kibotos.ctrl.wire.base import (
     WhoAmIOut,
 )
 from kibotos.errors import FailedPrecondition
+from kibotos.protocol import CloseReason
 
 
 def _reissue(grant_id: str, now: datetime, session: Session) -> str:
@@ -109,7 +110,7 @@ def routes(api: Api) -> list[Route]:
         if effects and not outcome.replayed:
             api.auth.forget(effects[0].identity_ids)
             for node_id in effects[0].node_ids:
-                await ctx.sessions.close(node_id, "revoked")
+                await ctx.sessions.close(node_id, CloseReason.REVOKED)
         return outcome.result
 
     return [

@@ -34,6 +34,7 @@ from kibotos.ctrl.wire.base import (
     VersionedWrite,
 )
 from kibotos.errors import InvalidArgument
+from kibotos.protocol import CloseReason
 
 NodeOp = Callable[[Session, str, int | None, datetime], Node]
 
@@ -81,7 +82,7 @@ def routes(api: Api) -> list[Route]:
             operation=operation, params={"node_id": node_id}, body=body,
             identity_id=caller.identity_id, fn=txn)
         if operation == "node.retire" and not outcome.replayed:
-            await ctx.sessions.close(node_id, "retired")
+            await ctx.sessions.close(node_id, CloseReason.RETIRED)
         return outcome.result
 
     async def drain(request: Request, caller: Caller | None) -> dict[str, Any]:

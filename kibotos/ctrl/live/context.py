@@ -19,6 +19,7 @@ from kibotos.ctrl.api.metrics import CtrlMetrics
 from kibotos.ctrl.model.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
 from kibotos.plugins import Registries
+from kibotos.protocol import Args, CloseReason
 
 
 def utcnow() -> datetime:
@@ -31,15 +32,15 @@ class SessionRegistry(Protocol):
     def is_alive(self, node_id: str) -> bool:
         """Whether the node has a live control session right now."""
 
-    async def close(self, node_id: str, reason: str) -> None:
+    async def close(self, node_id: str, reason: CloseReason) -> None:
         """Send ``close{reason}`` to the node's session (if any) and end it."""
 
     def push_overcommit(self, node_id: str) -> None:
         """Send the node its current overcommit ratios (read from the store) soon."""
 
-    async def call(self, node_id: str, kind: str, args: dict[str, object],
-                   timeout: float) -> dict[str, object]:
-        """Send ``command{kind,args}`` over the session and wait for its result."""
+    async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
+        """Send ``command{kind,args}`` (the kind is `args`' type's) over the session and
+        wait for its result."""
 
 
 @dataclass

@@ -18,13 +18,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
 
 import trio
 
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.model import instances as inst_mod
-from kibotos.ctrl.wire.session import Hello, InstanceState, Report
+from kibotos.protocol import Hello, InstanceState, InstanceSummary, Report
 
 #: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
 REPORT_GRACE_S = 30.0
@@ -82,14 +81,18 @@ class NodeFeed:
             self._deferring.discard(key)
 
     async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
-        seen = (frame.state, frame.reason)
+        seen = (frame.state.value, frame.reason)
         if frame.guest is None and frame.cleanup is None and \
                 self._applied.get(frame.instance_id) == seen:
             return  # the node said it already (e.g. CREATING of a create just recorded)
+        # The store keeps what the node said as plain JSON.
         followups = await self.runtime.store.write(partial(
             inst_mod.on_instance_state, node_id=node_id, instance_id=frame.instance_id,
-            state=frame.state, reason=frame.reason, now=self.runtime.ctx.now(),
-            guest=frame.guest, cleanup=frame.cleanup, objects=frame.objects))
+            state=frame.state.value, reason=frame.reason, now=self.runtime.ctx.now(),
+            guest=frame.guest.to_wire() if frame.guest is not None else None,
+            cleanup=frame.cleanup.to_wire() if frame.cleanup is not None else None,
+            objects=[o.to_wire() for o in frame.objects] if frame.objects is not None
+            else None))
         self.remember(frame.instance_id, seen)
         self.follow(followups)
 
@@ -105,11 +108,11 @@ class NodeFeed:
         while len(self._applied) > APPLIED_CACHE:
             self._applied.popitem(last=False)
 
-    async def _reconcile(self, node_id: str, listed: list[dict[str, Any]],
+    async def _reconcile(self, node_id: str, listed: list[InstanceSummary],
                          listed_after: datetime) -> None:
         skip = set(self.runtime.inflight)
         followups = await self.runtime.store.write(partial(
             inst_mod.reconcile, node_id=node_id,
-            listed=[i for i in listed if i.get("instance_id") not in skip],
+            listed=[i.to_wire() for i in listed if i.instance_id not in skip],
             now=self.runtime.ctx.now(), listed_after=listed_after))
         self.follow(followups)

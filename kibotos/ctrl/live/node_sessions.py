@@ -32,19 +32,6 @@ from kibotos.config import CtrlSection
 from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.model import session_store as ss
 from kibotos.ctrl.store.db import Store
-from kibotos.ctrl.wire.session import (
-    ClockReply,
-    CommandResult,
-    Hello,
-    InstanceState,
-    OvercommitAck,
-    ProtocolError,
-    Report,
-    Usage,
-    decode,
-    encode,
-    parse,
-)
 from kibotos.errors import (
     DeadlineExceeded,
     KibotosError,
@@ -53,6 +40,33 @@ from kibotos.errors import (
     Unavailable,
     error_from_wire,
 )
+from kibotos.protocol import (
+    Args,
+    ClockProbe,
+    ClockReply,
+    Close,
+    CloseReason,
+    Command,
+    CommandResult,
+    Hello,
+    InstanceState,
+    Message,
+    Overcommit,
+    OvercommitAck,
+    Pong,
+    ProtocolError,
+    Ratios,
+    Rejected,
+    RejectReason,
+    Report,
+    Usage,
+    UsageRequest,
+    Welcome,
+    decode,
+    encode,
+    parse,
+)
+from kibotos.protocol.values import clip
 
 log = logging.getLogger("kibotos.ctrl.live.node_sessions")
 
@@ -76,7 +90,7 @@ class NodeSession:
         self.session_id = session_id
         self.close_reason: str | None = None
         self.ended = trio.Event()
-        self._send_tx, self._send_rx = trio.open_memory_channel[dict[str, Any]](256)
+        self._send_tx, self._send_rx = trio.open_memory_channel[Message](256)
         self._ids = itertools.count(1)
         self._pending: dict[int, _Waiter] = {}
         self._scope = trio.CancelScope()
@@ -86,7 +100,7 @@ class NodeSession:
 
     # -------------------------------------------------------------- used by others
 
-    def send_nowait(self, message: dict[str, Any]) -> None:
+    def send_nowait(self, message: Message) -> None:
         try:
             self._send_tx.send_nowait(message)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -94,13 +108,15 @@ class NodeSession:
         except trio.WouldBlock:
             raise Unavailable(f"the control session of node {self.node_id} is congested") from None
 
-    async def request(self, message: dict[str, Any], timeout: float) -> _Waiter:
-        """Send a message with a fresh ``id`` and wait for the reply carrying it."""
+    async def request(self, make: Callable[[int], Message], timeout: float) -> _Waiter:
+        """Send the message `make` builds with a fresh ``id`` and wait for the reply
+        carrying it."""
         request_id = next(self._ids)
+        message = make(request_id)
         waiter = _Waiter()
         self._pending[request_id] = waiter
         try:
-            self.send_nowait({**message, "id": request_id})
+            self.send_nowait(message)
             with trio.move_on_after(timeout):
                 await waiter.event.wait()
         finally:
@@ -109,13 +125,15 @@ class NodeSession:
             raise waiter.error
         if not waiter.event.is_set():
             raise DeadlineExceeded(
-                f"node {self.node_id} did not answer {message['type']} within {timeout:g} s")
+                f"node {self.node_id} did not answer {message.type_name()} within "
+                f"{timeout:g} s")
         return waiter
 
     async def measure_clock(self) -> None:
         """offset = node_time − midpoint(send, receive); uncertainty = half the round trip."""
         sent = time.time()
-        waiter = await self.request({"type": "clock_probe"}, self.hub.settings.session_timeout)
+        waiter = await self.request(lambda i: ClockProbe(id=i),
+                                    self.hub.settings.session_timeout)
         assert waiter.value is not None
         reply = parse(ClockReply, waiter.value)
         received = waiter.received_at
@@ -126,10 +144,10 @@ class NodeSession:
         await self.hub.store.write(partial(
             ss.store_clock, node_id=self.node_id, session_id=self.session_id,
             offset_ms=offset_ms, uncertainty_ms=uncertainty_ms,
-            sync_status=reply.sync_status, now=self.hub.now()))
+            sync_status=reply.sync_status.value, now=self.hub.now()))
 
     async def fetch_usage(self) -> None:
-        waiter = await self.request({"type": "usage_request"},
+        waiter = await self.request(lambda i: UsageRequest(id=i),
                                     self.hub.settings.session_timeout)
         assert waiter.value is not None
         usage = parse(Usage, waiter.value)
@@ -137,23 +155,25 @@ class NodeSession:
             ss.store_usage, node_id=self.node_id, session_id=self.session_id,
             sample=usage.sample, now=self.hub.now()))
 
-    async def call(self, kind: str, args: dict[str, object], timeout: float) -> dict[str, Any]:
-        waiter = await self.request({"type": "command", "kind": kind, "args": args}, timeout)
+    async def call(self, args: Args, timeout: float) -> dict[str, Any]:
+        """Send the command whose arguments `args` are and wait for its result."""
+        waiter = await self.request(
+            lambda i: Command(id=i, kind=args.KIND, args=args.to_wire()), timeout)
         assert waiter.value is not None
         result = parse(CommandResult, waiter.value)
         if not result.ok:
-            raise error_from_wire({"error": result.error or {}})
+            raise error_from_wire({"error": result.error.to_wire() if result.error else {}})
         return result.result or {}
 
     def push_overcommit(self) -> None:
         self._overcommit_wanted.set()
 
-    async def close(self, reason: str, *, wait: float = 5.0) -> None:
+    async def close(self, reason: CloseReason, *, wait: float = 5.0) -> None:
         """Tell the node why, close the socket, and wait (briefly) for the end."""
         if self.close_reason is None:
             self.close_reason = reason
             try:
-                self.send_nowait({"type": "close", "reason": reason})
+                self.send_nowait(Close(reason=reason))
             except Unavailable:
                 self._scope.cancel()
         with trio.move_on_after(wait):
@@ -162,7 +182,7 @@ class NodeSession:
 
     # ------------------------------------------------------------------- running
 
-    async def run(self, welcome: dict[str, Any]) -> None:
+    async def run(self, welcome: Welcome) -> None:
         self.send_nowait(welcome)
         with self._scope:
             async with trio.open_nursery() as nursery:
@@ -179,9 +199,9 @@ class NodeSession:
         try:
             async for message in self._send_rx:
                 await self.ws.send_text(encode(message))
-                if message["type"] == "close":
-                    await self.ws.close(1000, str(message.get("reason", ""))[:100])
-                    self._end(str(message.get("reason", "closed")))
+                if isinstance(message, Close):
+                    await self.ws.close(1000, message.reason.value[:100])
+                    self._end(message.reason.value)
                     return
         except (WebSocketDisconnect, RuntimeError, OSError):
             self._end("socket closed")
@@ -208,8 +228,8 @@ class NodeSession:
                 await self._dispatch(decode(text), received_at)
             except ProtocolError as exc:
                 log.warning("node %s: protocol error: %s", self.node_id, exc)
-                self.close_reason = self.close_reason or "protocol_error"
-                self.send_nowait({"type": "close", "reason": "protocol_error"})
+                self.close_reason = self.close_reason or CloseReason.PROTOCOL_ERROR
+                self.send_nowait(Close(reason=CloseReason.PROTOCOL_ERROR))
                 return
 
     def _end(self, reason: str) -> None:
@@ -219,7 +239,7 @@ class NodeSession:
     async def _dispatch(self, data: dict[str, Any], received_at: float) -> None:
         kind = data["type"]
         if kind == "ping":
-            self.send_nowait({"type": "pong"})
+            self.send_nowait(Pong())
         elif kind in ("clock_reply", "usage", "command_result"):
             request_id = data.get("id")
             waiter = self._pending.get(request_id) if isinstance(request_id, int) else None
@@ -254,15 +274,15 @@ class NodeSession:
             if message is None:
                 continue
             serial = int(message["serial"])
-            self.send_nowait({"type": "overcommit", **message})
+            self.send_nowait(Overcommit(**message))
             with trio.move_on_after(ack_timeout):
                 while self._acked_serial < serial:
                     await self._ack_changed.wait()
             if self._acked_serial < serial:
                 log.warning("node %s did not acknowledge overcommit serial %d within %g s",
                             self.node_id, serial, ack_timeout)
-                self.close_reason = self.close_reason or "overcommit_ack_timeout"
-                self.send_nowait({"type": "close", "reason": "overcommit_ack_timeout"})
+                self.close_reason = self.close_reason or CloseReason.OVERCOMMIT_ACK_TIMEOUT
+                self.send_nowait(Close(reason=CloseReason.OVERCOMMIT_ACK_TIMEOUT))
                 return
             await self.hub.store.write(partial(
                 ss.confirm_overcommit, node_id=self.node_id, session_id=self.session_id,
@@ -321,7 +341,7 @@ class SessionHub:
     def is_alive(self, node_id: str) -> bool:
         return node_id in self._sessions
 
-    async def close(self, node_id: str, reason: str) -> None:
+    async def close(self, node_id: str, reason: CloseReason) -> None:
         session = self._sessions.get(node_id)
         if session is not None:
             await session.close(reason)
@@ -331,12 +351,11 @@ class SessionHub:
         if session is not None:
             session.push_overcommit()
 
-    async def call(self, node_id: str, kind: str, args: dict[str, object],
-                   timeout: float) -> dict[str, object]:
+    async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         session = self._sessions.get(node_id)
         if session is None:
             raise Unavailable(f"node {node_id} has no live control session")
-        return await session.call(kind, args, timeout)
+        return await session.call(args, timeout)
 
     # ------------------------------------------------------------------- others
 
@@ -346,7 +365,7 @@ class SessionHub:
     def get(self, node_id: str) -> NodeSession | None:
         return self._sessions.get(node_id)
 
-    async def close_all(self, reason: str) -> None:
+    async def close_all(self, reason: CloseReason) -> None:
         async with trio.open_nursery() as nursery:
             for session in self.live():
                 nursery.start_soon(partial(session.close, reason, wait=2.0))
@@ -373,32 +392,33 @@ class SessionHub:
         if not verdict.accepted:
             log.info("node %s incarnation %d rejected: %s (%s)", hello.node_id,
                      hello.incarnation, verdict.reason, verdict.message)
-            await _reject(ws, verdict.reason or "not_admitted", verdict.message or "")
+            await _reject(ws, verdict.reason or RejectReason.NOT_ADMITTED,
+                          verdict.message or "")
             return
         session = NodeSession(self, ws, caller, hello, session_id)
         old = self._sessions.get(hello.node_id)
         self._sessions[hello.node_id] = session
         if old is not None:
-            old.close_reason = old.close_reason or "replaced"
+            old.close_reason = old.close_reason or CloseReason.REPLACED
             with contextlib.suppress(Unavailable):
-                old.send_nowait({"type": "close", "reason": "replaced"})
+                old.send_nowait(Close(reason=CloseReason.REPLACED))
         log.info("node %s incarnation %d: session %s started%s", hello.node_id,
                  hello.incarnation, session_id,
                  " (isolate cleared)" if verdict.cleared_isolate else "")
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(session.run, {"type": "welcome", "session_id": session_id,
-                                                 "overcommit": verdict.overcommit,
-                                                 "drain_requested": verdict.drain_requested,
-                                                 "session_signing_public_key":
-                                                     self.session_signing_public_key})
+                nursery.start_soon(session.run, Welcome(
+                    session_id=session_id,
+                    overcommit=Ratios(**verdict.overcommit) if verdict.overcommit else None,
+                    drain_requested=verdict.drain_requested,
+                    session_signing_public_key=self.session_signing_public_key))
                 nursery.start_soon(self.notify, "session_started", hello.node_id, hello)
                 # A revoke or retire that committed after the hello was decided but
                 # before this session was registered would have found nothing to close.
                 if not await self.store.run(partial(
                         ss.still_admitted, identity_id=caller.identity_id,
                         node_id=hello.node_id)):
-                    nursery.start_soon(session.close, "revoked")
+                    nursery.start_soon(session.close, CloseReason.REVOKED)
         finally:
             if self._sessions.get(hello.node_id) is session:
                 del self._sessions[hello.node_id]
@@ -420,11 +440,11 @@ class SessionHub:
                 text = await ws.receive_text()
             return parse(Hello, decode(text))
         except trio.TooSlowError:
-            await _reject(ws, "invalid_hello", "no hello within the session timeout")
+            await _reject(ws, RejectReason.INVALID_HELLO, "no hello within the session timeout")
         except WebSocketDisconnect:
             pass
         except ProtocolError as exc:
-            await _reject(ws, "invalid_hello", str(exc))
+            await _reject(ws, RejectReason.INVALID_HELLO, str(exc))
         return None
 
 
@@ -435,9 +455,9 @@ async def _deny(ws: WebSocket, exc: KibotosError) -> None:
         await ws.close(1008, exc.message[:100])
 
 
-async def _reject(ws: WebSocket, reason: str, message: str) -> None:
+async def _reject(ws: WebSocket, reason: RejectReason, message: str) -> None:
     try:
-        await ws.send_text(encode({"type": "rejected", "reason": reason, "message": message}))
+        await ws.send_text(encode(Rejected(reason=reason, message=clip(message) or "")))
         await ws.close(1008, reason)
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass

@@ -32,6 +32,14 @@ from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import object_op_txns as ot
 from kibotos.ctrl.wire.volumes import ExpandIn, MoveIn
 from kibotos.errors import FailedPrecondition, KibotosError
+from kibotos.protocol import (
+    Args,
+    LayerDeleteArgs,
+    ObjectCopyArgs,
+    ObjectExpandArgs,
+    ObjectKind,
+    VolumeDeleteArgs,
+)
 
 log = logging.getLogger("kibotos.ctrl.live.volume_service")
 
@@ -162,15 +170,16 @@ class ObjectOps:
         try:
             if state.op == ot.EXPAND:
                 assert state.target_capacity_bytes is not None
-                result = await self.volumes.call(node_id, "object.expand", {
-                    "kind": state.kind, "pool_id": state.pool_id,
-                    "object_id": state.object_id, "epoch": epoch,
-                    "capacity_bytes": state.target_capacity_bytes}, EXPAND_TIMEOUT)
+                result = await self.volumes.call(node_id, ObjectExpandArgs(
+                    kind=ObjectKind(state.kind), pool_id=state.pool_id,
+                    object_id=state.object_id, epoch=epoch,
+                    capacity_bytes=state.target_capacity_bytes), EXPAND_TIMEOUT)
             else:
-                result = await self.volumes.call(node_id, "object.copy", {
-                    "kind": state.kind, "object_id": state.object_id,
-                    "from_pool_id": state.pool_id, "to_pool_id": state.target_pool_id,
-                    "epoch": epoch}, COPY_TIMEOUT)
+                assert state.target_pool_id is not None
+                result = await self.volumes.call(node_id, ObjectCopyArgs(
+                    kind=ObjectKind(state.kind), object_id=state.object_id,
+                    from_pool_id=state.pool_id, to_pool_id=state.target_pool_id,
+                    epoch=epoch), COPY_TIMEOUT)
         except KibotosError as exc:
             log.warning("node %s: %s of %s %s failed: %s", node_id, state.op, state.kind,
                         state.object_id, exc.message)
@@ -201,14 +210,15 @@ class ObjectOps:
         if not nodes or state.epoch is None:
             return False
         node_id = nodes[0]
+        args: Args
         if state.kind == ot.VOLUME:
-            kind, args = "volume.delete", {"volume_id": state.object_id,
-                                           "pool_id": state.pool_id, "epoch": state.epoch}
+            args = VolumeDeleteArgs(volume_id=state.object_id, pool_id=state.pool_id,
+                                    epoch=state.epoch)
         else:
-            kind, args = "layer.delete", {"pool_id": state.pool_id, "ref": state.object_id,
-                                          "epoch": state.epoch}
+            args = LayerDeleteArgs(pool_id=state.pool_id, ref=state.object_id,
+                                   epoch=state.epoch)
         try:
-            result = await self.volumes.call(node_id, kind, args, DELETE_TIMEOUT)
+            result = await self.volumes.call(node_id, args, DELETE_TIMEOUT)
         except KibotosError as exc:
             log.warning("node %s could not delete the old copy of %s %s in pool %s: %s",
                         node_id, state.kind, state.object_id, state.pool_id, exc.message)

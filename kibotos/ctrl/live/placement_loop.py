@@ -34,6 +34,7 @@ from kibotos.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from kibotos.protocol import CreateSpec
 from kibotos.units import format_bytes, format_cores
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
@@ -42,7 +43,8 @@ log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 CREATE_TIMEOUT = 30.0
 
 Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
-Args = Callable[[NodeEntry, str], dict[str, Any]]
+#: The ``instance.create`` arguments for a candidate node and a new Instance ID.
+Args = Callable[[NodeEntry, str], CreateSpec]
 
 
 class PlacementLoop:
@@ -105,8 +107,7 @@ class PlacementLoop:
         accepted = committed = False
         try:
             try:
-                await ctx.sessions.call(node_id, "instance.create",
-                                        args(entry, instance_id), CREATE_TIMEOUT)
+                await ctx.sessions.call(node_id, args(entry, instance_id), CREATE_TIMEOUT)
                 accepted = True
                 ctx.metrics.node_answer("accepted")
             except KibotosError as exc:

@@ -13,8 +13,8 @@ import logging
 import trio
 
 from kibotos.ctrl.live.node_sessions import NodeSession, SessionHub
-from kibotos.ctrl.wire.session import ProtocolError
 from kibotos.errors import KibotosError
+from kibotos.protocol import ProtocolError
 
 log = logging.getLogger("kibotos.ctrl.live.reconcile")
 

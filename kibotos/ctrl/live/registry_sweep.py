@@ -34,11 +34,12 @@ from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.store.models import Instance, Workspace
 from kibotos.ctrl.wire.base import as_utc, parse_time
 from kibotos.errors import KibotosError
+from kibotos.protocol import LIST_LIMIT, RegistryDeleteArgs, RegistryListArgs
 
 log = logging.getLogger("kibotos.ctrl.live.registry_sweep")
 
-#: At most this many records per node each time (spec).
-LIMIT = 100
+#: At most this many records per node each time (spec; the command's own ceiling).
+LIMIT = LIST_LIMIT
 COMMAND_TIMEOUT = 30.0
 #: Nodes swept at the same time.
 CONCURRENCY = 16
@@ -150,7 +151,7 @@ class RegistrySweep:
     async def sweep_node(self, node_id: str) -> list[str]:
         """One round with one node; the records it deleted."""
         asked_at = self.ctx.now()
-        listed = await self.ctx.sessions.call(node_id, "registry.list", {"limit": LIMIT},
+        listed = await self.ctx.sessions.call(node_id, RegistryListArgs(limit=LIMIT),
                                               COMMAND_TIMEOUT)
         entries = listed.get("entries")
         entries = [e for e in entries if isinstance(e, dict)] \
@@ -160,7 +161,7 @@ class RegistrySweep:
             complete=listed.get("more") is False, asked_at=asked_at, now=self.ctx.now()))
         if not deletable:
             return []
-        result = await self.ctx.sessions.call(node_id, "registry.delete",
-                                              {"instance_ids": deletable}, COMMAND_TIMEOUT)
+        result = await self.ctx.sessions.call(
+            node_id, RegistryDeleteArgs(instance_ids=deletable), COMMAND_TIMEOUT)
         deleted = result.get("deleted")
         return [str(i) for i in deleted] if isinstance(deleted, list) else []

@@ -45,6 +45,7 @@ from kibotos.ctrl.store.artifacts import ArtifactStore
 from kibotos.ctrl.wire.transfers import TransferExportIn, TransferImportIn
 from kibotos.ctrl.wire.volumes import MIN_VOLUME_BYTES
 from kibotos.errors import FailedPrecondition, Unavailable
+from kibotos.protocol import ObjectExportArgs, ObjectImportArgs, ObjectKind
 
 #: Packing or unpacking streams the whole (sparse) block file through zstd and HTTP.
 TRANSFER_TIMEOUT = 6 * 3600.0
@@ -100,9 +101,9 @@ class TransferService:
         epoch, capacity = await store.write(partial(
             tt.grant_for_export, volume_id=volume_id, node_id=node_id, now=ctx.now()))
         try:
-            answer = await volumes.call(node_id, "object.export", {
-                "kind": use_rights.VOLUME, "pool_id": pool_id, "object_id": volume_id,
-                "epoch": epoch}, TRANSFER_TIMEOUT)
+            answer = await volumes.call(node_id, ObjectExportArgs(
+                kind=ObjectKind.VOLUME, pool_id=pool_id, object_id=volume_id, epoch=epoch),
+                TRANSFER_TIMEOUT)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await store.write(partial(tt.release_export, volume_id=volume_id,
@@ -177,9 +178,9 @@ class TransferService:
         if exists:
             raise FailedPrecondition(f"volume {volume_id} exists already; use another "
                                      "command ID", details={"volume_id": volume_id})
-        answer = await volumes.call(node_id, "object.import", {
-            "kind": use_rights.VOLUME, "pool_id": pool_id, "object_id": volume_id,
-            "artifact_digest": digest, "epoch": FIRST_EPOCH}, TRANSFER_TIMEOUT)
+        answer = await volumes.call(node_id, ObjectImportArgs(
+            kind=ObjectKind.VOLUME, pool_id=pool_id, object_id=volume_id,
+            artifact_digest=digest, epoch=FIRST_EPOCH), TRANSFER_TIMEOUT)
         if answer is None:
             raise Unavailable(f"node {node_id} did not finish the import of {digest}; "
                               "retry with the same command ID",

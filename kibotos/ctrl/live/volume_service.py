@@ -43,6 +43,7 @@ from kibotos.errors import (
     KibotosError,
     Unavailable,
 )
+from kibotos.protocol import Args, VolumeCreateArgs, VolumeDeleteArgs
 
 log = logging.getLogger("kibotos.ctrl.live.volume_service")
 
@@ -177,9 +178,9 @@ class VolumeService:
                 await self.runtime.wait_node_change(RETRY_PAUSE)
                 continue
             try:
-                result = await self.call(node_id, "volume.create", {
-                    "volume_id": volume_id, "pool_id": pool_id, "capacity_bytes": capacity,
-                    "epoch": epoch}, CREATE_TIMEOUT)
+                result = await self.call(node_id, VolumeCreateArgs(
+                    volume_id=volume_id, pool_id=pool_id, capacity_bytes=capacity,
+                    epoch=epoch), CREATE_TIMEOUT)
             except KibotosError as exc:
                 log.warning("node %s could not create volume %s: %s", node_id, volume_id,
                             exc.message)
@@ -203,8 +204,8 @@ class VolumeService:
         return facts.isolated_incarnation is None and facts.retired_at is None \
             and facts.admission == "admitted"
 
-    async def call(self, node_id: str, kind: str, args: dict[str, object],
-                   timeout: float) -> dict[str, object] | None:
+    async def call(self, node_id: str, args: Args, timeout: float
+                   ) -> dict[str, object] | None:
         """A node command; None when the node cannot be reached right now, answers
         that the object's lock is held (``aborted``), or is still working on the object
         (``object_busy``: e.g. an expansion that went on while
@@ -213,17 +214,16 @@ class VolumeService:
         if not self.ctx.sessions.is_alive(node_id):
             return None
         try:
-            result: dict[str, object] = await self.ctx.sessions.call(node_id, kind, args,
-                                                                      timeout)
+            result: dict[str, object] = await self.ctx.sessions.call(node_id, args, timeout)
             return result
         except (Unavailable, DeadlineExceeded, Aborted) as exc:
             # Aborted: e.g. the object's lock is held on the node (object_lock_held).
-            log.info("node %s: %s not done yet: %s", node_id, kind, exc.message)
+            log.info("node %s: %s not done yet: %s", node_id, args.KIND, exc.message)
             return None
         except FailedPrecondition as exc:
             if exc.details.get("reason") != "object_busy":
                 raise
-            log.info("node %s: %s: %s", node_id, kind, exc.message)
+            log.info("node %s: %s: %s", node_id, args.KIND, exc.message)
             await trio.sleep(BUSY_PAUSE)
             return None
 
@@ -263,10 +263,11 @@ class VolumeService:
             epoch = await store.write(partial(tx.grant_for_delete, kind="volume",
                                               object_id=volume_id, node_id=node_id,
                                               now=now()))
+            if epoch is None:
+                continue  # the right went meanwhile: the plan says what is left
             try:
-                result = await self.call(node_id, "volume.delete", {
-                    "volume_id": volume_id, "pool_id": right.pool_id, "epoch": epoch},
-                    DELETE_TIMEOUT)
+                result = await self.call(node_id, VolumeDeleteArgs(
+                    volume_id=volume_id, pool_id=right.pool_id, epoch=epoch), DELETE_TIMEOUT)
             except KibotosError as exc:
                 # E.g. still open in an Instance the node has not released yet: the
                 # node's word is final only for it; try again a little later.

@@ -50,8 +50,17 @@ from kibotos.ctrl.store.watch import (
     WorkspaceSnapshot,
 )
 from kibotos.ctrl.wire.base import VersionedWrite
-from kibotos.ctrl.wire.session import Hello, InstanceState, Report
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
+from kibotos.protocol import (
+    CreateSpec,
+    Hello,
+    InstanceState,
+    LaunchArgs,
+    LayerRef,
+    Report,
+    TemplateRef,
+    VolumeRef,
+)
 from kibotos.volume_mounts import default_mount_point
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
@@ -129,23 +138,23 @@ class WorkspaceService:
             rooms = await self.store.run(pool_capacity.snapshot)
             default_capacity = self.runtime.default_capacity
 
-            def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
+            def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
                 assert entry.default_pool is not None
                 # Refused before the node is asked: no block file for a full pool.
                 pool_capacity.check_snapshot(rooms, entry.default_pool.pool_id,
                                              body.layer_size_bytes, "writable layer",
                                              default_capacity)
-                return {
-                    "instance_id": instance_id, "workspace_id": workspace_id,
-                    "template": template, "cpu_millis": body.cpu_millis,
-                    "memory_bytes": body.memory_bytes,
-                    "layer": {"pool_id": entry.default_pool.pool_id, "ref": layer_ref,
-                              "capacity_bytes": body.layer_size_bytes, "epoch": 1,
-                              "create": True},
-                    "volumes": [{"volume_id": v.volume_id, "pool_id": v.right.pool_id,
-                                 "epoch": v.right.epoch_for(entry.node_id),
-                                 "mount_point": v.mount_point} for v in volumes],
-                    "launch": {"hostname": workspace_id, "env": {}}}
+                return CreateSpec(
+                    instance_id=instance_id, workspace_id=workspace_id,
+                    template=TemplateRef(**template), cpu_millis=body.cpu_millis,
+                    memory_bytes=body.memory_bytes,
+                    layer=LayerRef(pool_id=entry.default_pool.pool_id, ref=layer_ref,
+                                   capacity_bytes=body.layer_size_bytes, epoch=1,
+                                   create=True),
+                    volumes=[VolumeRef(volume_id=v.volume_id, pool_id=v.right.pool_id,
+                                       epoch=v.right.epoch_for(entry.node_id),
+                                       mount_point=v.mount_point) for v in volumes],
+                    launch=LaunchArgs(hostname=workspace_id, env={}))
 
             def commit(node_id: str, instance_id: str) -> Callable[[Session], dict[str, Any]]:
                 pool = self.runtime.index.nodes[node_id].default_pool
@@ -180,22 +189,22 @@ class WorkspaceService:
                 demand = Demand(plan.cpu_millis, plan.memory_bytes,
                                 frozenset(r.pool_id for r in plan.rights), plan.labels)
 
-                def args(entry: NodeEntry, instance_id: str) -> dict[str, Any]:
+                def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
                     layers = [r for r in plan.rights if r.kind == "retained_layer"]
                     layer = layers[0]
-                    return {
-                        "instance_id": instance_id, "workspace_id": workspace_id,
-                        "template": plan.template, "cpu_millis": plan.cpu_millis,
-                        "memory_bytes": plan.memory_bytes,
-                        "layer": {"pool_id": layer.pool_id, "ref": layer.object_id,
-                                  "capacity_bytes": plan.layer_size_bytes,
-                                  "epoch": layer.epoch_for(entry.node_id), "create": False},
-                        "volumes": [{"volume_id": r.object_id, "pool_id": r.pool_id,
-                                     "epoch": r.epoch_for(entry.node_id),
-                                     "mount_point": mounts.get(
-                                         r.object_id, default_mount_point(r.object_id))}
-                                    for r in plan.rights if r.kind == "volume"],
-                        "launch": {"hostname": workspace_id, "env": {}}}
+                    return CreateSpec(
+                        instance_id=instance_id, workspace_id=workspace_id,
+                        template=TemplateRef(**plan.template), cpu_millis=plan.cpu_millis,
+                        memory_bytes=plan.memory_bytes,
+                        layer=LayerRef(pool_id=layer.pool_id, ref=layer.object_id,
+                                       capacity_bytes=plan.layer_size_bytes,
+                                       epoch=layer.epoch_for(entry.node_id), create=False),
+                        volumes=[VolumeRef(volume_id=r.object_id, pool_id=r.pool_id,
+                                           epoch=r.epoch_for(entry.node_id),
+                                           mount_point=mounts.get(
+                                               r.object_id, default_mount_point(r.object_id)))
+                                 for r in plan.rights if r.kind == "volume"],
+                        launch=LaunchArgs(hostname=workspace_id, env={}))
 
                 def commit(node_id: str,
                            instance_id: str) -> Callable[[Session], dict[str, Any]]:

@@ -26,6 +26,7 @@ from kibotos.ctrl.pools import operator_writes as pool_ops
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import volume_attach as va
 from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
+from kibotos.protocol import Args, DestroyArgs, DrainArgs, LayerDeleteArgs, StopArgs
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 
@@ -71,17 +72,16 @@ class WorkspaceTasks:
                 self.runtime.spawn(self.stop if state == w.STOPPING else self.delete,
                                    workspace_id)
 
-    async def _call(self, node_id: str, kind: str, args: dict[str, object],
-                    timeout: float) -> dict[str, object] | None:
+    async def _call(self, node_id: str, args: Args, timeout: float
+                    ) -> dict[str, object] | None:
         """A node command; None when the node cannot be reached right now."""
         if not self.ctx.sessions.is_alive(node_id):
             return None
         try:
-            result: dict[str, object] = await self.ctx.sessions.call(node_id, kind, args,
-                                                                      timeout)
+            result: dict[str, object] = await self.ctx.sessions.call(node_id, args, timeout)
             return result
         except (Unavailable, DeadlineExceeded) as exc:
-            log.info("node %s: %s not done yet: %s", node_id, kind, exc.message)
+            log.info("node %s: %s not done yet: %s", node_id, args.KIND, exc.message)
             return None
 
     # ------------------------------------------------------------------ stop
@@ -102,9 +102,8 @@ class WorkspaceTasks:
                 return
             try:
                 result = await self._call(
-                    node_id, "instance.stop",
-                    {"instance_id": instance_id, "force": force,
-                     "deadline_s": STOP_DEADLINE_S},
+                    node_id, StopArgs(instance_id=instance_id, force=force,
+                                      deadline_s=STOP_DEADLINE_S),
                     STOP_DEADLINE_S + STOP_MARGIN_S)
             except NotFound:
                 result = {"confirmed_on_disk": False}  # nothing of it is on the node
@@ -134,8 +133,8 @@ class WorkspaceTasks:
                 return
             progressed = False
             if state.executing and state.instance_id and state.node_id:
-                result = await self._call(state.node_id, "instance.destroy",
-                                          {"instance_id": state.instance_id},
+                result = await self._call(state.node_id,
+                                          DestroyArgs(instance_id=state.instance_id),
                                           DESTROY_TIMEOUT)
                 if result is not None:
                     await store.write(partial(tx.instance_destroyed, workspace_id=workspace_id,
@@ -167,9 +166,8 @@ class WorkspaceTasks:
                                           now=now()))
         if epoch is None:
             return True
-        result = await self._call(node_id, "layer.delete",
-                                  {"pool_id": right.pool_id, "ref": right.object_id,
-                                   "epoch": epoch}, LAYER_DELETE_TIMEOUT)
+        result = await self._call(node_id, LayerDeleteArgs(
+            pool_id=right.pool_id, ref=right.object_id, epoch=epoch), LAYER_DELETE_TIMEOUT)
         if result is None:
             return False
         await store.write(partial(tx.object_deleted, kind=right.kind,
@@ -208,22 +206,20 @@ class WorkspaceTasks:
             return
         log.info("node %s: destroying Instance %s, which ctrl has no record of",
                  node_id, instance_id)
-        await self._call(node_id, "instance.destroy", {"instance_id": instance_id},
-                         DESTROY_TIMEOUT)
+        await self._call(node_id, DestroyArgs(instance_id=instance_id), DESTROY_TIMEOUT)
 
     async def discard(self, node_id: str, instance_id: str) -> None:
         """Destroy an Instance ctrl knows but no longer wants (not its Workspace's
         current one) and record that nothing of it is left."""
         log.info("node %s: destroying Instance %s, which is no longer wanted",
                  node_id, instance_id)
-        if await self._call(node_id, "instance.destroy", {"instance_id": instance_id},
+        if await self._call(node_id, DestroyArgs(instance_id=instance_id),
                             DESTROY_TIMEOUT) is not None:
             await self.store.write(partial(
                 tx.instance_discarded, instance_id=instance_id, now=self.ctx.now()))
 
     async def tell_drain(self, node_id: str, requested: bool) -> None:
-        result = await self._call(node_id, "node.drain", {"requested": requested},
-                                  DRAIN_TIMEOUT)
+        result = await self._call(node_id, DrainArgs(requested=requested), DRAIN_TIMEOUT)
         if result is None:
             log.info("node %s: drain=%s not delivered now; the next welcome carries it",
                      node_id, requested)

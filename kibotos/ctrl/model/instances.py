@@ -34,15 +34,17 @@ from kibotos.ctrl.pools import handoffs, use_rights
 from kibotos.ctrl.store.models import Allocation, Instance, Workspace
 from kibotos.ctrl.wire.base import as_utc, iso, parse_time
 from kibotos.errors import KibotosError
+from kibotos.protocol import InstanceStatus
 
-# The node's Instance states.
-I_CREATING = "CREATING"
-I_RUNNING = "RUNNING"
-I_STOPPING = "STOPPING"
-I_STOPPED = "STOPPED"
-I_FAILED = "FAILED"
-I_DESTROYED = "DESTROYED"
-INSTANCE_STATES = (I_CREATING, I_RUNNING, I_STOPPING, I_STOPPED, I_FAILED, I_DESTROYED)
+# The node's Instance states, by their short names here (plain strings, as the store
+# keeps them); their one definition is `kibotos.protocol.InstanceStatus`.
+I_CREATING = InstanceStatus.CREATING.value
+I_RUNNING = InstanceStatus.RUNNING.value
+I_STOPPING = InstanceStatus.STOPPING.value
+I_STOPPED = InstanceStatus.STOPPED.value
+I_FAILED = InstanceStatus.FAILED.value
+I_DESTROYED = InstanceStatus.DESTROYED.value
+INSTANCE_STATES = tuple(s.value for s in InstanceStatus)
 #: The node's reason for a VMM the kernel's OOM killer ended.
 NODE_OOM_REASON = "oom_killed"
 

@@ -19,20 +19,20 @@ from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.pools import facts as pool_facts
 from kibotos.ctrl.store.models import Identity, Node
 from kibotos.ctrl.wire.base import parse_time
-from kibotos.ctrl.wire.session import Hello, ReportFields
+from kibotos.protocol import Hello, RejectReason, ReportFields
 
 
 @dataclass(frozen=True)
 class Verdict:
     accepted: bool
-    reason: str | None = None
+    reason: RejectReason | None = None
     message: str | None = None
     overcommit: dict[str, Any] | None = None
     cleared_isolate: bool = False
     drain_requested: bool = False
 
 
-def _reject(reason: str, message: str) -> Verdict:
+def _reject(reason: RejectReason, message: str) -> Verdict:
     return Verdict(False, reason, message)
 
 
@@ -55,26 +55,27 @@ def evaluate_hello(session: Session, identity_id: str, hello: Hello, session_id:
     identity = session.get(Identity, identity_id)
     if identity is None or identity.node_id != hello.node_id:
         owner = identity.node_id if identity is not None else None
-        return _reject("not_admitted",
+        return _reject(RejectReason.NOT_ADMITTED,
                        f"this identity belongs to node {owner}, not {hello.node_id}")
     node = session.get(Node, hello.node_id, with_for_update=True)
     if node is None:
-        return _reject("not_admitted", f"node {hello.node_id} is not registered")
+        return _reject(RejectReason.NOT_ADMITTED, f"node {hello.node_id} is not registered")
     inc = hello.incarnation
     if node.isolated_incarnation is not None and inc <= node.isolated_incarnation:
         nodes.record_event(session, now, node.node_id, "session.rejected",
                            {"reason": "isolated", "incarnation": inc})
         return _reject(
-            "isolated",
+            RejectReason.ISOLATED,
             f"incarnation {inc} of node {node.node_id} was isolated (isolated incarnation "
             f"{node.isolated_incarnation}): destroy every Instance and restart")
     if node.retired_at is not None:
-        return _reject("not_admitted", f"node {node.node_id} is retired")
+        return _reject(RejectReason.NOT_ADMITTED, f"node {node.node_id} is retired")
     if identity.revoked_at is not None or node.admission != "admitted":
-        return _reject("not_admitted", f"the identity of node {node.node_id} was revoked")
+        return _reject(RejectReason.NOT_ADMITTED,
+                       f"the identity of node {node.node_id} was revoked")
     if node.incarnation is not None and inc < node.incarnation:
         return _reject(
-            "stale_incarnation",
+            RejectReason.STALE_INCARNATION,
             f"incarnation {inc} is older than the latest seen ({node.incarnation})")
     cleared = False
     if node.isolated_incarnation is not None:

@@ -16,8 +16,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kibotos import ids, units
+from kibotos import units
 from kibotos.errors import InvalidArgument
+from kibotos.protocol.ids import CommandId, Digest, NodeId
 
 # ----------------------------------------------------------------------------- time
 
@@ -68,12 +69,7 @@ class Request(BaseModel):
 class WriteRequest(Request):
     """Every write may carry a command ID; replaying it returns the stored result."""
 
-    command_id: str | None = None
-
-    @field_validator("command_id")
-    @classmethod
-    def _command_id(cls, v: str | None) -> str | None:
-        return None if v is None else _as_value_error(ids.check_command_id, v)
+    command_id: CommandId | None = None
 
 
 class VersionedWrite(WriteRequest):
@@ -89,14 +85,9 @@ class ExchangeIn(Request):
 
 class GrantCreateIn(WriteRequest):
     kind: Literal["node", "operator"]
-    node_id: str | None = None
+    node_id: NodeId | None = None
     name: str | None = Field(default=None, min_length=1, max_length=128)
     expires_in_s: float | None = Field(default=None, gt=0, le=366 * 86400)
-
-    @field_validator("node_id")
-    @classmethod
-    def _node_id(cls, v: str | None) -> str | None:
-        return None if v is None else _as_value_error(ids.check_node_id, v)
 
     @model_validator(mode="after")
     def _kind_node(self) -> GrantCreateIn:
@@ -166,16 +157,10 @@ class TemplatePutIn(VersionedWrite):
     """Point a Template name at three blobs.  `expected_version` is the Template's
     revision; 0 means "only if no Template has this name yet"."""
 
-    image_digest: str
-    kernel_digest: str
-    initramfs_digest: str
+    image_digest: Digest
+    kernel_digest: Digest
+    initramfs_digest: Digest
     source: dict[str, Any] | None = None
-
-    @field_validator("image_digest", "kernel_digest", "initramfs_digest")
-    @classmethod
-    def _digest(cls, v: str) -> str:
-        checked: str = _as_value_error(ids.check_digest, v)
-        return checked
 
     @field_validator("source")
     @classmethod

@@ -9,31 +9,21 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from kibotos import ids
 from kibotos.ctrl.model.workspace_records import check_labels
 from kibotos.ctrl.wire.base import Result, WriteRequest, _as_value_error
-from kibotos.ctrl.wire.volumes import VolumeOut, _pool, _volume_id
+from kibotos.ctrl.wire.volumes import VolumeOut
+from kibotos.protocol.ids import Digest, PoolId, VolumeId
 
 
 class TransferExportIn(WriteRequest):
-    volume_id: str
-
-    _vid = field_validator("volume_id")(lambda v: _volume_id(v))
+    volume_id: VolumeId
 
 
 class TransferImportIn(WriteRequest):
-    artifact_digest: str
+    artifact_digest: Digest
     #: None: the one default pool of the nodes that can take it.
-    pool_id: str | None = None
+    pool_id: PoolId | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-
-    _pool_id = field_validator("pool_id")(lambda v: _pool(v))
-
-    @field_validator("artifact_digest")
-    @classmethod
-    def _digest(cls, v: str) -> str:
-        checked: str = _as_value_error(ids.check_digest, v)
-        return checked
 
     @field_validator("labels")
     @classmethod

@@ -12,9 +12,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from kibotos import ids, volume_mounts
+from kibotos import volume_mounts
 from kibotos.ctrl.model import workspace_records as workspaces
 from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest, _as_value_error
+from kibotos.protocol.ids import PoolId, VolumeId, WorkspaceId
 
 MIB = 1 << 20
 MIN_VOLUME_BYTES = 64 * MIB
@@ -32,22 +33,11 @@ def whole_mib(value: int, what: str, minimum: int) -> int:
     return value
 
 
-def _volume_id(value: str) -> str:
-    checked: str = _as_value_error(lambda v: ids.check_object_id(v, "volume ID"), value)
-    return checked
-
-
-def _pool(value: str | None) -> str | None:
-    return None if value is None else _as_value_error(ids.check_pool_id, value)
-
-
 class VolumeAttachIn(Request):
     """One Volume of a Workspace create: the Volume and where the guest mounts it."""
 
-    volume_id: str
+    volume_id: VolumeId
     mount_point: str | None = None
-
-    _vid = field_validator("volume_id")(lambda v: _volume_id(v))
 
     @field_validator("mount_point")
     @classmethod
@@ -74,11 +64,9 @@ def check_attachments(items: list[VolumeAttachIn]) -> list[VolumeAttachIn]:
 
 class VolumeCreateIn(WriteRequest):
     #: None: the one default pool of the nodes that can create it.
-    pool_id: str | None = None
+    pool_id: PoolId | None = None
     capacity_bytes: int
     labels: dict[str, str] = Field(default_factory=dict)
-
-    _pool_id = field_validator("pool_id")(lambda v: _pool(v))
 
     @field_validator("capacity_bytes")
     @classmethod
@@ -106,26 +94,16 @@ class ExpandIn(VersionedWrite):
 class MoveIn(VersionedWrite):
     """Move a Volume or a writable layer into another pool."""
 
-    pool_id: str
-
-    _pool_id = field_validator("pool_id")(lambda v: _as_value_error(ids.check_pool_id, v))
+    pool_id: PoolId
 
 
 class VolumeListQuery(Request):
-    pool_id: str | None = None
-    workspace_id: str | None = None
+    pool_id: PoolId | None = None
+    workspace_id: WorkspaceId | None = None
     #: Also DELETED Volumes.
     deleted: bool = False
     page_size: int = Field(default=100, ge=1, le=500)
     page_token: str | None = None
-
-    _pool_id = field_validator("pool_id")(lambda v: _pool(v))
-
-    @field_validator("workspace_id")
-    @classmethod
-    def _ws(cls, v: str | None) -> str | None:
-        return None if v is None else _as_value_error(
-            lambda x: ids.check_object_id(x, "workspace ID"), v)
 
 
 class VolumeGetQuery(Request):

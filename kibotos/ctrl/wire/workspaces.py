@@ -7,40 +7,30 @@ and check every documented shape before the command journal sees them.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from kibotos import ids
 from kibotos.ctrl.model import workspace_records as workspaces
 from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest, _as_value_error
 from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments
 from kibotos.errors import InvalidArgument
+from kibotos.protocol.commands.instances import MAX_VOLUMES
+from kibotos.protocol.ids import InstanceId, NodeId, TemplateName
+from kibotos.protocol.values import (
+    MAX_INSTANCE_CPU_MILLIS,
+    MIN_INSTANCE_MEMORY,
+    InstanceCpuMillis,
+    InstanceMemory,
+)
 
 MIB = 1 << 20
 DEFAULT_CPU_MILLIS = 1000
 DEFAULT_MEMORY_BYTES = 1 << 30
 DEFAULT_LAYER_SIZE_BYTES = 10 << 30
-MIN_MEMORY_BYTES = 64 * MIB
+MIN_MEMORY_BYTES = MIN_INSTANCE_MEMORY
 MIN_LAYER_SIZE_BYTES = 64 * MIB
-MAX_CPU_MILLIS = 1_000_000
-
-# Template names are shaped like pool IDs (docs/architecture.md, "Templates").
-_TEMPLATE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?")
-
-
-def check_template_name(value: str) -> str:
-    if not _TEMPLATE_NAME.fullmatch(value):
-        raise InvalidArgument(
-            f"invalid template name {value!r}: must be 1-63 lowercase letters, digits, '-' "
-            "and '.', not starting or ending with a separator")
-    return value
-
-
-def _node(value: str | None) -> str | None:
-    return None if value is None else _as_value_error(ids.check_node_id, value)
-
+MAX_CPU_MILLIS = MAX_INSTANCE_CPU_MILLIS
 
 def _whole_mib(value: int, what: str, minimum: int) -> int:
     if value < minimum:
@@ -51,29 +41,22 @@ def _whole_mib(value: int, what: str, minimum: int) -> int:
 
 
 class WorkspaceCreateIn(WriteRequest):
-    template: str
+    template: TemplateName
     labels: dict[str, str] = Field(default_factory=dict)
-    node_id: str | None = None
-    cpu_millis: int = Field(default=DEFAULT_CPU_MILLIS, ge=1, le=MAX_CPU_MILLIS)
-    memory_bytes: int = DEFAULT_MEMORY_BYTES
+    node_id: NodeId | None = None
+    #: The rules of ``instance.create``'s (`kibotos.protocol`): a Workspace that passes
+    #: them is one every node boots.
+    cpu_millis: InstanceCpuMillis = DEFAULT_CPU_MILLIS
+    memory_bytes: InstanceMemory = DEFAULT_MEMORY_BYTES
     layer_size_bytes: int = DEFAULT_LAYER_SIZE_BYTES
     #: Volumes to attach, each with its guest mount point (docs/storage.md, "Volumes").
-    volumes: list[VolumeAttachIn] = Field(default_factory=list, max_length=16)
-
-    _template = field_validator("template")(
-        lambda v: _as_value_error(check_template_name, v))
-    _node_id = field_validator("node_id")(lambda v: _node(v))
+    volumes: list[VolumeAttachIn] = Field(default_factory=list, max_length=MAX_VOLUMES)
 
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         checked: dict[str, str] = _as_value_error(workspaces.check_labels, v)
         return checked
-
-    @field_validator("memory_bytes")
-    @classmethod
-    def _memory(cls, v: int) -> int:
-        return _whole_mib(v, "memory_bytes", MIN_MEMORY_BYTES)
 
     @field_validator("layer_size_bytes")
     @classmethod
@@ -87,9 +70,7 @@ class WorkspaceCreateIn(WriteRequest):
 
 
 class WorkspaceStartIn(VersionedWrite):
-    node_id: str | None = None
-
-    _node_id = field_validator("node_id")(lambda v: _node(v))
+    node_id: NodeId | None = None
 
 
 class WorkspaceStopIn(VersionedWrite):
@@ -148,18 +129,10 @@ class WorkspaceListQuery(Request):
 
 
 class LocationQuery(Request):
-    node_id: str | None = None
-    instance_id: str | None = None
+    node_id: NodeId | None = None
+    instance_id: InstanceId | None = None
     page_size: int = Field(default=100, ge=1, le=500)
     page_token: str | None = None
-
-    _node_id = field_validator("node_id")(lambda v: _node(v))
-
-    @field_validator("instance_id")
-    @classmethod
-    def _instance(cls, v: str | None) -> str | None:
-        return None if v is None else _as_value_error(
-            lambda x: ids.check_object_id(x, "instance ID"), v)
 
     @model_validator(mode="after")
     def _one(self) -> LocationQuery:
@@ -174,9 +147,7 @@ class WorkspaceGetQuery(Request):
 
 
 class MoveCheckQuery(Request):
-    node_id: str
-
-    _node_id = field_validator("node_id")(lambda v: _node(v))
+    node_id: NodeId
 
 
 # ------------------------------------------------------------------------ results

@@ -41,6 +41,7 @@ from kibotos.node.instances.contract import (
     InstanceManager,
     StateFeed,
 )
+from kibotos.protocol import Welcome
 
 DATAPLANE_SOCKET = "agent-dp.sock"
 
@@ -93,10 +94,10 @@ class DataplaneTargets:
             await nursery.start(self.follow)
             task_status.started()
 
-    async def on_welcome(self, welcome: dict[str, Any]) -> None:
+    async def on_welcome(self, welcome: Welcome) -> None:
         """ctrl's public key, handed to the data plane before the node goes on."""
-        key = welcome.get("session_signing_public_key")
-        if not isinstance(key, str):
+        key = welcome.session_signing_public_key
+        if key is None:
             return  # a ctrl that issues no credentials
         try:
             await self.dataplane.set_public_key(key)

@@ -20,12 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kibotos.logs import EventLogger
+from kibotos.protocol import ClockReply, SyncStatus
 
 log = EventLogger()
 
-SYNCHRONIZED = "synchronized"
-UNSYNCHRONIZED = "unsynchronized"
-UNKNOWN = "unknown"
+SYNCHRONIZED = SyncStatus.SYNCHRONIZED.value
+UNSYNCHRONIZED = SyncStatus.UNSYNCHRONIZED.value
+UNKNOWN = SyncStatus.UNKNOWN.value
 
 _TIME_ERROR = 5
 _STA_UNSYNC = 0x0040
@@ -125,8 +126,7 @@ class NodeClock:
     def sync_status(self) -> str:
         return self._sync_status()
 
-    def reply(self, probe_id: object) -> dict[str, object]:
+    def reply(self, probe_id: int) -> ClockReply:
         """The ``clock_reply`` frame: the time is read last, closest to the send."""
-        status = self.sync_status()
-        return {"type": "clock_reply", "id": probe_id, "node_time": self.now(),
-                "sync_status": status}
+        status = SyncStatus(self.sync_status())
+        return ClockReply(id=probe_id, node_time=float(self.now()), sync_status=status)

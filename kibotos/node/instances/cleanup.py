@@ -29,6 +29,7 @@ from kibotos.node.instances.contract import DESTROYED
 from kibotos.node.instances.lifecycle import Instance, Launcher
 from kibotos.node.records import instance_records as records
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES
+from kibotos.protocol.values import clip
 
 log = EventLogger()
 
@@ -65,7 +66,7 @@ class Pending:
 
 def held_parts(inst: Instance, error: KibotosError) -> list[dict[str, str]]:
     """What a stuck release still holds, by cleanup item."""
-    parts = [{"item": "RUNTIME", "part": error.message}]
+    parts = [{"item": "RUNTIME", "part": clip(error.message) or ""}]
     if not inst.released:
         parts.extend({"item": "VOLUME_ATTACHMENT",
                       "part": f"{KIND_NAMES.get(h.kind, h.kind)} {h.object_id} of pool "

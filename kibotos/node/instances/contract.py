@@ -19,17 +19,19 @@ from typing import Any, Protocol
 
 import trio
 
-#: Instance states as the node reports them (docs/architecture.md).
-CREATING = "CREATING"
-RUNNING = "RUNNING"
-STOPPING = "STOPPING"
-STOPPED = "STOPPED"
-FAILED = "FAILED"
-DESTROYED = "DESTROYED"
-STATES = (CREATING, RUNNING, STOPPING, STOPPED, FAILED, DESTROYED)
-#: States in which an Instance still holds its CPU and memory on the node (a FAILED one
-#: keeps them until it is destroyed or stopped with force).
-HOLDING_STATES = frozenset({CREATING, RUNNING, STOPPING, FAILED})
+from kibotos.protocol import HOLDING_STATES as HOLDING_STATES
+from kibotos.protocol import InstanceStatus
+from kibotos.protocol.values import clip
+
+#: Instance states as the node reports them, by their short names here: their one
+#: definition is `kibotos.protocol.InstanceStatus`.
+CREATING = InstanceStatus.CREATING.value
+RUNNING = InstanceStatus.RUNNING.value
+STOPPING = InstanceStatus.STOPPING.value
+STOPPED = InstanceStatus.STOPPED.value
+FAILED = InstanceStatus.FAILED.value
+DESTROYED = InstanceStatus.DESTROYED.value
+STATES = tuple(s.value for s in InstanceStatus)
 
 CommandHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -47,7 +49,8 @@ class InstanceSummary:
 
     def to_wire(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "workspace_id": self.workspace_id,
-                "state": self.state, "reason": self.reason, "objects": list(self.objects)}
+                "state": self.state, "reason": clip(self.reason),
+                "objects": list(self.objects)}
 
 
 @dataclass(frozen=True)

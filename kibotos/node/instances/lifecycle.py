@@ -45,7 +45,6 @@ from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.guest import GuestChannel, LaunchConfig, open_guest_channel
 from kibotos.logs import EventLogger
 from kibotos.node.host.vmstats import read_process
-from kibotos.node.instances.commands import CreateSpec
 from kibotos.node.instances.contract import CREATING, HOLDING_STATES
 from kibotos.node.records import instance_records as records
 from kibotos.node.records.attachments import Attachments
@@ -54,6 +53,7 @@ from kibotos.node.runtime.build_identity import current as current_build
 from kibotos.node.runtime.guest_volumes import guest_volumes
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 from kibotos.node.storage.templates import TemplateSource, link_into
+from kibotos.protocol import CreateSpec
 from kibotos.vmm_ready import first_kibotos_error
 
 log = EventLogger()

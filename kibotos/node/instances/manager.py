@@ -39,7 +39,6 @@ from kibotos.node.instances import adoption
 from kibotos.node.instances.adoption_background import TAKEOVER_POOL_WAIT, Takeover
 from kibotos.node.instances.cleanup import STUCK_ERRORS, PendingCleanups
 from kibotos.node.instances.commands import (
-    CreateSpec,
     TransferTarget,
     command_handlers,
     transfer_handlers,
@@ -64,6 +63,8 @@ from kibotos.node.runtime import installations
 from kibotos.node.storage.holder_watch import HolderWatch
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES
 from kibotos.node.storage.volume_ops import NodeStorage
+from kibotos.protocol import CreateSpec, GuestFacts, InstanceState
+from kibotos.protocol.values import clip
 
 log = EventLogger()
 
@@ -423,13 +424,16 @@ class VmInstanceManager:
         self._publish(inst)
 
     def _publish(self, inst: Instance, extra: dict[str, Any] | None = None) -> None:
+        """Publish the Instance's ``instance_state`` frame (built as the protocol's
+        `InstanceState`, so a field the node gets wrong fails here, not at ctrl);
+        `extra` adds fields (a stuck release's ``cleanup``)."""
         frame: dict[str, Any] = {"type": "instance_state", "instance_id": inst.instance_id,
                                  "workspace_id": inst.spec.workspace_id, "state": inst.state,
-                                 "reason": inst.reason, "at": records.now_iso(),
+                                 "reason": clip(inst.reason), "at": records.now_iso(),
                                  "objects": inst.objects_wire(), **(extra or {})}
         if inst.state == RUNNING and inst.guest is not None:
-            frame["guest"] = inst.guest
-        self._feed.publish(frame)
+            frame["guest"] = GuestFacts.from_guest(inst.guest).to_wire()
+        self._feed.publish(InstanceState.model_validate(frame).to_wire())
         self._changed()
 
     # ------------------------------------------------------------------ background

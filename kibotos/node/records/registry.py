@@ -27,20 +27,28 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from pydantic import Field
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition
 from kibotos.logs import EventLogger
-from kibotos.node.instances.commands import InstanceId, _Args, parse_args
 from kibotos.node.instances.contract import CommandHandler
 from kibotos.node.records import instance_records as records
+from kibotos.protocol import LIST_LIMIT as LIST_LIMIT
+from kibotos.protocol import (
+    LayerDeleteArgs,
+    ObjectCopyArgs,
+    ObjectExpandArgs,
+    ObjectExportArgs,
+    ObjectImportArgs,
+    RegistryDeleteArgs,
+    RegistryListArgs,
+    VolumeCreateArgs,
+    VolumeDeleteArgs,
+    parse_args,
+)
 
 log = EventLogger()
 
-#: At most this many records per ``registry.list`` / ``registry.delete`` (spec: ctrl
-#: handles at most 100 records per node each time).
-LIST_LIMIT = 100
 VOLUME_COMMANDS = "volume-commands.json"
 VOLUME_COMMAND_KEEP_S = 24 * 3600.0
 #: The cleanup items a registry entry reports (ctrl's ``cleanup-status`` items).
@@ -181,36 +189,28 @@ def wire_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
             "cleanup": {k: cleanup.get(k) for k in (*ITEMS, "observed_at")}}
 
 
-class ListArgs(_Args):
-    limit: int = Field(default=LIST_LIMIT, ge=1, le=LIST_LIMIT)
-
-
-class DeleteArgs(_Args):
-    instance_ids: list[InstanceId] = Field(max_length=LIST_LIMIT)
-
-
 def registry_handlers(registry: Registry) -> dict[str, CommandHandler]:
     """``registry.list{limit}`` → ``{entries, more}``; ``registry.delete{instance_ids}``
     → ``{deleted}`` (docs/architecture.md)."""
 
     async def list_(args: dict[str, Any]) -> dict[str, Any]:
-        parsed = parse_args(ListArgs, "registry.list", args)
+        parsed = parse_args(RegistryListArgs, args)
         entries, more = await trio.to_thread.run_sync(registry.entries, parsed.limit)
         return {"entries": entries, "more": more}
 
     async def delete(args: dict[str, Any]) -> dict[str, Any]:
-        parsed = parse_args(DeleteArgs, "registry.delete", args)
+        parsed = parse_args(RegistryDeleteArgs, args)
         deleted = await trio.to_thread.run_sync(registry.delete, parsed.instance_ids)
         return {"deleted": deleted}
 
-    return {"registry.list": list_, "registry.delete": delete}
+    return {RegistryListArgs.KIND: list_, RegistryDeleteArgs.KIND: delete}
 
 
 #: The Volume, writable-layer and Template preparation commands whose results go to
 #: ``volume-commands.json``.
-PREPARATION_KINDS = frozenset({"layer.delete", "volume.create", "volume.delete",
-                               "object.expand", "object.copy", "object.export",
-                               "object.import"})
+PREPARATION_KINDS = frozenset(cls.KIND for cls in (
+    LayerDeleteArgs, VolumeCreateArgs, VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs,
+    ObjectExportArgs, ObjectImportArgs))
 
 
 def command_key(args: Mapping[str, Any]) -> str:

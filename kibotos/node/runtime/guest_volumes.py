@@ -15,7 +15,7 @@ from typing import Any
 
 from kibotos.errors import FailedPrecondition
 from kibotos.guest import Volume
-from kibotos.node.instances.commands import CreateSpec
+from kibotos.protocol import CreateSpec
 
 
 def guest_volumes(backend: object, launch: Mapping[str, Any] | None, spec: CreateSpec

@@ -40,6 +40,31 @@ from kibotos.node.instances.contract import InstanceManager
 from kibotos.node.session.backoff import Backoff
 from kibotos.node.session.identity import NodeIdentity
 from kibotos.node.session.report import ReportBoard
+from kibotos.protocol import (
+    Amount,
+    ClockProbe,
+    Close,
+    CloseReason,
+    Command,
+    CommandError,
+    CommandResult,
+    Hello,
+    Message,
+    Overcommit,
+    OvercommitAck,
+    Ping,
+    ProtocolError,
+    Ratios,
+    Rejected,
+    RejectReason,
+    Report,
+    Usage,
+    UsageRequest,
+    Welcome,
+    encode,
+    parse,
+)
+from kibotos.protocol.values import MAX_ERROR_MESSAGE
 
 log = EventLogger()
 
@@ -128,7 +153,7 @@ class ControlSession:
         board: ReportBoard,
         instances: InstanceManager,
         on_established: Callable[[], None] | None = None,
-        on_welcome: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        on_welcome: Callable[[Welcome], Awaitable[None]] | None = None,
         timing: SessionTiming = DEFAULT_TIMING,
         ssl_context: ssl.SSLContext | None = None,
         pools: Callable[[], list[dict[str, Any]]] | None = None,
@@ -200,20 +225,19 @@ class ControlSession:
 
     # ------------------------------------------------------------------ one connection
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> Hello:
         cfg = self.config
-        return {
-            "type": "hello",
-            "node_id": cfg.node.id,
-            "incarnation": self.incarnation,
-            "release_version": self.release,
-            "source_revision": SOURCE_REVISION,
-            "resources": {"cpu_millis": cfg.resources.cpu_millis,
-                          "memory_bytes": cfg.resources.memory_bytes},
-            "report": self.board.report(),
-            "dataplane_address": cfg.node.dataplane_listen,
-            "facts": self.facts(),
-        }
+        return Hello(
+            node_id=cfg.node.id,
+            incarnation=self.incarnation,
+            release_version=self.release,
+            source_revision=SOURCE_REVISION,
+            resources=Amount(cpu_millis=cfg.resources.cpu_millis,
+                             memory_bytes=cfg.resources.memory_bytes),
+            report=self.board.report(),
+            dataplane_address=cfg.node.dataplane_listen,
+            facts=self.facts(),
+        )
 
     def facts(self) -> dict[str, Any]:
         """What hello and each report say about the node's pools: availability can
@@ -275,9 +299,14 @@ class ControlSession:
     async def _on_first(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "rejected":
-            reason = str(msg.get("reason"))
-            message = str(msg.get("message", ""))
-            if reason == "isolated":
+            try:
+                rejected = parse(Rejected, msg)
+            except ProtocolError as exc:
+                log.error("ctrl rejected the session", error=str(exc),
+                          incarnation=self.incarnation)
+                raise _Drop(f"rejected: {exc}", slow=True) from None
+            reason, message = rejected.reason, rejected.message
+            if reason is RejectReason.ISOLATED:
                 log.error("ctrl says this node was isolated: destroying all Instances and "
                           "exiting for a restart with a new incarnation",
                           incarnation=self.incarnation, message=message)
@@ -286,27 +315,31 @@ class ControlSession:
                 log.error("Instances destroyed after isolate", count=destroyed)
                 raise NodeIsolated(f"node {self.config.node.id} was isolated at incarnation "
                                    f"{self.incarnation}: {message}")
-            log.error("ctrl rejected the session", reason=reason, message=message,
+            log.error("ctrl rejected the session", reason=reason.value, message=message,
                       incarnation=self.incarnation)
-            raise _Drop(f"rejected: {reason}: {message}", slow=True)
-        if kind != "welcome" or not isinstance(msg.get("session_id"), str):
+            raise _Drop(f"rejected: {reason.value}: {message}", slow=True)
+        if kind != "welcome":
             raise _Drop(f"expected welcome or rejected, got {kind!r}")
+        try:
+            welcome = parse(Welcome, msg)
+        except ProtocolError as exc:
+            raise _Drop(str(exc)) from None
         self.backoff.reset()
         if self.on_established is not None:
             self.on_established()
         self.status.connected = True
-        self.status.session_id = msg["session_id"]
+        self.status.session_id = welcome.session_id
         self.status.established += 1
         self.status.last_refusal = None
         self.status._touch()
-        log.info("control session established", session_id=msg["session_id"],
+        log.info("control session established", session_id=welcome.session_id,
                  incarnation=self.incarnation, url=self.url)
-        if isinstance(msg.get("drain_requested"), bool):
-            self.instances.set_drain_requested(msg["drain_requested"])
+        if welcome.drain_requested is not None:
+            self.instances.set_drain_requested(welcome.drain_requested)
         if self.on_welcome is not None:
-            await self.on_welcome(msg)
-        if isinstance(msg.get("overcommit"), dict):
-            await self._on_overcommit(ws, msg["overcommit"])
+            await self.on_welcome(welcome)
+        if welcome.overcommit is not None:
+            await self._on_overcommit(ws, welcome.overcommit)
 
     async def _serve(self, ws: WebSocketConnection, seen: int, seen_states: int) -> None:
         """Receive, ping and report until one of them ends the connection."""
@@ -327,50 +360,65 @@ class ControlSession:
             kind = msg.get("type")
             if kind == "pong":
                 continue
-            if kind == "clock_probe":
-                await _send(ws, self.clock.reply(msg.get("id")))
-            elif kind == "usage_request":
-                await _send(ws, {"type": "usage", "id": msg.get("id"),
-                                 "sample": self.sampler.current().to_wire()})
-            elif kind == "overcommit":
-                await self._on_overcommit(ws, msg)
-            elif kind == "command":
-                nursery.start_soon(self._run_command, ws, msg)
-            elif kind == "close":
-                reason = str(msg.get("reason"))
+            if kind == "close":
+                try:
+                    reason = parse(Close, msg).reason.value
+                except ProtocolError:
+                    reason = str(msg.get("reason"))  # a reason of a newer ctrl
                 log.warning("ctrl closed the session", reason=reason)
-                raise _Drop(f"closed by ctrl: {reason}", slow=reason == "revoked")
-            else:
+                raise _Drop(f"closed by ctrl: {reason}", slow=reason == CloseReason.REVOKED)
+            model = _RECEIVED.get(kind) if isinstance(kind, str) else None
+            if model is None:
                 log.warning("ignoring unknown message from ctrl", type=kind)
+                continue
+            try:
+                received = parse(model, msg)
+            except ProtocolError as exc:
+                await self._refuse(ws, msg, exc)
+                continue
+            if isinstance(received, ClockProbe):
+                await _send(ws, self.clock.reply(received.id))
+            elif isinstance(received, UsageRequest):
+                await _send(ws, Usage(id=received.id,
+                                      sample=self.sampler.current().to_wire()))
+            elif isinstance(received, Overcommit):
+                await self._on_overcommit(ws, received)
+            elif isinstance(received, Command):
+                nursery.start_soon(self._run_command, ws, received)
 
-    async def _on_overcommit(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
-        serial = msg.get("serial")
-        if not isinstance(serial, int):
-            log.warning("ignoring overcommit without an integer serial", serial=serial)
-            return
-        self.status.overcommit = {"cpu": msg.get("cpu"), "memory": msg.get("memory"),
-                                  "serial": serial}
+    async def _refuse(self, ws: WebSocketConnection, msg: dict[str, Any],
+                      exc: ProtocolError) -> None:
+        """A malformed frame from ctrl: a command whose ID can be answered gets
+        `invalid_argument`; anything else is logged and ignored, the session stays."""
+        request_id = msg.get("id")
+        if msg.get("type") == "command" and type(request_id) is int and request_id >= 1:
+            await _send(ws, CommandResult(id=request_id, ok=False, error=_error(
+                InvalidArgument(str(exc)))))
+        else:
+            log.warning("ignoring malformed message from ctrl", error=str(exc))
+
+    async def _on_overcommit(self, ws: WebSocketConnection, ratios: Ratios) -> None:
+        self.status.overcommit = {"cpu": ratios.cpu, "memory": ratios.memory,
+                                  "serial": ratios.serial}
         self.status._touch()
-        log.info("overcommit ratios", cpu=msg.get("cpu"), memory=msg.get("memory"),
-                 serial=serial)
-        await _send(ws, {"type": "overcommit_ack", "serial": serial})
+        log.info("overcommit ratios", cpu=ratios.cpu, memory=ratios.memory,
+                 serial=ratios.serial)
+        await _send(ws, OvercommitAck(serial=ratios.serial))
 
-    async def _run_command(self, ws: WebSocketConnection, msg: dict[str, Any]) -> None:
-        command_id, kind = msg.get("id"), msg.get("kind")
-        raw_args = msg.get("args")
-        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
-        handler = self.commands.get(kind) if isinstance(kind, str) else None
-        reply: dict[str, Any] = {"type": "command_result", "id": command_id}
+    async def _run_command(self, ws: WebSocketConnection, command: Command) -> None:
+        kind = command.kind
+        handler = self.commands.get(kind)
         try:
             if handler is None:
                 raise InvalidArgument(f"unknown command kind {kind!r} for this node "
                                       f"(release {self.release})")
-            reply.update(ok=True, result=await handler(args))
+            reply = CommandResult(id=command.id, ok=True, result=await handler(command.args))
         except KibotosError as exc:
-            reply.update(ok=False, error=exc.to_wire()["error"])
+            reply = CommandResult(id=command.id, ok=False, error=_error(exc))
         except Exception as exc:  # a handler bug must not end the session
-            log.error("command failed", id=command_id, kind=kind, error=repr(exc))
-            reply.update(ok=False, error=Internal(f"{kind}: {exc}").to_wire()["error"])
+            log.error("command failed", id=command.id, kind=kind, error=repr(exc))
+            reply = CommandResult(id=command.id, ok=False,
+                                  error=_error(Internal(f"{kind}: {exc}")))
         await _send(ws, reply)
 
     async def _pinger(self, ws: WebSocketConnection) -> None:
@@ -380,15 +428,16 @@ class ControlSession:
             if silent > self.timing.silence_timeout:
                 await ws.aclose()
                 raise _Drop(f"nothing heard from ctrl for {silent:.0f}s")
-            await _send(ws, {"type": "ping"})
+            await _send(ws, Ping())
 
     async def _reporter(self, ws: WebSocketConnection, seen: int) -> None:
         while True:
             seen = await self.board.wait_changed(seen)
             report = self.board.report()
-            await _send(ws, {"type": "report", **report, "facts": self.facts()})
-            log.info("report sent", memory_tight=report["memory_tight"],
-                     instance_count=report["instance_count"])
+            await _send(ws, Report.model_validate({**report.to_wire(),
+                                                   "facts": self.facts()}))
+            log.info("report sent", memory_tight=report.memory_tight,
+                     instance_count=report.instance_count)
 
 
     async def _state_sender(self, ws: WebSocketConnection, seen: int) -> None:
@@ -422,8 +471,20 @@ def _first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return group
 
 
-async def _send(ws: WebSocketConnection, msg: dict[str, Any]) -> None:
-    await ws.send_message(json.dumps(msg))
+#: What ctrl sends that the receiver parses (``pong`` and ``close`` it handles itself;
+#: ``welcome``/``rejected`` come only first).
+_RECEIVED: dict[str, type[Message]] = {
+    cls.type_name(): cls for cls in (ClockProbe, UsageRequest, Overcommit, Command)}
+
+
+def _error(exc: KibotosError) -> CommandError:
+    """``command_result.error`` of `exc` (its message cut to the protocol's ceiling)."""
+    return CommandError.model_validate({**exc.to_wire()["error"],
+                                        "message": exc.message[:MAX_ERROR_MESSAGE]})
+
+
+async def _send(ws: WebSocketConnection, msg: Message | dict[str, Any]) -> None:
+    await ws.send_message(encode(msg))
 
 
 async def _receive(ws: WebSocketConnection) -> dict[str, Any]:

@@ -7,12 +7,11 @@ down while three changes happened sends one report with the state of now.
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
 from kibotos.node.host.usage import MemoryTightness
 from kibotos.node.instances.contract import InstanceManager
+from kibotos.protocol import ReportFields
 
 
 class ReportBoard:
@@ -24,12 +23,13 @@ class ReportBoard:
         self.version = 0
         self._changed = trio.Event()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> ReportFields:
+        """The full report, built as the protocol's `ReportFields`."""
         body = self.instances.holdings().to_wire()
         body["memory_tight"] = self.tightness.tight
         since = self.tightness.since
         body["memory_tight_since"] = since.isoformat() if since else None
-        return body
+        return ReportFields.model_validate(body)
 
     def mark_changed(self) -> None:
         """Called by the sources (sampler on a flip, Instance manager on a count change);

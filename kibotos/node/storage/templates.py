@@ -27,8 +27,8 @@ import trio
 
 from kibotos import ids
 from kibotos.errors import FailedPrecondition, KibotosError
-from kibotos.node.instances.commands import TemplateRef
 from kibotos.node.storage.template_cache import TemplateCache
+from kibotos.protocol import TemplateRef
 
 
 @dataclass(frozen=True)

@@ -346,9 +346,7 @@ class NodeStorage:
 
     async def object_copy(self, kind: str, object_id: str, from_pool_id: str,
                           to_pool_id: str, epoch: int) -> dict[str, Any]:
-        if from_pool_id == to_pool_id:
-            raise InvalidArgument(f"object.copy: from_pool_id and to_pool_id are both "
-                                  f"{from_pool_id}")
+        # Two distinct pools: `ObjectCopyArgs` refused the same one twice.
         sub = KIND_DIRS[kind]
         src, dst = self.pool(from_pool_id, sub), self.pool(to_pool_id, sub)
         keys = ((sub, from_pool_id, object_id), (sub, to_pool_id, object_id))
