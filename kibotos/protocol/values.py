@@ -92,6 +92,8 @@ Epoch = Annotated[StrictInt, Field(ge=0, le=MAX_COUNTER)]
 RequestId = Annotated[StrictInt, Field(ge=1, le=MAX_COUNTER)]
 Serial = Annotated[StrictInt, Field(ge=0, le=MAX_COUNTER)]
 Count = Annotated[StrictInt, Field(ge=0, le=MAX_COUNT)]
+#: Revisions of versioned records (an Egress, a Resolver, a network policy), from 1.
+Revision = Annotated[StrictInt, Field(ge=1, le=MAX_COUNTER)]
 InstanceCpuMillis = Annotated[StrictInt, Field(ge=1, le=MAX_INSTANCE_CPU_MILLIS)]
 InstanceMemory = Annotated[StrictInt, _mib_range(MIN_INSTANCE_MEMORY, MAX_INSTANCE_MEMORY)]
 #: The size of a block file: a whole number of MiB.  ctrl's API asks for at least

@@ -16,6 +16,12 @@ from kibotos.protocol.commands.instances import (
     TemplateRef,
     VolumeRef,
 )
+from kibotos.protocol.commands.network import (
+    EgressRef,
+    NetworkPolicy,
+    ResolverRef,
+    SetNetworkArgs,
+)
 from kibotos.protocol.commands.registry import LIST_LIMIT, RegistryDeleteArgs, RegistryListArgs
 from kibotos.protocol.commands.storage import (
     LayerDeleteArgs,
@@ -49,15 +55,19 @@ __all__ = [
     "CreateSpec",
     "DestroyArgs",
     "DrainArgs",
+    "EgressRef",
     "LaunchArgs",
     "LayerDeleteArgs",
     "LayerRef",
+    "NetworkPolicy",
     "ObjectCopyArgs",
     "ObjectExpandArgs",
     "ObjectExportArgs",
     "ObjectImportArgs",
     "RegistryDeleteArgs",
     "RegistryListArgs",
+    "ResolverRef",
+    "SetNetworkArgs",
     "StopArgs",
     "TemplateRef",
     "VolumeCreateArgs",

@@ -7,12 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictStr, field_validator
 
 from kibotos import volume_mounts
 from kibotos.protocol.commands.base import Args, Part
+from kibotos.protocol.commands.network import NetworkPolicy
 from kibotos.protocol.ids import (
     Digest,
     InstanceId,
@@ -23,7 +24,7 @@ from kibotos.protocol.ids import (
     WorkspaceId,
     as_validator,
 )
-from kibotos.protocol.values import Capacity, Epoch, InstanceCpuMillis, InstanceMemory
+from kibotos.protocol.values import Capacity, Epoch, InstanceCpuMillis, InstanceMemory, Revision
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: ctrl's ceiling on the Volumes of one Workspace.
@@ -83,6 +84,10 @@ class LaunchArgs(Part):
         Field(default_factory=dict)
 
 
+#: Optional `CreateSpec` fields left out of the wire when not set (see `to_wire`).
+_UNSET_WHEN_NONE = ("network", "network_revision")
+
+
 class CreateSpec(Args):
     """``instance.create``: answered after the node's own admission, the boot going on
     in the background.  A repeat with the same arguments is a replay (`digest`)."""
@@ -98,6 +103,10 @@ class CreateSpec(Args):
     volumes: Annotated[list[VolumeRef], Field(max_length=MAX_VOLUMES)] = \
         Field(default_factory=list)
     launch: LaunchArgs = Field(default_factory=LaunchArgs)
+    #: None: the Instance gets no network interface at all (as before networking).
+    network: NetworkPolicy | None = None
+    #: The revision of `network` (`instance.set_network` orders switches by it).
+    network_revision: Revision | None = None
 
     @field_validator("volumes")
     @classmethod
@@ -113,9 +122,20 @@ class CreateSpec(Args):
             raise ValueError("two volumes share a mount point")
         return v
 
+    def to_wire(self) -> dict[str, Any]:
+        """Every field, except a `network` that is not set: a node of an earlier
+        version refuses fields it does not know, and an Instance without a network is
+        what it makes anyway."""
+        wire = super().to_wire()
+        for key in _UNSET_WHEN_NONE:
+            if wire.get(key) is None:
+                wire.pop(key, None)
+        return wire
+
     def digest(self) -> str:
-        """Identity of the arguments: a repeated create with the same digest is a replay."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Identity of the arguments: a repeated create with the same digest is a replay
+        (the same digest as before `network` existed, for a create without one)."""
+        text = json.dumps(self.to_wire(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
 
