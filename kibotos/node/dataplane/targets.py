@@ -39,6 +39,7 @@ from kibotos.node.instances.contract import (
     CommandHandler,
     Holdings,
     InstanceManager,
+    ManagerGauges,
     StateFeed,
 )
 
@@ -207,3 +208,6 @@ class _GatedManager:
 
     def vm_usage(self) -> tuple[float | None, int | None]:
         return self._inner.vm_usage()
+
+    def gauges(self) -> ManagerGauges:
+        return self._inner.gauges()
