@@ -34,6 +34,7 @@ from kibotos.ctrl.live.journal import STORED_ERRORS, Journal
 from kibotos.ctrl.live.node_feed import NodeFeed
 from kibotos.ctrl.live.object_ops import ObjectOps
 from kibotos.ctrl.live.placement_loop import Args, Commit, place
+from kibotos.ctrl.live.store_watch import StoreWatch
 from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.live.workspace_tasks import Tasks
 from kibotos.ctrl.model import instances as inst_mod
@@ -42,14 +43,13 @@ from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.model.placement import CapacityIndex, Demand, NodeEntry
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import volume_attach as va
-from kibotos.ctrl.store.models import Instance, Node
-from kibotos.ctrl.store.watch import (
+from kibotos.ctrl.store.changes import (
     Change,
     NodeSnapshot,
-    StoreWatch,
     TemplateSnapshot,
     WorkspaceSnapshot,
 )
+from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.session import Hello, InstanceState, Report
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
