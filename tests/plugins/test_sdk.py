@@ -118,3 +118,37 @@ def test_the_example_plugin_of_the_docs_loads_and_ranks(write_module) -> None:
     assert policy.rank(PlacementRequest(100, 2**20), nodes) == ["node-b", "node-a"]
     with pytest.raises(InvalidArgument, match=r"^placement policy acme-first-fit: unknown "):
         regs.placement.get("acme-first-fit")({"weight": 1})
+
+
+def test_the_lazy_exports_the_type_checking_imports_and_all_agree() -> None:
+    """`kibotos.sdk` imports each name on first use; mypy reads its TYPE_CHECKING block."""
+    import ast
+    import importlib
+
+    source = Path(kibotos.sdk.__file__).read_text()
+    declared: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom)
+                for alias in stmt.names:
+                    declared[alias.name] = (f"{stmt.module}.{alias.name}"
+                                            if stmt.module == "kibotos" else str(stmt.module))
+    lazy = {**kibotos.sdk._MODULES, **kibotos.sdk._NAMES}
+    assert declared == lazy
+    assert sorted(kibotos.sdk.__all__) == sorted(lazy)
+    for name, where in kibotos.sdk._MODULES.items():
+        assert getattr(kibotos.sdk, name) is importlib.import_module(where)
+    for name, where in kibotos.sdk._NAMES.items():
+        assert getattr(kibotos.sdk, name) is getattr(importlib.import_module(where), name)
+    with pytest.raises(ImportError, match=r"cannot import name 'Typo' from 'kibotos\.sdk'"):
+        exec("from kibotos.sdk import Typo", {})
+
+
+def test_the_direct_launcher_takes_only_what_it_uses_from_the_sdk() -> None:
+    code = ("import sys, kibotos_direct.launch; "
+            "print(sorted(m for m in ('kibotos.backends', 'kibotos.vmm_launch', "
+            "'kibotos.platform.cache', 'kibotos.sdk.options', 'trio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
