@@ -24,6 +24,13 @@ fails here and names the line, instead of eroding the layers unnoticed.
    ``TYPE_CHECKING`` imports, with the known cycles listed.
 6. In `kibotos/ctrl` and `kibotos/node`: no module over 600 lines and no folder over 15
    modules (``__init__.py`` not counted).
+7. The layer order of docs/architecture.md ("Layout and layer order"), within ctrl
+   (``wire``, ``store`` → ``model``, ``pools`` → ``live`` → ``api`` → ``serve``) and
+   within the node (``host``, ``records`` → ``storage``, ``runtime`` → ``instances`` →
+   ``session``, ``dataplane``, ``checks`` → ``serve``): a module imports only from its
+   own layer and those before it (``TYPE_CHECKING`` imports count).  The imports that
+   broke it when the rule came are listed as known exceptions, each to be deleted when
+   its cause is fixed; a subfolder in no layer is reported too.
 
 Each rule is a function over a tree root that returns its violations; the test of the
 real tree expects none, and a second test plants a violation in a small tree under
@@ -72,6 +79,46 @@ KNOWN_TYPE_CHECKING_CYCLES = {
     # HolderWatch typed against the VmInstanceManager that owns it (issue 10, item 3:
     # "HolderWatch gets callbacks like its siblings"): remove once it takes callbacks.
     ("kibotos.node.instances.manager", "kibotos.node.storage.holder_watch"),
+}
+
+
+#: Layers of docs/architecture.md: a module of layer n imports from layers <= n only.
+#: Modules directly in the role's folder (``serve.py``, the node's ``metrics.py``) are
+#: the last layer.
+LAYERS = {
+    "kibotos.ctrl": {"wire": 0, "store": 0, "model": 1, "pools": 1, "live": 2, "api": 3},
+    "kibotos.node": {"host": 0, "records": 0, "storage": 1, "runtime": 1, "instances": 2,
+                     "session": 3, "dataplane": 3, "checks": 3},
+}
+TOP_LAYER = 4
+
+#: Imports against the layer order that predate the rule (importer, imported).  Delete an
+#: entry when its import goes; the test says which ones went.
+KNOWN_LAYER_EXCEPTIONS = {
+    # ctrl's shared context and session hub hold the HTTP layer's metrics and token checks.
+    ("kibotos.ctrl.live.context", "kibotos.ctrl.api.metrics"),
+    ("kibotos.ctrl.live.node_sessions", "kibotos.ctrl.api.auth"),
+    # Request shapes reuse the Workspace record rules (label and name checks).
+    ("kibotos.ctrl.wire.volumes", "kibotos.ctrl.model.workspace_records"),
+    ("kibotos.ctrl.wire.workspaces", "kibotos.ctrl.model.workspace_records"),
+    # Command arguments and Instance states, which move to kibotos/protocol/ (item 1).
+    ("kibotos.node.records.instance_dirs", "kibotos.node.instances.contract"),
+    ("kibotos.node.records.registry", "kibotos.node.instances.commands"),
+    ("kibotos.node.records.registry", "kibotos.node.instances.contract"),
+    ("kibotos.node.runtime.guest_volumes", "kibotos.node.instances.commands"),
+    ("kibotos.node.storage.templates", "kibotos.node.instances.commands"),
+    # The Instance object itself, which storage and records work on.
+    ("kibotos.node.records.instance_dirs", "kibotos.node.instances.lifecycle"),
+    ("kibotos.node.storage.holder_watch", "kibotos.node.instances.lifecycle"),
+    ("kibotos.node.storage.volume_ops", "kibotos.node.instances.lifecycle"),
+    # HolderWatch typed against its manager (item 3: callbacks instead).
+    ("kibotos.node.storage.holder_watch", "kibotos.node.instances.manager"),
+    # Storage fetching from ctrl's artifact store through the session's HTTP helper.
+    ("kibotos.node.storage.template_cache", "kibotos.node.session.ctrl_http"),
+    ("kibotos.node.storage.transfer", "kibotos.node.session.ctrl_http"),
+    # The host layout names the pools' directories; adoption retries with the backoff.
+    ("kibotos.node.host.layout", "kibotos.node.storage.pools.dirs"),
+    ("kibotos.node.instances.adoption_background", "kibotos.node.session.backoff"),
 }
 
 
@@ -297,6 +344,36 @@ def import_cycles(root: Path, *, type_checking: bool = False) -> set[tuple[str, 
     return cycles
 
 
+def _layer(name: str, tree: dict[str, Path]) -> tuple[str, int | None] | None:
+    """(role, layer) of a module of ctrl or the node; layer None: in no layer."""
+    for role, table in LAYERS.items():
+        if _within(name, role) and name != role:
+            rest = name[len(role) + 1:].split(".")
+            if len(rest) == 1 and tree[name].name != "__init__.py":
+                return role, TOP_LAYER  # a module directly in the role's folder
+            return role, table.get(rest[0])
+    return None
+
+
+def layer_violations(root: Path) -> set[tuple[str, str]]:
+    """Rule 7: (importer, imported) pairs against the layer order, and (module, "") for a
+    module in a subfolder no layer names."""
+    tree = modules(root)
+    out: set[tuple[str, str]] = set()
+    for name in tree:
+        where = _layer(name, tree)
+        if where is not None and where[1] is None:
+            out.add((name, ""))
+    for imp in imports(root):
+        target = _resolve(imp.target, tree)
+        own, other = _layer(imp.module, tree), _layer(target, tree) if target else None
+        if own is None or other is None or own[0] != other[0]:
+            continue
+        if own[1] is not None and other[1] is not None and other[1] > own[1]:
+            out.add((imp.module, str(target)))
+    return out
+
+
 def size_violations(root: Path) -> list[str]:
     """Rule 6: small modules in small folders."""
     out = []
@@ -357,6 +434,13 @@ def test_ctrl_and_node_modules_and_folders_stay_small() -> None:
     assert size_violations(ROOT) == []
 
 
+def test_modules_import_only_from_their_layer_and_those_before() -> None:
+    found = layer_violations(ROOT)
+    assert found - KNOWN_LAYER_EXCEPTIONS == set(), "an import against the layer order"
+    assert KNOWN_LAYER_EXCEPTIONS - found == set(), (
+        "a known exception is gone: delete it from KNOWN_LAYER_EXCEPTIONS")
+
+
 # ---------------------------------------------------------------------------- planted
 
 
@@ -393,7 +477,7 @@ def test_the_planted_base_breaks_no_rule(tmp_path: Path) -> None:
     root = plant(tmp_path, {})
     assert role_violations(root) == shared_violations(root) == plugin_violations(root) == []
     assert trio_violations(root) == size_violations(root) == []
-    assert import_cycles(root) == set()
+    assert import_cycles(root) == layer_violations(root) == set()
 
 
 @pytest.mark.parametrize(("rel", "source", "expected"), [
@@ -471,6 +555,24 @@ def test_a_planted_cycle_is_reported_and_type_checking_imports_only_when_asked(
     assert import_cycles(root, type_checking=True) == {
         ("kibotos.node.a", "kibotos.node.b", "kibotos.node.c"),
         ("kibotos.node.d", "kibotos.node.e")}
+
+
+def test_a_planted_import_against_the_layer_order_is_reported(tmp_path: Path) -> None:
+    root = plant(tmp_path, {
+        "kibotos/ctrl/model/peek.py": "from kibotos.ctrl.live import service\n",
+        "kibotos/ctrl/pools/__init__.py": "",
+        "kibotos/ctrl/pools/same.py": "from kibotos.ctrl.model import rules\n",  # same layer
+        "kibotos/ctrl/api/__init__.py": "",
+        "kibotos/ctrl/api/up.py": "from kibotos.ctrl.model import rules\n",  # an earlier one
+        "kibotos/node/host/__init__.py": "",
+        "kibotos/node/host/peek.py": "if TYPE_CHECKING:\n    from kibotos.node import serve\n",
+        "kibotos/node/network/__init__.py": "",
+    })
+    assert layer_violations(root) == {
+        ("kibotos.ctrl.model.peek", "kibotos.ctrl.live.service"),
+        ("kibotos.node.host.peek", "kibotos.node.serve"),
+        ("kibotos.node.network", ""),  # a folder in no layer
+    }
 
 
 def test_a_planted_long_module_and_a_crowded_folder_are_reported(tmp_path: Path) -> None:
