@@ -114,8 +114,9 @@ class Registry(Generic[T]):
         if proto is not None:
             missing = _missing(cls, proto)
             if missing:
+                optional = backends.OPTIONAL_MEMBERS.get(proto, frozenset())
                 hint = (f" (subclass kibotos.sdk.{proto.__name__} for the defaults of its "
-                        "optional members)" if backends.OPTIONAL_MEMBERS.get(proto) else "")
+                        "optional members)" if optional & set(missing) else "")
                 raise FailedPrecondition(
                     f"{self.label} backend {name!r} ({where}) lacks {', '.join(missing)}"
                     + hint
