@@ -1,8 +1,14 @@
 """Contracts of the backend classes that plugins register.
 
 Each kind has a registry (`kibotos.plugins.Registries`); a backend class carries a unique
-``name`` and is instantiated by the role that uses it.  Built-in plugins use only what is
-in this module and `kibotos.hookspecs`, so a third-party plugin can do all they do.
+``name`` and is instantiated by the role that uses it.  Plugins import these through the
+plugin SDK (`kibotos.sdk`, docs/plugins.md), as the built-in ones do.
+
+A contract may have *optional* members: declared in its Protocol with a default
+(`OPTIONAL_MEMBERS` lists them).  A backend class that subclasses its Protocol (``class
+QemuVmm(VmmBackend)``) inherits the defaults; one that only matches the Protocol's shape
+must define them itself, which the plugin loader checks.  Either way the role calls
+them directly, never through a ``getattr`` probe, and mypy sees every call.
 """
 
 from __future__ import annotations
@@ -289,3 +295,39 @@ class VmmBackend(Protocol):
         """A byte stream to the guest agent of `launch`, for
         `kibotos.guest.open_guest_channel`; retries while the VMM does not listen yet."""
         ...
+
+    # ---------------------------------------------------------------- optional members
+
+    #: Files the backend needs in a runtime directory besides the guest agent, relative
+    #: to it (``bin/kibovm``): the node keeps or pins an installation only when they
+    #: are there (`kibotos.node.runtime.installations`).
+    RUNTIME_FILES: ClassVar[tuple[str, ...]] = ()
+
+    #: The guest file systems the node names in the guest's ``configure`` as
+    #: ``retained_filesystems``, which ``stop_prepare`` syncs and freezes: where the
+    #: kibotos Platform's init mounts the writable layer (docs/vm.md).  A backend whose
+    #: guest is not a kibotos Platform says otherwise (the test backend: none).
+    GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ("/run/kibotos/rw",)
+
+    def volume_devices(self, launch: Mapping[str, Any]) -> Sequence[str] | None:
+        """The guest device path of each Volume of `launch`, in launch order
+        (``/dev/disk/by-id/virtio-<serial>``), which the guest's ``configure`` mounts;
+        None when the backend cannot name them (a guest without block devices): the
+        node then leaves the guest's Volumes alone."""
+        del launch
+        return None
+
+    @property
+    def dataplane_vsock_port(self) -> int | None:
+        """The guest port the data plane reaches the agent on when the Instance's
+        ``agent-dp.sock`` is a vsock socket (each connection starts with ``CONNECT
+        <port>``); None when it is a plain stream socket (virtio-serial)."""
+        return None
+
+
+#: Members of each contract that have a default in its Protocol (see the module
+#: docstring); every other public member is required.
+OPTIONAL_MEMBERS: Mapping[type[Any], frozenset[str]] = {
+    VmmBackend: frozenset({"RUNTIME_FILES", "GUEST_RETAINED_FILESYSTEMS", "volume_devices",
+                           "dataplane_vsock_port"}),
+}

@@ -99,9 +99,8 @@ class CtrlConfig(_Strict):
 
     @property
     def database_url(self) -> str:
-        from kibotos.ctrl.store.db import default_url
-
-        return self.ctrl.database_url or default_url(self.ctrl.state_dir)
+        """``[ctrl] database_url``, else the SQLite file ``ctrl.db`` in the state dir."""
+        return self.ctrl.database_url or f"sqlite:///{self.ctrl.state_dir / 'ctrl.db'}"
 
 
 # ---------------------------------------------------------------------------- node

@@ -71,10 +71,24 @@ class BlockedPlugin:
 
 
 def _protocol_methods(proto: type[Any]) -> list[str]:
+    """The required methods of a contract: its public callables without a default."""
+    optional = backends.OPTIONAL_MEMBERS.get(proto, frozenset())
     return sorted(
         name for name, value in vars(proto).items()
-        if callable(value) and not name.startswith("_")
+        if callable(value) and not name.startswith("_") and name not in optional
     )
+
+
+def _missing(cls: type[Any], proto: type[Any]) -> list[str]:
+    """What `cls` lacks of `proto`: a required method it does not define (inheriting
+    the Protocol's stub does not count), or an optional member it neither defines nor
+    inherits from the Protocol."""
+    stubs = vars(proto)
+    missing = [m for m in _protocol_methods(proto)
+               if not callable(getattr(cls, m, None)) or getattr(cls, m) is stubs[m]]
+    missing += sorted(m for m in backends.OPTIONAL_MEMBERS.get(proto, frozenset())
+                      if not hasattr(cls, m))
+    return missing
 
 
 class Registry(Generic[T]):
@@ -98,10 +112,14 @@ class Registry(Generic[T]):
             raise FailedPrecondition(f"{self.label} backend {where} has no name")
         proto = PROTOCOLS.get(self.kind)
         if proto is not None:
-            missing = [m for m in _protocol_methods(proto) if not callable(getattr(cls, m, None))]
+            missing = _missing(cls, proto)
             if missing:
+                optional = backends.OPTIONAL_MEMBERS.get(proto, frozenset())
+                hint = (f" (subclass kibotos.sdk.{proto.__name__} for the defaults of its "
+                        "optional members)" if optional & set(missing) else "")
                 raise FailedPrecondition(
                     f"{self.label} backend {name!r} ({where}) lacks {', '.join(missing)}"
+                    + hint
                 )
         if name in self._classes:
             raise FailedPrecondition(

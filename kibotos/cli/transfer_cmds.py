@@ -16,7 +16,13 @@ from typing import Any
 import click
 
 from kibotos import ids
-from kibotos.cli.options import Invocation, check_command_id, command_id_option, kibo_options
+from kibotos.cli.options import (
+    Invocation,
+    check_command_id,
+    command_id_option,
+    kibo_options,
+    parse_labels,
+)
 from kibotos.cli.output import Section
 from kibotos.units import format_bytes
 
@@ -73,8 +79,6 @@ def import_(inv: Invocation, digest: str, pool_id: str | None, label_items: tupl
             command_id: str | None) -> None:
     """Import a Transfer archive (by its digest) as a new Volume; prints the Volume."""
     from kibotos.cli.volume_cmds import summary
-    from kibotos.cli.workspace_cmds import parse_labels
-
     body = {"artifact_digest": ids.check_digest(digest),
             "pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
             "labels": parse_labels(label_items), "command_id": check_command_id(command_id)}

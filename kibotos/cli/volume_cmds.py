@@ -24,6 +24,7 @@ from kibotos.cli.options import (
     command_id_option,
     expected_version_option,
     kibo_options,
+    parse_labels,
 )
 from kibotos.cli.output import Row, Section, dash
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
@@ -243,8 +244,6 @@ def _finish(inv: Invocation, vol: dict[str, Any], verb: str, wait: bool) -> None
 def create(inv: Invocation, size: str, pool_id: str | None, label_items: tuple[str, ...],
            no_wait: bool, command_id: str | None) -> None:
     """Create a Volume and, by default, wait until it is AVAILABLE."""
-    from kibotos.cli.workspace_cmds import parse_labels
-
     body = {"capacity_bytes": size_argument(size, "--size"),
             "pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
             "labels": parse_labels(label_items), "command_id": check_command_id(command_id)}

@@ -11,7 +11,6 @@ config is read or anything is sent.
 
 from __future__ import annotations
 
-import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote
@@ -30,6 +29,7 @@ from kibotos.cli.options import (
     expected_version_option,
     kibo_options,
     node_id_argument,
+    parse_labels,
 )
 from kibotos.errors import (
     DeadlineExceeded,
@@ -41,7 +41,6 @@ from kibotos.errors import (
 from kibotos.units import format_bytes, parse_size
 
 SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 
 
 @click.group("workspace")
@@ -56,23 +55,6 @@ def ws_path(workspace_id: str, action: str = "") -> str:
 
 def workspace_argument(value: str) -> str:
     return ids.check_object_id(value, "workspace ID")
-
-
-def parse_labels(items: tuple[str, ...]) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidArgument(f"invalid label {item!r}: expected key=value")
-        ids.check_label_key(key)
-        if not _LABEL_VALUE.fullmatch(value):
-            raise InvalidArgument(f"invalid value {value!r} of label {key!r}: up to 63 "
-                                  "letters, digits and . _ -, starting and ending with a "
-                                  "letter or digit")
-        if key in labels:
-            raise click.UsageError(f"--label {key} is given twice")
-        labels[key] = value
-    return labels
 
 
 def parse_cpu(value: str | None) -> int | None:

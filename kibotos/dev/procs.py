@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kibotos import atomicfile
+from kibotos import atomicfile, procfs
 
 #: How long `stop` waits after SIGTERM before it sends SIGKILL.
 DEFAULT_GRACE = 10.0
@@ -74,12 +74,8 @@ def is_ours(pid: int, service: Service) -> bool:
 
 def _state(pid: int) -> str | None:
     """The one-letter state of `pid` from /proc/<pid>/stat; None if it does not exist."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The state follows the command name, which is in parentheses and may hold spaces.
-    return stat.rpartition(")")[2].split()[0]
+    stat = procfs.read_stat(pid)
+    return stat.state if stat is not None else None
 
 
 def is_stopped(pid: int) -> bool:
@@ -94,7 +90,7 @@ def has_exited(pid: int, service: Service) -> bool:
     files (its listening socket, its lock file) are closed; only a zombie or a vanished
     PID has closed them, so a restart right after cannot trip over them."""
     state = _state(pid)
-    if state is None or state in ("Z", "X", "x"):
+    if state is None or state in procfs.DEAD_STATES:
         return True
     args = cmdline(pid)
     if args is None:

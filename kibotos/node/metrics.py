@@ -165,23 +165,18 @@ class NodeMetrics(Collector):
             "the node started")
         established.add_metric([], parts.session.established)
         yield established
-        manager: Any = parts.manager
-        drain = getattr(manager, "drain_requested", None)
-        if isinstance(drain, bool):
+        gauges = parts.manager.gauges()
+        if gauges.drain_requested is not None:
             yield _gauge("kibotos_node_drain_requested", "1 while ctrl asks the node to "
-                         "refuse creates", {(): 1 if drain else 0})
-        adoption = getattr(manager, "adoption_counts", None)
-        if isinstance(adoption, dict):
+                         "refuse creates", {(): 1 if gauges.drain_requested else 0})
+        if gauges.adoption_counts is not None:
             yield _gauge("kibotos_node_start_adoptions", "What this node start did with "
                          "the Instances it found, by verdict",
-                         {("action", a): n for a, n in sorted(adoption.items())})
-        cleanups = getattr(manager, "cleanups", None)
-        if cleanups is not None:
-            pending = sum(1 for s in holdings.instances
-                          if cleanups.get(s.instance_id) is not None)
+                         {("action", a): n for a, n in sorted(gauges.adoption_counts.items())})
+        if gauges.cleanup_pending is not None:
             yield _gauge("kibotos_node_cleanup_pending", "Instances whose release is stuck "
                          "(processes left after the unit's stop), retried every 5 s",
-                         {(): pending})
+                         {(): gauges.cleanup_pending})
         if self._dataplane_up is not None:
             yield _gauge("kibotos_node_dataplane_metrics_up", "1 when this scrape read the "
                          "data plane's metrics", {(): self._dataplane_up})

@@ -11,9 +11,9 @@ from sqlalchemy import func, select
 
 from kibotos.config import CtrlConfig
 from kibotos.ctrl.api.app import build_app
-from kibotos.ctrl.live.journal import input_digest
 from kibotos.ctrl.serve import build_context, build_services, open_store
 from kibotos.ctrl.store.db import Store
+from kibotos.ctrl.store.journal import input_digest
 from kibotos.ctrl.store.models import Command
 from kibotos.ctrl.wire.base import IsolateIn, VersionedWrite
 

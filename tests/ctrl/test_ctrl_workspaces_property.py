@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kibotos.backends import NodeCapacity, PlacementRequest
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.placement import CapacityIndex, Demand, IndexState
-from kibotos.ctrl.store.watch import AllocationSnapshot, NodeSnapshot
+from kibotos.ctrl.store.changes import AllocationSnapshot, NodeSnapshot
 from kibotos.plugins import load_plugins
 
 GI = 1 << 30

@@ -30,15 +30,16 @@ def test_the_plugin_registers_the_firecracker_backend():
 
 
 @pytest.mark.parametrize(("options", "error", "words"), [
-    ({"colour": "blue"}, InvalidArgument, "unknown options ['colour']"),
+    ({"colour": "blue"}, InvalidArgument, "[vmm.firecracker]: unknown option colour ("),
     ({"user": "no-such-account-kibotos"}, FailedPrecondition, "does not exist"),
     ({"user": "root"}, InvalidArgument, "is root"),
-    ({"uid": 5}, InvalidArgument, "gid must be an integer"),
-    ({"uid": 0, "gid": 0}, InvalidArgument, "uid must be an integer from 1"),
+    ({"uid": 5}, InvalidArgument, "[vmm.firecracker] gid: must be an integer"),
+    ({"uid": 0, "gid": 0}, InvalidArgument, "[vmm.firecracker] uid: must be an integer from 1"),
     ({"uid": 5, "gid": 5, "user": "x"}, InvalidArgument, "either user or uid and gid"),
     ({"uid": 5, "gid": 5, "chroot_base_dir": "srv"}, InvalidArgument, "absolute path"),
-    ({"uid": 5, "gid": 5, "guest_cid": 2}, InvalidArgument, "guest_cid must be"),
-    ({"uid": 5, "gid": 5, "balloon": "yes"}, InvalidArgument, "balloon must be"),
+    ({"uid": 5, "gid": 5, "guest_cid": 2}, InvalidArgument, "guest_cid: must be"),
+    ({"uid": 5, "gid": 5, "balloon": "yes"}, InvalidArgument,
+     "[vmm.firecracker] balloon: must be true or false, got 'yes'"),
 ])
 def test_bad_options_are_refused(options: dict[str, Any], error: type, words: str):
     with pytest.raises(error) as info:
@@ -332,12 +333,12 @@ def test_the_same_file_twice_is_refused(fc_env: FcEnv):
 
 
 def test_mountinfo_escapes_are_read(tmp_path: Path):
-    info = tmp_path / "mountinfo"
-    info.write_text(
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "mountinfo").write_text(
         "36 35 98:0 /x /srv/my\\040jail/a rw - ext4 /dev/root rw\n"
         "37 35 98:0 /y /srv/my\\040jail/a/b/c rw - ext4 /dev/root rw\n"
         "38 35 98:0 /z /srv/other rw - ext4 /dev/root rw\n")
-    assert jailmod.mounts_under(Path("/srv/my jail"), info) == [
+    assert jailmod.mounts_under(Path("/srv/my jail"), tmp_path) == [
         Path("/srv/my jail/a/b/c"), Path("/srv/my jail/a")]
 
 

@@ -17,7 +17,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 
 from kibotos import atomicfile
 from kibotos.config import NodeConfig, load
-from kibotos.node.instances.contract import Holdings, StateFeed
+from kibotos.node.instances.contract import Holdings, ManagerGauges, StateFeed
 from kibotos.node.session.identity import NodeIdentity
 from kibotos.node.storage.pools.marker import init_pool
 
@@ -156,6 +156,9 @@ class RecordingInstances:
 
     def vm_usage(self) -> tuple[float | None, int | None]:
         return None, None
+
+    def gauges(self) -> ManagerGauges:
+        return ManagerGauges(drain_requested=self.drain_requested)
 
     def state_feed(self) -> StateFeed:
         return self.feed

@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kibotos_qemu.backend import QemuVmm
 
+from kibotos.backends import VmmBackend
 from kibotos.guest import Volume
 from kibotos.node.runtime.guest_volumes import guest_volumes
 from kibotos.protocol import CreateSpec
@@ -56,8 +59,14 @@ def test_no_volumes_leaves_the_guest_alone(tmp_path: Path) -> None:
 
 
 def test_a_backend_without_devices_mounts_nothing(tmp_path: Path) -> None:
+    """The default of `VmmBackend.volume_devices` (None): the backend cannot name them."""
+
+    class NoDevices(QemuVmm):
+        def volume_devices(self, launch: Mapping[str, Any]) -> None:
+            return VmmBackend.volume_devices(self, launch)
+
     s = spec([{"volume_id": "vol-a", "pool_id": "pool-a", "epoch": 1}])
-    assert guest_volumes(object(), launch(tmp_path, 1), s) is None
+    assert guest_volumes(NoDevices({}), launch(tmp_path, 1), s) is None
 
 
 def test_two_volumes_on_one_mount_point_are_refused() -> None:

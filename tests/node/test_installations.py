@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from instance_harness import short_dir
+from kibotos_qemu.backend import QemuVmm
 from upgrade_harness import node_at, start, stop_units
 
 from kibotos import atomicfile
@@ -72,7 +73,7 @@ def test_pin_refuses_a_runtime_dir_without_the_required_files(tmp_path: Path) ->
 
 
 def test_a_backend_declares_its_runtime_executables(tmp_path: Path) -> None:
-    class WithVmm:
+    class WithVmm(QemuVmm):
         RUNTIME_FILES = ("bin/kibovm",)
 
     runtime = tmp_path / "rt"
@@ -82,7 +83,7 @@ def test_a_backend_declares_its_runtime_executables(tmp_path: Path) -> None:
         ["bin/kibovm"]
     (runtime / "bin").mkdir()
     (runtime / "bin" / "kibovm").write_bytes(b"\x7fELF vmm")
-    pinned = inst_mod.pin(tmp_path / "root", N, runtime_dir=runtime, backend=WithVmm())
+    pinned = inst_mod.pin(tmp_path / "root", N, runtime_dir=runtime, backend=WithVmm({}))
     assert (pinned.path / "bin" / "kibovm").read_bytes() == b"\x7fELF vmm"
 
 

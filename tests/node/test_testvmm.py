@@ -48,7 +48,7 @@ async def test_unit_shape(run_dir: Path) -> None:
     assert unit.working_directory == run_dir
     assert unit.properties["KillMode"] == "control-group"
     assert "--hang" in backend(hang=True).unit_for(launch_for(run_dir)).argv
-    with pytest.raises(InvalidArgument, match="unknown options"):
+    with pytest.raises(InvalidArgument, match=r"^\[vmm\.testvmm\]: unknown option colour "):
         backend(colour="red")
     with pytest.raises(InvalidArgument, match="template_image"):
         backend().unit_for({**launch_for(run_dir), "template_image": str(run_dir / "nope")})

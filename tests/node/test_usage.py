@@ -10,11 +10,11 @@ import pytest
 import trio
 from node_helpers import write_proc
 
+from kibotos import procfs
 from kibotos.node.host.usage import (
     MemoryTightness,
     Pressure,
     UsageSampler,
-    read_cpu_times,
     read_meminfo,
     read_pressure,
 )
@@ -81,9 +81,9 @@ def test_partial_files(tmp_path: Path) -> None:
     (proc / "meminfo").write_text("MemTotal: 1000 kB\nMemFree: 10 kB\n")  # no MemAvailable
     assert read_meminfo(proc) == (None, 1000 * 1024)
     (proc / "stat").write_text("cpu0 1 2 3 4\n")  # no aggregate line
-    assert read_cpu_times(proc) is None
+    assert procfs.cpu_times(proc) is None
     (proc / "stat").write_text("cpu  1 x 3 4\n")
-    assert read_cpu_times(proc) is None
+    assert procfs.cpu_times(proc) is None
     (proc / "pressure").mkdir()
     # Kernels before 5.13 have no "full" line for cpu.
     (proc / "pressure" / "cpu").write_text("some avg10=0.00 avg60=12.00 avg300=0.00 total=9\n")

@@ -10,21 +10,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from kibotos.backends import (
+from kibotos.sdk import (
     Availability,
+    FailedPrecondition,
     HostPaths,
     NodeCapacity,
     PlacementRequest,
     PoolSpec,
     UnitInfo,
     UnitSpec,
+    VmmBackend,
+    hookimpl,
 )
-from kibotos.errors import FailedPrecondition
-from kibotos.hookspecs import hookimpl
 
 
-class EchoVmm:
-    """Runs `echo` instead of a VM; enough to show the VMM contract's shape."""
+class EchoVmm(VmmBackend):
+    """Runs `echo` instead of a VM; enough to show the VMM contract's shape (subclassing
+    the contract gives the defaults of its optional members; the other kinds here only
+    match their contract's shape)."""
 
     name: ClassVar[str] = "test-echo"
     CAN_MIGRATE: ClassVar[bool] = False

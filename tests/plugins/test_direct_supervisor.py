@@ -403,9 +403,11 @@ async def test_empty_argv_is_refused(sup):
 
 def test_options_are_checked(tmp_path):
     cls = direct_class()
-    with pytest.raises(InvalidArgument, match="needs the option state_dir"):
+    with pytest.raises(InvalidArgument,
+                       match=r"^\[supervisor\.direct\] state_dir: required, not given$"):
         cls({})
-    with pytest.raises(InvalidArgument, match=r"unknown option.*cgroup"):
+    with pytest.raises(InvalidArgument, match=r"^\[supervisor\.direct\]: unknown option cgroup "
+                       r"\(known: kill_grace, log_dir, python, state_dir\)$"):
         cls({"state_dir": str(tmp_path), "cgroup": "x"})
     assert isinstance(cls({"state_dir": str(tmp_path)}), Supervisor)
 

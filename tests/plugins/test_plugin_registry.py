@@ -6,6 +6,7 @@ import importlib.metadata as md
 
 import pytest
 
+from kibotos.backends import VmmBackend
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.plugins import (
     DISABLE_ENV,
@@ -23,7 +24,7 @@ BUILTINS = {
 }
 
 GOOD_PLACEMENT = """
-    from kibotos.hookspecs import hookimpl
+    from kibotos.sdk import hookimpl
 
     class P:
         name = "{name}"
@@ -158,7 +159,7 @@ def test_check_pending_refuses_a_misspelt_hook(write_module):
     mod = write_module(
         "plugintest_typo",
         """
-        from kibotos.hookspecs import hookimpl
+        from kibotos.sdk import hookimpl
 
         @hookimpl
         def kibotos_register_vm(register):
@@ -175,7 +176,7 @@ def test_hookimpl_with_an_unknown_argument_is_refused(write_module):
     mod = write_module(
         "plugintest_badarg",
         """
-        from kibotos.hookspecs import hookimpl
+        from kibotos.sdk import hookimpl
 
         @hookimpl
         def kibotos_register_placement(register, config):
@@ -199,6 +200,65 @@ def test_registered_classes_must_meet_the_contract(write_module, body, expected)
     mod = write_module("plugintest_contract", source)
     with pytest.raises(FailedPrecondition, match=expected):
         load_plugins(test_modules=[mod])
+
+
+class ShapedVmm:
+    """A VMM backend that matches the contract's shape without subclassing it."""
+
+    name = "shaped"
+
+    def __init__(self, options): pass
+    async def probe(self): return {}
+    def unit_for(self, launch): raise NotImplementedError
+    async def wait_ready(self, launch, *, timeout): return {}
+    async def guest_channel(self, launch, *, timeout=10.0): raise NotImplementedError
+
+
+def test_a_vmm_that_only_matches_the_shape_must_define_the_optional_members():
+    with pytest.raises(FailedPrecondition) as err:
+        Registry("vmm").add(ShapedVmm)
+    assert err.value.message == (
+        "vmm backend 'shaped' (test_plugin_registry.ShapedVmm) lacks "
+        "GUEST_RETAINED_FILESYSTEMS, RUNTIME_FILES, dataplane_vsock_port, volume_devices "
+        "(subclass kibotos.sdk.VmmBackend for the defaults of its optional members)")
+
+    class Complete(ShapedVmm):
+        RUNTIME_FILES = ()
+        GUEST_RETAINED_FILESYSTEMS = ()
+        dataplane_vsock_port = None
+        def volume_devices(self, launch): return None
+
+    Registry("vmm").add(Complete)
+
+
+def test_a_vmm_that_subclasses_the_contract_inherits_the_defaults():
+    class Sub(VmmBackend):
+        name = "sub"
+        def __init__(self, options): pass
+        async def probe(self): return {}
+        def unit_for(self, launch): raise NotImplementedError
+        async def wait_ready(self, launch, *, timeout): return {}
+        async def guest_channel(self, launch, *, timeout=10.0): raise NotImplementedError
+
+    reg: Registry[VmmBackend] = Registry("vmm")
+    reg.add(Sub)
+    vmm = reg.get("sub")({})
+    assert vmm.RUNTIME_FILES == ()
+    assert vmm.GUEST_RETAINED_FILESYSTEMS == ("/run/kibotos/rw",)
+    assert vmm.volume_devices({}) is None
+    assert vmm.dataplane_vsock_port is None
+
+
+def test_inheriting_a_required_method_from_the_contract_does_not_count():
+    class Forgetful(VmmBackend):  # no probe: the Protocol's own stub would answer None
+        name = "forgetful"
+        def __init__(self, options): pass
+        def unit_for(self, launch): raise NotImplementedError
+        async def wait_ready(self, launch, *, timeout): return {}
+        async def guest_channel(self, launch, *, timeout=10.0): raise NotImplementedError
+
+    with pytest.raises(FailedPrecondition, match="lacks probe"):
+        Registry("vmm").add(Forgetful)
 
 
 def test_registry_alone_keeps_names_unique_and_sorted():

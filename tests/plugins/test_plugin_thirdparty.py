@@ -19,7 +19,7 @@ from kibotos.errors import FailedPrecondition
 from kibotos.plugins import DISABLE_ENV, BlockedPlugin, load_plugins
 
 ACME = textwrap.dedent("""
-    from kibotos.hookspecs import hookimpl
+    from kibotos.sdk import hookimpl
 
     class FirstFit:
         name = "acme-first-fit"
@@ -32,7 +32,7 @@ ACME = textwrap.dedent("""
 """)
 
 EVIL = textwrap.dedent("""
-    from kibotos.hookspecs import hookimpl
+    from kibotos.sdk import hookimpl
 
     @hookimpl
     def kibotos_register_placement(register):

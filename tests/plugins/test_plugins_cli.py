@@ -134,7 +134,7 @@ def test_missing_config_file(tmp_path: Path):
 def test_duplicate_backend_fails_with_exit_13(tmp_path: Path, monkeypatch):
     module = tmp_path / "plugintest_cli_dup.py"
     module.write_text(
-        "from kibotos.hookspecs import hookimpl\n"
+        "from kibotos.sdk import hookimpl\n"
         "class Dup:\n"
         "    name = 'local'\n"
         "    def __init__(self, options): pass\n"

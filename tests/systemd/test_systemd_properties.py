@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from kibotos_systemd.procfs import plausible_start
+from kibotos_systemd.processes import plausible_start
 from kibotos_systemd.properties import INFINITY, convert, unit_properties
 
 from kibotos.backends import Supervisor, UnitSpec
@@ -118,11 +118,13 @@ def test_bad_environment_names_are_refused():
 
 def test_options_are_checked():
     cls = systemd_class()
-    with pytest.raises(InvalidArgument, match=r"unknown option.*state_dir"):
+    with pytest.raises(InvalidArgument,
+                       match=r"^\[supervisor\.systemd\]: unknown option state_dir "):
         cls({"state_dir": "/tmp"})
     with pytest.raises(InvalidArgument, match="is not a unix: D-Bus address"):
         cls({"bus": "tcp:host=localhost"})
-    with pytest.raises(InvalidArgument, match="start_timeout"):
+    with pytest.raises(InvalidArgument, match=r"^\[supervisor\.systemd\] start_timeout: must "
+                       r"be a positive number of seconds, got 0$"):
         cls({"start_timeout": 0})
     sup = cls({"bus": "unix:path=/x", "start_timeout": 5})
     assert isinstance(sup, Supervisor)

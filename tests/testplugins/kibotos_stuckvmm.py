@@ -17,11 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from kibotos_testvmm import TestVmm
+from kibotos_testvmm import OPTIONS, TestVmm
 
-from kibotos.backends import UnitSpec
-from kibotos.errors import InvalidArgument
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import Register, UnitSpec, backend_options, hookimpl
 
 WRAPPER = Path(__file__).with_name("stuckvmm_wrapper.py")
 
@@ -33,12 +31,9 @@ class StuckVmm(TestVmm):
     name: ClassVar[str] = "stuckvmm"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        rest = dict(options)
-        stuck = rest.pop("stuck_path", None)
-        if not isinstance(stuck, str) or not stuck:
-            raise InvalidArgument("stuckvmm backend: the option stuck_path is required")
-        self.stuck_path = stuck
-        super().__init__(rest)
+        opts = backend_options("vmm", self.name, options, {"stuck_path", *OPTIONS})
+        self.stuck_path = str(opts.required_path("stuck_path"))
+        super().__init__({k: v for k, v in options.items() if k != "stuck_path"})
 
     def unit_for(self, launch: Mapping[str, Any]) -> UnitSpec:
         spec = super().unit_for(launch)

@@ -31,27 +31,26 @@ from typing import Any, ClassVar
 import trio
 from kibotos_qemu.launch import parse_launch
 
-from kibotos.backends import UnitSpec
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
-from kibotos.guest import AGENT_PATH, connect_unix_with_retry, open_guest_channel
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import (
+    FailedPrecondition,
+    Register,
+    UnitSpec,
+    VmmBackend,
+    backend_options,
+    hookimpl,
+)
+from kibotos.sdk.guest import (
+    AGENT_PATH,
+    connect_unix_with_retry,
+    first_kibotos_error,
+    open_guest_channel,
+)
 
 GUEST_SCRIPT = Path(__file__).with_name("testvmm_guest.py")
-_OPTIONS = frozenset({"python", "hang", "refuse", "probe_error", "write_records"})
+OPTIONS = frozenset({"python", "hang", "refuse", "probe_error", "write_records"})
 
 
-def _first_error(exc: BaseException) -> KibotosError | None:
-    if isinstance(exc, KibotosError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first_error(inner)
-            if found is not None:
-                return found
-    return None
-
-
-class TestVmm:
+class TestVmm(VmmBackend):
     """See the module docstring."""
 
     __test__ = False  # not a pytest test class, whatever its name says
@@ -60,14 +59,12 @@ class TestVmm:
     CAN_KVM: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise InvalidArgument(f"testvmm backend: unknown options {unknown}")
-        self.python = str(options.get("python") or sys.executable)
-        self.hang = bool(options.get("hang", False))
-        self.refuse = bool(options.get("refuse", False))
-        self.probe_error = options.get("probe_error")
-        self.write_records = bool(options.get("write_records", False))
+        opts = backend_options("vmm", self.name, options, OPTIONS)
+        self.python = opts.text("python", sys.executable)
+        self.hang = opts.flag("hang", False)
+        self.refuse = opts.flag("refuse", False)
+        self.probe_error = opts.text_or_none("probe_error")
+        self.write_records = opts.flag("write_records", False)
 
     async def probe(self) -> Mapping[str, Any]:
         if self.probe_error:
@@ -113,7 +110,7 @@ class TestVmm:
             async with open_guest_channel(stream) as guest:
                 info = await guest.wait_hello(deadline)
         except BaseExceptionGroup as group:
-            found = _first_error(group)
+            found = first_kibotos_error(group)
             if found is None:
                 raise
             raise found from None

@@ -206,9 +206,10 @@ def test_volume_devices_are_named_by_serial(launch: dict):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(InvalidArgument, match="unknown options"):
+    with pytest.raises(InvalidArgument, match=r"^\[vmm\.qemu\]: unknown option qemu "):
         QemuVmm({"qemu": "x"})
-    with pytest.raises(InvalidArgument, match="accelerator 'hvf'"):
+    with pytest.raises(InvalidArgument, match=r"^\[vmm\.qemu\] accelerator: must be one of "
+                       r"auto, kvm, tcg, got 'hvf'$"):
         QemuVmm({"accelerator": "hvf"})
 
 

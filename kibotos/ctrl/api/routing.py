@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from kibotos import ids
 from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.live.context import CtrlContext
-from kibotos.ctrl.live.journal import Journal
+from kibotos.ctrl.store.journal import Journal
 from kibotos.errors import InvalidArgument
 
 Who = Literal["anyone", "identity", "operator", "node"]

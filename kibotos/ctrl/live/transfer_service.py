@@ -35,13 +35,13 @@ from typing import Any
 import trio
 
 from kibotos import ids, transfer_archive
-from kibotos.ctrl.live.journal import STORED_ERRORS
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import transfer_txns as tt
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.store.artifacts import ArtifactStore
+from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.wire.transfers import TransferExportIn, TransferImportIn
 from kibotos.ctrl.wire.volumes import MIN_VOLUME_BYTES
 from kibotos.errors import FailedPrecondition, Unavailable

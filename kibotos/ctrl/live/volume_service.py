@@ -28,11 +28,11 @@ from typing import Any
 import trio
 
 from kibotos import ids
-from kibotos.ctrl.live.journal import STORED_ERRORS
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.pools import volume_txns as vt
+from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.volumes import VolumeCreateIn
 from kibotos.errors import (

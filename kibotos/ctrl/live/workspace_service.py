@@ -32,7 +32,6 @@ import trio
 from sqlalchemy.orm import Session
 
 from kibotos import ids
-from kibotos.ctrl.live.journal import STORED_ERRORS
 from kibotos.ctrl.live.node_feed import NodeFeed
 from kibotos.ctrl.live.placement_loop import Args, Commit, PlacementLoop
 from kibotos.ctrl.live.runtime import Runtime
@@ -42,13 +41,14 @@ from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.model.placement import Demand, NodeEntry
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import volume_attach as va
-from kibotos.ctrl.store.models import Instance, Node
-from kibotos.ctrl.store.watch import (
+from kibotos.ctrl.store.changes import (
     Change,
     NodeSnapshot,
     TemplateSnapshot,
     WorkspaceSnapshot,
 )
+from kibotos.ctrl.store.journal import STORED_ERRORS
+from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
 from kibotos.protocol import (

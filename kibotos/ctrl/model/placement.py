@@ -9,7 +9,7 @@ node (for a create: its default pool).  The policy plugin then ranks the survivo
 never decides admission (docs/architecture.md, "Placement").
 
 `CapacityIndex` keeps what admission needs in memory: each node's facts as last
-committed and the Allocations on it, fed by `kibotos.ctrl.store.watch` so it changes
+committed and the Allocations on it, fed by `kibotos.ctrl.live.store_watch` so it changes
 exactly when the store does.  In-flight placements *reserve* their amount until their
 Allocation commits, so two concurrent creates never both take the last free core.
 
@@ -32,16 +32,21 @@ from typing import Any, cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos.backends import NodeCapacity, PlacementPolicy, PlacementRequest
+from kibotos.backends import (
+    KeyedPlacementPolicy,
+    NodeCapacity,
+    PlacementPolicy,
+    PlacementRequest,
+)
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.nodes import NodeFacts
-from kibotos.ctrl.store.models import Allocation, Node
-from kibotos.ctrl.store.watch import (
+from kibotos.ctrl.store.changes import (
     AllocationSnapshot,
     Change,
     NodeSnapshot,
     SettingSnapshot,
 )
+from kibotos.ctrl.store.models import Allocation, Node
 from kibotos.errors import FailedPrecondition, KibotosError, NotFound, ResourceExhausted
 
 log = logging.getLogger("kibotos.ctrl.model.placement")
@@ -193,8 +198,7 @@ class CapacityIndex:
     def __init__(self, policy: PlacementPolicy, *,
                  shape_cache_size: int = SHAPE_CACHE_SIZE) -> None:
         self.policy = policy
-        key = getattr(policy, "sort_key", None)
-        self._sort_key = key if callable(key) else None
+        self._sort_key = policy.sort_key if isinstance(policy, KeyedPlacementPolicy) else None
         self.nodes: dict[str, NodeEntry] = {}
         #: node → instance → (cpu, memory): committed unreleased Allocations and
         #: reservations of placements in flight.

@@ -21,7 +21,7 @@ from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import operator_writes as pool_ops
 from kibotos.ctrl.pools import use_rights
-from kibotos.ctrl.store import watch as store_watch
+from kibotos.ctrl.store import changes as store_changes
 from kibotos.ctrl.store.models import (
     Allocation,
     Event,
@@ -117,7 +117,7 @@ def commit_create(session: Session, *, workspace_id: str, template: Mapping[str,
                                  shared=pool_shared, now=now)
     use_rights.grant(right, node_id, now)
     # All new rows: plain INSERTs skip the ORM's unit of work (a third of a create's
-    # CPU on ctrl); `store_watch.note` still hands the Workspace and the Allocation to
+    # CPU on ctrl); `store_changes.note` still hands the Workspace and the Allocation to
     # the in-memory index after the commit.
     objects: list[Any] = [
         ws, inst_mod.new_instance(instance_id=instance_id, ws=ws, node_id=node_id, now=now),
@@ -128,7 +128,7 @@ def commit_create(session: Session, *, workspace_id: str, template: Mapping[str,
     for obj in objects:
         table = obj.__table__
         session.execute(insert(table), [{c.key: getattr(obj, c.key) for c in table.columns}])
-        store_watch.note(session, obj)
+        store_changes.note(session, obj)
     session.execute(insert(Event), [{
         "at": now, "subject": workspace_id, "kind": "transition", "text": None,
         "detail": {"from": None, "to": ws.state, "cause": f"create on node {node_id}"}}])

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -32,10 +31,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from kibotos.errors import Internal, Unavailable
 
 T = TypeVar("T")
-
-
-def default_url(state_dir: Path) -> str:
-    return f"sqlite:///{state_dir / 'ctrl.db'}"
 
 
 def make_engine(url: str) -> Engine:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from kibotos import procfs
 from kibotos.errors import FailedPrecondition
 
 OK, BLOCKED, PENDING, NOTE = "ok", "blocked", "pending", "note"
@@ -125,13 +126,11 @@ def _read(path: Path) -> bytes | None:
 def processes(proc_root: Path = Path("/proc")) -> list[Proc]:
     """Every process this host shows, as far as it can still be read."""
     found = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _read(entry / "stat")
+    for pid in procfs.pids(proc_root):
+        stat = procfs.read_stat(pid, proc_root)
         if stat is None:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        entry = proc_root / str(pid)
         raw = _read(entry / "cmdline") or b""
         try:
             cwd: str | None = os.readlink(entry / "cwd")
@@ -140,7 +139,7 @@ def processes(proc_root: Path = Path("/proc")) -> list[Proc]:
         group = _read(entry / "cgroup") or b""
         cgroup = next((line[3:].decode(errors="replace") for line in group.splitlines()
                        if line.startswith(b"0::")), None)
-        found.append(Proc(int(entry.name), int(fields[3]), int(fields[2]),
+        found.append(Proc(pid, stat.session, stat.pgrp,
                           tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a),
                           cwd, cgroup))
     return found
@@ -153,10 +152,10 @@ def ancestors(proc_root: Path = Path("/proc"), pid: int | None = None) -> set[in
     pid = os.getpid() if pid is None else pid
     while pid > 0 and pid not in out:
         out.add(pid)
-        stat = _read(proc_root / str(pid) / "stat")
+        stat = procfs.read_stat(pid, proc_root)
         if stat is None:
             break
-        pid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        pid = stat.ppid
     return out
 
 
@@ -183,18 +182,6 @@ def mentions(proc: Proc, bases: list[Path]) -> Path | None:
 # ---------------------------------------------------------------------------- mounts
 
 
-def _unescape(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 3 < len(text) and text[i + 1:i + 4].isdigit():
-            out.append(chr(int(text[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
 @dataclass(frozen=True)
 class Mount:
     point: str
@@ -202,13 +189,9 @@ class Mount:
 
 
 def mounts(proc_root: Path = Path("/proc")) -> list[Mount]:
-    """The mount table this process sees (``self/mountinfo``)."""
-    text = (_read(proc_root / "self" / "mountinfo") or b"").decode(errors="replace")
-    found = []
-    for line in text.splitlines():
-        parts = line.split()
-        if " - " not in line or len(parts) < 5:
-            continue
-        after = line.split(" - ", 1)[1].split()
-        found.append(Mount(_unescape(parts[4]), after[0] if after else ""))
-    return found
+    """The mount table this process sees (``self/mountinfo``); empty if unreadable."""
+    try:
+        table = procfs.read_mountinfo(proc_root)
+    except OSError:
+        return []
+    return [Mount(m.mount_point, m.fstype) for m in table]

@@ -34,6 +34,7 @@ from jeepney import DBusAddress, MessageType, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.low_level import HeaderFields
 
+from kibotos import procfs
 from kibotos.errors import FailedPrecondition
 
 DEFAULT_SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
@@ -163,46 +164,18 @@ def own_cgroup(proc_root: Path, pid: int) -> str | None:
     return named or unified
 
 
-def _cgroup_mounts(proc_root: Path) -> list[Path]:
-    mounts = []
-    try:
-        text = (proc_root / "self" / "mountinfo").read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields = right.split()
-        if len(fields) >= 3 and (fields[0] == "cgroup2" or (
-                fields[0] == "cgroup" and "name=systemd" in fields[2].split(","))):
-            mounts.append(Path(left.split()[4]))
-    return mounts
-
-
 def cgroup_pids(cgroup: str, proc_root: Path = Path("/proc")) -> set[int]:
     """Processes in `cgroup` and below it, in the hierarchies systemd tracks."""
-    relative = cgroup.strip("/")
-    if not relative:
-        raise FailedPrecondition("node startup check: the node's unit has the root cgroup")
-    pids: set[int] = set()
-    for mount in _cgroup_mounts(proc_root):
-        for dirpath, _dirs, files in os.walk(mount / relative):
-            if "cgroup.procs" in files:
-                try:
-                    pids.update(int(p) for p in (Path(dirpath) / "cgroup.procs").read_text()
-                                .split())
-                except OSError:
-                    continue
-    return pids
+    try:
+        return procfs.cgroup_pids(cgroup, proc_root)
+    except ValueError:
+        raise FailedPrecondition("node startup check: the node's unit has the root "
+                                 "cgroup") from None
 
 
 def _alive(pid: int, proc_root: Path) -> bool:
     """Not gone and not a zombie (a zombie holds nothing but its PID)."""
-    try:
-        stat = (proc_root / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rpartition(")")[2].split()
-    return bool(fields) and fields[0] not in ("Z", "X", "x")
+    return procfs.start_time(pid, proc_root) is not None
 
 
 def _cmdline(pid: int, proc_root: Path) -> str:

@@ -134,8 +134,8 @@ def check_formats(paths: NodePaths, build: BuildIdentity, report: Report
     return readable
 
 
-def check_runtime_dir(runtime_dir: Path, build: BuildIdentity, backend: object,
-                      report: Report) -> str | None:
+def check_runtime_dir(runtime_dir: Path, build: BuildIdentity,
+                      backend: VmmBackend | type[VmmBackend], report: Report) -> str | None:
     """Rule 2; the identity of the installation this build would pin, if complete."""
     if not runtime_dir.is_dir():
         report.blocked(f"target runtime directory {runtime_dir} does not exist")

@@ -18,8 +18,8 @@ The agent socket of an Instance is ``agent-dp.sock`` in its directory
 (``<storage.root>/runtime/instances/<id>/``), which every VMM backend offers there: the
 ``qemu`` backend as the socket of the guest's second virtio-serial port, the
 ``firecracker`` backend as a link to its vsock socket, which also needs the guest port
-every connection ``CONNECT``s to first (the backend's ``dataplane_vsock_port``; None or
-absent for a socket that leads straight to the agent).
+every connection ``CONNECT``s to first (the backend's ``dataplane_vsock_port``; None for
+a socket that leads straight to the agent).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from kibotos.backends import VmmBackend
 from kibotos.config import NodeConfig
 from kibotos.dataplane.state import Target
 from kibotos.errors import InvalidArgument
@@ -39,6 +40,7 @@ from kibotos.node.instances.contract import (
     CommandHandler,
     Holdings,
     InstanceManager,
+    ManagerGauges,
     StateFeed,
 )
 from kibotos.protocol import Welcome
@@ -78,10 +80,9 @@ class DataplaneTargets:
             node_id=config.node.id, listen=config.node.dataplane_listen,
             socket_dir=config.node.socket_dir, state_dir=config.storage.root / "state",
             supervisor=supervisor)
-        backend = regs.vmm.get(config.vmm.backend)(config.vmm.options())
-        port = getattr(backend, "dataplane_vsock_port", None)
+        backend: VmmBackend = regs.vmm.get(config.vmm.backend)(config.vmm.options())
         return cls(manager, dataplane, config.storage.root,
-                   vsock_port=port if isinstance(port, int) else None)
+                   vsock_port=backend.dataplane_vsock_port)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -208,3 +209,6 @@ class _GatedManager:
 
     def vm_usage(self) -> tuple[float | None, int | None]:
         return self._inner.vm_usage()
+
+    def gauges(self) -> ManagerGauges:
+        return self._inner.gauges()

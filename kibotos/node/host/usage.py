@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import trio
 
+from kibotos import procfs
 from kibotos.logs import EventLogger
 
 log = EventLogger()
@@ -113,26 +114,6 @@ def read_meminfo(proc: Path) -> tuple[int | None, int | None]:
     return values.get("MemAvailable"), total if total else None
 
 
-def read_cpu_times(proc: Path) -> tuple[int, int] | None:
-    """``(idle, total)`` jiffies of the aggregate ``cpu`` line of /proc/stat.  Idle
-    includes iowait; guest time is already inside user/nice, so it is not added again."""
-    text = _read(proc / "stat")
-    if text is None:
-        return None
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            try:
-                numbers = [int(x) for x in fields[1:9]]
-            except ValueError:
-                return None
-            if len(numbers) < 4:
-                return None
-            idle = numbers[3] + (numbers[4] if len(numbers) > 4 else 0)
-            return idle, sum(numbers)
-    return None
-
-
 def read_pressure(proc: Path, resource: str) -> Pressure | None:
     """``/proc/pressure/<resource>`` avg60 of the some and full lines, as shares."""
     text = _read(proc / "pressure" / resource)
@@ -194,7 +175,7 @@ class UsageSampler:
         self._cpu_prev: tuple[int, int] | None = None
 
     def _cpu_idle(self) -> float | None:
-        current = read_cpu_times(self.proc_root)
+        current = procfs.cpu_times(self.proc_root)
         previous, self._cpu_prev = self._cpu_prev, current
         if current is None or previous is None:
             return None

@@ -16,30 +16,22 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from kibotos import procfs
+
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _stat_fields(proc: Path, pid: int) -> list[str] | None:
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2:].split()  # fields 3 onwards
 
 
 def read_process(proc: Path, pid: int, start_ticks: int) -> tuple[int, int] | None:
     """``(cpu_ticks, rss_bytes)`` of `pid` if it still has `start_ticks`, else None
     (also for a zombie: it has ended and holds nothing but its PID)."""
-    fields = _stat_fields(proc, pid)
+    stat = procfs.read_stat(pid, proc)
+    if stat is None or stat.start_time_ticks != start_ticks or stat.dead:
+        return None
     try:
-        if fields is None or int(fields[19]) != start_ticks or fields[0] in "ZXx":
-            return None
-        ticks = int(fields[11]) + int(fields[12])
         pages = int((proc / str(pid) / "statm").read_text().split()[1])
     except (OSError, ValueError, IndexError):
         return None
-    return ticks, pages * PAGE_SIZE
+    return stat.utime + stat.stime, pages * PAGE_SIZE
 
 
 class VmUsageMeter:
@@ -65,7 +57,7 @@ class VmUsageMeter:
             current[key] = (ticks, now)
             before = self._previous.get(key)
             if before is not None and now > before[1]:
-                rate = max(0, ticks - before[0]) / CLK_TCK / (now - before[1])
+                rate = max(0, ticks - before[0]) / procfs.CLK_TCK / (now - before[1])
                 cores = (cores or 0.0) + rate
         self._previous = current
         return cores, rss

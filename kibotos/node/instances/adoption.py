@@ -37,7 +37,6 @@ instance process this node did not take over`` and the unit keeps running.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +45,7 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
+from kibotos import atomicfile, procfs
 from kibotos.backends import Supervisor, UnitInfo
 from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.logs import EventLogger
@@ -111,28 +110,18 @@ def _runs_recorded_command(record: Mapping[str, Any], info: UnitInfo) -> bool:
     return bool(info.argv) and isinstance(expected, list) and list(info.argv) == expected
 
 
-def _boot_time(proc: Path = Path("/proc")) -> float | None:
-    try:
-        for line in (proc / "stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 def _started_before_record(record: Mapping[str, Any], info: UnitInfo) -> bool:
     """Whether the unit's main process is older than the launch record: then it is
     not the launch the record describes (a unit started *after* the record is).  The
     boot time is in whole seconds, hence the second of slack."""
-    written, ticks, boot = record.get("written_at"), info.start_time_ticks, _boot_time()
+    written, ticks, boot = record.get("written_at"), info.start_time_ticks, procfs.boot_time()
     if not isinstance(written, str) or ticks is None or boot is None:
         return False
     try:
         at = datetime.fromisoformat(written).timestamp()
     except ValueError:
         return False
-    return boot + ticks / os.sysconf("SC_CLK_TCK") < at - 1.0
+    return boot + ticks / procfs.CLK_TCK < at - 1.0
 
 
 def owns_unit(info: UnitInfo, supervisor: Supervisor, instances_dir: Path) -> bool:

@@ -106,6 +106,18 @@ class StateFeed:
         return self._seq, [frame for seq, frame in self._frames if seq > seen]
 
 
+@dataclass(frozen=True)
+class ManagerGauges:
+    """What the node's ``/metrics`` shows of a manager beyond its holdings
+    (docs/metrics.md); None leaves that gauge out, for a manager without such state."""
+
+    drain_requested: bool | None = None
+    #: What this node start did with the Instances it found: adoption verdict → count.
+    adoption_counts: Mapping[str, int] | None = None
+    #: Instances whose release is stuck (processes left after their unit's stop).
+    cleanup_pending: int | None = None
+
+
 class InstanceManager(Protocol):
     """What the node's session and `serve_node` ask of the Instance manager."""
 
@@ -138,6 +150,9 @@ class InstanceManager(Protocol):
     def vm_usage(self) -> tuple[float | None, int | None]:
         """``(vm_cpu_cores, vm_memory_bytes)`` of all VMs on the host; None until this
         node has started a VM."""
+
+    def gauges(self) -> ManagerGauges:
+        """The manager's own figures for ``/metrics``."""
 
 
 class EmptyInstanceManager:
@@ -172,3 +187,6 @@ class EmptyInstanceManager:
 
     def vm_usage(self) -> tuple[float | None, int | None]:
         return None, None
+
+    def gauges(self) -> ManagerGauges:
+        return ManagerGauges()  # no drain to refuse, nothing adopted or cleaning up

@@ -58,10 +58,6 @@ from kibotos.vmm_ready import first_kibotos_error
 
 log = EventLogger()
 
-#: Where the kibotos Platform's init mounts the writable layer in the guest
-#: (docs/vm.md): stop_prepare syncs and freezes it.  A backend whose guest is not a
-#: kibotos Platform says otherwise with a class attribute of this name.
-GUEST_RETAINED_FILESYSTEMS: tuple[str, ...] = ("/run/kibotos/rw",)
 #: How often a booting VMM is checked while its guest is awaited.
 _BOOT_WATCH = 0.5
 _GUEST_CONNECT = 10.0
@@ -374,9 +370,7 @@ class Launcher:
         return result
 
     def retained_filesystems(self) -> tuple[str, ...]:
-        value = getattr(type(self.backend), "GUEST_RETAINED_FILESYSTEMS",
-                        GUEST_RETAINED_FILESYSTEMS)
-        return tuple(value)
+        return tuple(self.backend.GUEST_RETAINED_FILESYSTEMS)
 
     @contextlib.asynccontextmanager
     async def guest(self, inst: Instance, timeout: float = _GUEST_CONNECT

@@ -52,6 +52,7 @@ from kibotos.node.instances.contract import (
     CommandHandler,
     Holdings,
     InstanceSummary,
+    ManagerGauges,
     StateFeed,
 )
 from kibotos.node.instances.lifecycle import Instance, Launcher, Settings
@@ -127,6 +128,10 @@ class VmInstanceManager:
         if requested != self.drain_requested:
             log.info("drain requested" if requested else "drain cancelled")
         self.drain_requested = requested
+
+    def gauges(self) -> ManagerGauges:
+        pending = sum(1 for i in self._instances if self.cleanups.get(i) is not None)
+        return ManagerGauges(self.drain_requested, dict(self.adoption_counts), pending)
 
     def holdings(self) -> Holdings:
         cpu = memory = count = 0

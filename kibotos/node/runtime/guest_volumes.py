@@ -13,22 +13,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kibotos.backends import VmmBackend
 from kibotos.errors import FailedPrecondition
 from kibotos.guest import Volume
 from kibotos.protocol import CreateSpec
 
 
-def guest_volumes(backend: object, launch: Mapping[str, Any] | None, spec: CreateSpec
+def guest_volumes(backend: VmmBackend, launch: Mapping[str, Any] | None, spec: CreateSpec
                   ) -> list[Volume] | None:
     """The ``volumes`` of the guest's configure; None (leave the guest's as they are)
-    when the Instance has none, or when the backend cannot name its guest devices (no
-    ``volume_devices``: a test backend whose "guest" has no block devices)."""
-    if not spec.volumes:
+    when the Instance has none, or when the backend cannot name its guest devices
+    (`VmmBackend.volume_devices` says None: a test backend whose "guest" has no block
+    devices)."""
+    if not spec.volumes or launch is None:
         return None
-    devices_of = getattr(backend, "volume_devices", None)
-    if devices_of is None or launch is None:
+    named = backend.volume_devices(launch)
+    if named is None:
         return None
-    devices = list(devices_of(launch))
+    devices = list(named)
     if len(devices) != len(spec.volumes):
         raise FailedPrecondition(f"the launch has {len(devices)} Volume devices for "
                                  f"{len(spec.volumes)} Volumes")

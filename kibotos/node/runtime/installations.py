@@ -18,9 +18,10 @@ the runtime pieces, copied into the installation under the same relative names:
 * ``kibotos/guest/agent.py`` and ``kibotos/guest/kibotos_guest/*.py``: the guest agent
   this build installs in Templates and runs as the guest of a light VMM, which is the
   guest protocol the node speaks to its guests;
-* the VMM executables a backend declares with an optional class attribute
-  ``RUNTIME_FILES`` (names relative to the runtime directory, e.g. ``bin/kibovm``); the
-  built-in backends declare none (QEMU comes from the host's own package).
+* the VMM executables a backend declares in ``RUNTIME_FILES`` (an optional member of
+  `kibotos.backends.VmmBackend`: names relative to the runtime directory, e.g.
+  ``bin/kibovm``); the built-in backends declare none (QEMU comes from the host's own
+  package).
 
 Files are copied (not hard-linked: an edit in place of a source file would change the
 pinned copy too).  The runtime version is the release of the build that made the
@@ -44,6 +45,7 @@ from typing import Any
 
 import kibotos
 from kibotos import atomicfile
+from kibotos.backends import VmmBackend
 from kibotos.errors import FailedPrecondition
 from kibotos.logs import EventLogger
 from kibotos.node.records import instance_records as records
@@ -69,7 +71,7 @@ def default_runtime_dir() -> Path:
     return Path(kibotos.__file__).resolve().parent.parent
 
 
-def required_files(backend: object | None = None) -> list[str]:
+def required_files(backend: VmmBackend | type[VmmBackend] | None = None) -> list[str]:
     """The relative names this build needs in a runtime directory: the guest agent and
     its package (as this build has them), and what `backend` (a VMM backend or its
     class) declares."""
@@ -77,9 +79,8 @@ def required_files(backend: object | None = None) -> list[str]:
     names = ["kibotos/guest/agent.py"]
     names += sorted(f"kibotos/guest/kibotos_guest/{p.name}"
                     for p in (guest / "kibotos_guest").glob("*.py"))
-    cls = backend if isinstance(backend, type) else type(backend)
-    declared = getattr(cls, "RUNTIME_FILES", ()) if backend is not None else ()
-    names += [str(n) for n in declared]
+    if backend is not None:
+        names += [str(n) for n in backend.RUNTIME_FILES]
     return names
 
 
@@ -139,8 +140,8 @@ def manifest_of(runtime_dir: Path, names: Sequence[str]) -> dict[str, str]:
     return {n: _digest(runtime_dir / n) for n in names}
 
 
-def planned(runtime_dir: Path, build: BuildIdentity, backend: object | None = None
-            ) -> tuple[str, dict[str, str]]:
+def planned(runtime_dir: Path, build: BuildIdentity,
+            backend: VmmBackend | type[VmmBackend] | None = None) -> tuple[str, dict[str, str]]:
     """The identity and manifest of the installation `build` would pin from
     `runtime_dir`, without writing anything (what `check-upgrade` compares with)."""
     files = manifest_of(runtime_dir, required_files(backend))
@@ -204,7 +205,7 @@ def verify(root: Path, identity: str) -> Installation:
 
 
 def pin(root: Path, build: BuildIdentity, *, runtime_dir: Path | None = None,
-        backend: object | None = None) -> Installation:
+        backend: VmmBackend | type[VmmBackend] | None = None) -> Installation:
     """The current installation, made (or repaired) from `runtime_dir` if it is not
     complete on disk.  Called once at node start, under the owner lock."""
     source = runtime_dir or default_runtime_dir()

@@ -3,10 +3,10 @@
 Packing Workspaces onto as few nodes as possible keeps whole nodes empty, so they can be
 drained, retired or handed a large Workspace later.  The measure is the share of the
 node left free once the request is placed, CPU and memory combined
-(`kibotos.backends.NodeCapacity.free_share_after`); the smallest share ranks first and
+(`kibotos.sdk.NodeCapacity.free_share_after`); the smallest share ranks first and
 ties go to the lower node ID, so the same inputs always give the same ranking.
 
-Registered through the public hook API only, like any third-party plugin.
+Registered through the plugin SDK (`kibotos.sdk`) only, like any third-party plugin.
 """
 
 from __future__ import annotations
@@ -14,23 +14,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from kibotos.backends import NodeCapacity, PlacementRequest
-from kibotos.errors import InvalidArgument
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import (
+    KeyedPlacementPolicy,
+    NodeCapacity,
+    PlacementRequest,
+    Register,
+    backend_options,
+    hookimpl,
+)
 
 __all__ = ["BinpackPolicy", "kibotos_register_placement"]
 
 
-class BinpackPolicy:
+class BinpackPolicy(KeyedPlacementPolicy):
     """Ranks candidates by least free share after placing the request."""
 
     name: ClassVar[str] = "binpack"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        if options:
-            raise InvalidArgument(
-                f"placement policy binpack takes no options, got {', '.join(sorted(options))}"
-            )
+        backend_options("placement", self.name, options)
 
     def sort_key(self, request: PlacementRequest, candidate: NodeCapacity) -> tuple[int, str]:
         """Least free share first (as the exact integer key), then the lower node ID."""

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from kibotos_nfs import NfsDriver, NfsMount, Verdict
 
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import Register, hookimpl
 
 __all__ = ["CloudNasDriver", "kibotos_register_storage_driver"]
 

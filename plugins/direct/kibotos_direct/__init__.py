@@ -3,13 +3,13 @@
 For hosts without systemd, for development and for tests (see
 `kibotos_direct.supervisor`).  The class is imported inside the hook so that the
 launcher, which imports this package in a fresh interpreter at every unit start, does
-not pay for trio.  Registered through the public hook API only, like any third-party
-plugin.
+not pay for trio.  Registered through the plugin SDK (`kibotos.sdk`) only, like any
+third-party plugin.
 """
 
 from __future__ import annotations
 
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import Register, hookimpl
 
 __all__ = ["kibotos_register_supervisor"]
 

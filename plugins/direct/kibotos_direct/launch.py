@@ -24,8 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile
-from kibotos_direct import procfs
+from kibotos.sdk import atomicfile, procfs
 
 
 def _reset_signals() -> None:
@@ -40,6 +39,22 @@ def _reset_signals() -> None:
         except (OSError, ValueError):
             continue
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def identity(pid: int, proc: Path = procfs.PROC) -> dict[str, object]:
+    """Every identity fact of `pid` as the unit record keeps it (None where unreadable):
+    what `describe` later compares to tell the unit from a process that reused its PID."""
+    stat = procfs.read_stat(pid, proc)
+    exe = procfs.executable(pid, proc)
+    return {
+        "main_pid": pid,
+        "start_time_ticks": stat.start_time_ticks if stat else None,
+        "executable": exe[0] if exe else None,
+        "executable_dev_ino": list(exe[1]) if exe else None,
+        "cgroup": procfs.cgroup(pid, proc),
+        "netns_inode": procfs.netns_inode(pid, proc),
+        "boot_id": procfs.boot_id(proc),
+    }
 
 
 def launch(request: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +83,7 @@ def launch(request: dict[str, Any]) -> dict[str, Any]:
         "properties": request["properties"],
         "working_directory": request["cwd"],
         "process_group": proc.pid,
-        **procfs.identity(proc.pid),
+        **identity(proc.pid),
     }
     atomicfile.write_json(Path(request["record_path"]), record)
     return record

@@ -35,10 +35,18 @@ from typing import Any, ClassVar
 
 import trio
 
-from kibotos import atomicfile
-from kibotos.backends import UnitInfo, UnitSpec
-from kibotos.errors import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument
-from kibotos_direct import procfs
+from kibotos.sdk import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    Supervisor,
+    UnitInfo,
+    UnitSpec,
+    atomicfile,
+    backend_options,
+    procfs,
+)
 
 _NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}")
 #: systemd's default PATH for services; the node's own environment is not inherited.
@@ -66,8 +74,8 @@ def _json_safe(value: Mapping[str, Any]) -> Any:
     return json.loads(json.dumps(dict(value), default=str))
 
 
-class DirectSupervisor:
-    """`kibotos.backends.Supervisor` without systemd.
+class DirectSupervisor(Supervisor):
+    """`kibotos.sdk.Supervisor` without systemd.
 
     Options: ``state_dir`` (required; one JSON record per unit), ``log_dir`` (default
     ``<state_dir>/logs``, for units whose spec names no ``log_path``), ``python`` (the
@@ -79,25 +87,11 @@ class DirectSupervisor:
     name: ClassVar[str] = "direct"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise InvalidArgument(
-                f"supervisor direct: unknown option(s) {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(_OPTIONS))})"
-            )
-        if not options.get("state_dir"):
-            raise InvalidArgument("supervisor direct needs the option state_dir")
-        self.state_dir = Path(options["state_dir"])
-        self.log_dir = Path(options.get("log_dir") or self.state_dir / "logs")
-        self.python = str(options.get("python") or sys.executable)
-        try:
-            self.kill_grace = float(options.get("kill_grace", _KILL_GRACE))
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"supervisor direct: kill_grace must be a number of "
-                                  f"seconds, got {options.get('kill_grace')!r}") from None
-        if not 0 < self.kill_grace <= 3600:
-            raise InvalidArgument(f"supervisor direct: kill_grace must be in (0, 3600] "
-                                  f"seconds, got {self.kill_grace:g}")
+        opts = backend_options("supervisor", self.name, options, _OPTIONS)
+        self.state_dir = opts.required_path("state_dir")
+        self.log_dir = opts.path("log_dir", self.state_dir / "logs")
+        self.python = opts.text("python", sys.executable)
+        self.kill_grace = opts.seconds("kill_grace", _KILL_GRACE, most=3600)
         self._locks: dict[str, trio.Lock] = {}
 
     # ------------------------------------------------------------------ the protocol
@@ -294,7 +288,7 @@ class DirectSupervisor:
         leader = procfs.read_stat(pgrp)
         if leader is not None and leader.start_time_ticks != record.get("start_time_ticks"):
             return []
-        return procfs.live_members(pgrp)
+        return procfs.live_group_members(pgrp)
 
     async def _end_group(self, name: str, record: Mapping[str, Any], timeout: float) -> None:
         """SIGTERM (and SIGCONT, so a stopped process can act on it) to the group; after

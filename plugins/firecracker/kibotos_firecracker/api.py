@@ -1,5 +1,5 @@
 """Firecracker's HTTP API on its unix socket: the configuration calls of one launch, and
-a small client that turns Firecracker's refusals into `kibotos.errors`.
+a small client that turns Firecracker's refusals into the SDK's errors.
 
 The calls follow Firecracker's OpenAPI document (``src/firecracker/swagger/
 firecracker.yaml``; a copy is in ``tests/firecracker/swagger/`` where the stand-in
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import trio
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
+from kibotos.sdk import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from kibotos_firecracker import jail as jailmod
 from kibotos_firecracker.launch import Launch
 

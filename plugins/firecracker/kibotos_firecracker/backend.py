@@ -34,8 +34,14 @@ from typing import Any, ClassVar
 
 import trio
 
-from kibotos.backends import UnitSpec
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.sdk import (
+    BackendOptions,
+    FailedPrecondition,
+    UnitSpec,
+    VmmBackend,
+    backend_options,
+    procfs,
+)
 from kibotos_firecracker import jail as jailmod
 from kibotos_firecracker.api import FirecrackerApi, launch_calls
 from kibotos_firecracker.launch import Launch, parse_launch
@@ -63,22 +69,12 @@ _OPTIONS = {"jailer_binary", "firecracker_binary", "user", "uid", "gid", "chroot
             "vsock_port", "guest_cid", "balloon", "kvm_device"}
 
 
-def _int_option(options: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgument(f"firecracker backend: {key} must be an integer from {lo} "
-                              f"to {hi}, not {value!r}")
-    return value
-
-
-def _account(options: Mapping[str, Any]) -> tuple[int, int]:
-    if "uid" in options or "gid" in options:
-        if "user" in options:
-            raise InvalidArgument("firecracker backend: give either user or uid and gid")
-        uid = _int_option(options, "uid", -1, 1, 2**32 - 2)
-        gid = _int_option(options, "gid", -1, 0, 2**32 - 2)
-        return uid, gid
-    user = str(options.get("user", DEFAULT_USER))
+def _account(opts: BackendOptions) -> tuple[int, int]:
+    if "uid" in opts or "gid" in opts:
+        if "user" in opts:
+            raise opts.invalid("user", "give either user or uid and gid")
+        return opts.integer("uid", -1, 1, 2**32 - 2), opts.integer("gid", -1, 0, 2**32 - 2)
+    user = opts.text("user", DEFAULT_USER)
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
@@ -86,8 +82,7 @@ def _account(options: Mapping[str, Any]) -> tuple[int, int]:
             f"firecracker backend: the VMM account {user!r} does not exist (create it, or "
             "set user, or uid and gid, in [vmm.firecracker])") from None
     if entry.pw_uid == 0:
-        raise InvalidArgument(f"firecracker backend: the VMM account {user!r} is root; "
-                              "the jail needs an unprivileged account")
+        raise opts.invalid("user", "is root; the jail needs an unprivileged account")
     return entry.pw_uid, entry.pw_gid
 
 
@@ -101,27 +96,16 @@ def _version(binary: str) -> str | None:
     return first or None
 
 
-def _fs_type(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
-    """The file system type of the mount that holds `path` (longest mount point)."""
-    real = os.path.realpath(path)
-    best, fstype = "", None
+def _fs_type(path: Path, proc: Path = procfs.PROC) -> str | None:
+    """The file system type of the mount that holds `path`."""
     try:
-        lines = mountinfo.read_text().splitlines()
+        mount = procfs.find_mount(procfs.read_mountinfo(proc), os.path.realpath(path))
     except OSError:
         return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields = left.split(" ")
-        if len(fields) < 5 or not right:
-            continue
-        point = fields[4]
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and \
-                len(point) >= len(best):
-            best, fstype = point, right.split(" ")[0]
-    return fstype
+    return mount.fstype if mount is not None else None
 
 
-class FirecrackerVmm:
+class FirecrackerVmm(VmmBackend):
     """Turns a launch description into a jailer unit; see the module docstring."""
 
     name: ClassVar[str] = "firecracker"
@@ -133,27 +117,18 @@ class FirecrackerVmm:
     GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ("/run/kibotos/rw",)
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise InvalidArgument(f"firecracker backend: unknown options {sorted(unknown)}")
-        jailer = str(options.get("jailer_binary", "jailer"))
+        opts = backend_options("vmm", self.name, options, _OPTIONS)
+        jailer = opts.text("jailer_binary", "jailer")
         self.jailer_binary = shutil.which(jailer) or jailer
-        firecracker = str(options.get("firecracker_binary", "firecracker"))
+        firecracker = opts.text("firecracker_binary", "firecracker")
         self.firecracker_binary = shutil.which(firecracker) or firecracker
-        self.uid, self.gid = _account(options)
-        base = Path(str(options.get("chroot_base_dir", DEFAULT_CHROOT_BASE)))
-        if not base.is_absolute():
-            raise InvalidArgument(f"firecracker backend: chroot_base_dir {base} must be an "
-                                  "absolute path")
-        self.chroot_base_dir = base
-        self.vsock_port = _int_option(options, "vsock_port", DEFAULT_VSOCK_PORT, 1,
-                                      2**32 - 2)
-        self.guest_cid = _int_option(options, "guest_cid", 3, 3, 2**32 - 2)
-        balloon = options.get("balloon", True)
-        if not isinstance(balloon, bool):
-            raise InvalidArgument("firecracker backend: balloon must be true or false")
-        self.balloon = balloon
-        self.kvm_device = Path(str(options.get("kvm_device", "/dev/kvm")))
+        self.uid, self.gid = _account(opts)
+        self.chroot_base_dir = opts.path("chroot_base_dir", DEFAULT_CHROOT_BASE,
+                                         absolute=True)
+        self.vsock_port = opts.integer("vsock_port", DEFAULT_VSOCK_PORT, 1, 2**32 - 2)
+        self.guest_cid = opts.integer("guest_cid", 3, 3, 2**32 - 2)
+        self.balloon = opts.flag("balloon", True)
+        self.kvm_device = opts.path("kvm_device", "/dev/kvm")
         self.probed: Mapping[str, Any] | None = None
 
     # ------------------------------------------------------------------ probe
@@ -300,7 +275,7 @@ class FirecrackerVmm:
     async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
                             ) -> trio.SocketStream:
         """A byte stream to the guest agent over vsock, for
-        `kibotos.guest.open_guest_channel`; each call is a new guest connection."""
+        `kibotos.sdk.guest.open_guest_channel`; each call is a new guest connection."""
         spec = parse_launch(launch)
         return await connect_vsock(self.jail_for(spec).vsock_socket, self.vsock_port,
                                    trio.current_time() + timeout)

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition
+from kibotos.sdk import FailedPrecondition, procfs
 from kibotos_firecracker.launch import Launch
 
 #: Paths as Firecracker sees them inside the jail.
@@ -221,32 +221,9 @@ def _umount(target: Path) -> None:
             raise OSError(err, f"umount {target}: {os.strerror(err)}")
 
 
-def _unescape_mountinfo(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as ``\\ooo``."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mounts_under(directory: Path, mountinfo: Path = Path("/proc/self/mountinfo")
-                 ) -> list[Path]:
+def mounts_under(directory: Path, proc: Path = procfs.PROC) -> list[Path]:
     """Mount points at or below `directory`, deepest first (the order to unmount)."""
-    prefix = os.path.realpath(directory)
-    found = []
-    for line in mountinfo.read_text().splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        point = _unescape_mountinfo(fields[4])
-        if point == prefix or point.startswith(prefix + "/"):
-            found.append(Path(point))
-    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
+    return procfs.mounts_under(procfs.read_mountinfo(proc), os.path.realpath(directory))
 
 
 def _place(f: JailFile, target: Path) -> str:

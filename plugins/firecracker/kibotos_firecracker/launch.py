@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos import vmm_launch
-from kibotos.errors import InvalidArgument
+from kibotos.sdk import InvalidArgument, vmm_launch
 
 #: Firecracker's vCPU range (swagger: MachineConfiguration.vcpu_count, 1..32).
 MAX_VCPUS = 32

@@ -4,7 +4,7 @@ Firecracker writes the guest's serial console to its own stdout, which is the un
 ``vmm.log``.  A guest that will never say hello has usually printed why there
 (``kibotos-init: FAILED: …``, a kernel panic), so the log is watched while waiting and
 such a line ends the wait at once; a timeout carries the log's last lines.  The wait
-itself is the shared `kibotos.vmm_ready.wait_hello`.
+itself is the shared `kibotos.sdk.guest.wait_hello`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import trio
 
-from kibotos.guest import GuestInfo
-from kibotos.vmm_ready import wait_hello as _wait_hello
+from kibotos.sdk.guest import GuestInfo
+from kibotos.sdk.guest import wait_hello as _wait_hello
 
 
 async def wait_hello(connect: Callable[[], Awaitable[trio.abc.Stream]], log: Path,

@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kibotos.backends import Availability, HostPaths, PoolSpec
-from kibotos.errors import InvalidArgument
-from kibotos_nfs.mounts import NFS_TYPES, NfsMount, device_number, find_mount, parse_mounts
+from kibotos.sdk import Availability, HostPaths, PoolSpec, StorageDriver, backend_options, procfs
+from kibotos_nfs.mounts import NFS_TYPES, NfsMount, device_number
 from kibotos_nfs.writeback import WritebackError, limit_dirty_pages
 
 VERSIONS = ("3", "4.0", "4.1", "4.2")
@@ -49,17 +48,15 @@ class Verdict:
     warnings: list[str]
 
 
-class NfsDriver:
-    """`kibotos.backends.StorageDriver` for a self-hosted NFS server."""
+class NfsDriver(StorageDriver):
+    """`kibotos.sdk.StorageDriver` for a self-hosted NFS server."""
 
     name: ClassVar[str] = "nfs"
     #: Whether the server is a cloud provider's NAS (no NLM locks for v3).
     CLOUD: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        if options:
-            raise InvalidArgument(f"storage driver {self.name} takes no options, got "
-                                  f"{', '.join(sorted(options))}")
+        backend_options("storage_driver", self.name, options)
 
     def lock_rules(self, mount: NfsMount, version: str, verdict: Verdict) -> None:
         """A self-hosted nfsd provides locks: neither ``nolock`` nor ``local_lock``."""
@@ -98,14 +95,13 @@ class NfsDriver:
         where = f"pool {pool.id}: {pool.path}"
         if not pool.path.is_dir():
             return Availability(False, f"{where} does not exist (is the pool mounted?)")
-        mounts_file = host.proc_root / "self" / "mounts"
         try:
-            mounts = parse_mounts(mounts_file.read_text(errors="replace"))
+            mounts = procfs.read_mounts(host.proc_root)
         except OSError as exc:
-            return Availability(False, f"{where}: cannot read {mounts_file}: "
-                                f"{exc.strerror or exc}")
+            return Availability(False, f"{where}: cannot read "
+                                f"{procfs.mounts_file(host.proc_root)}: {exc.strerror or exc}")
         real = os.path.realpath(pool.path)
-        mount = find_mount(mounts, real)
+        mount = procfs.find_mount(mounts, real)
         if mount is None or mount.fstype not in NFS_TYPES:
             found = f"{mount.fstype} mount {mount.mount_point}" if mount else "no mount"
             return Availability(False, f"{where} is not on an NFS mount ({found}; driver "

@@ -3,13 +3,13 @@
 Boots a Platform (ELF vmlinux by PVH + the kibotos initramfs) with a Template image
 read-only, the writable layer and Volumes as virtio-mmio disks, and the guest agent on a
 virtio-serial port behind a unix socket.  KVM where a probe guest really boots, TCG
-otherwise (see `kibotos_qemu.probe`).  Registered through the public hook API only, like
-any third-party plugin; docs/vm.md describes the whole VM path.
+otherwise (see `kibotos_qemu.probe`).  Registered through the plugin SDK (`kibotos.sdk`)
+only, like any third-party plugin; docs/vm.md describes the whole VM path.
 """
 
 from __future__ import annotations
 
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import Register, hookimpl
 
 __all__ = ["kibotos_register_vmm"]
 

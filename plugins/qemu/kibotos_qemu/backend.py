@@ -15,7 +15,7 @@ Readiness: `wait_ready` connects to the agent socket (retrying: the socket file 
 before QEMU listens) and waits for the agent's hello, all within ``timeout``.  It never
 kills anything on timeout; the caller stops the unit (the spec's "kill on timeout" is
 the node's job, through its supervisor).  `guest_channel` gives the raw stream for
-`kibotos.guest.open_guest_channel`.
+`kibotos.sdk.guest.open_guest_channel`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ from typing import Any, ClassVar
 
 import trio
 
-from kibotos.backends import UnitSpec
-from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.guest import connect_unix_with_retry
-from kibotos.platform.cache import default_cache_root
+from kibotos.sdk import (
+    FailedPrecondition,
+    UnitSpec,
+    VmmBackend,
+    backend_options,
+    default_cache_root,
+)
+from kibotos.sdk.guest import connect_unix_with_retry
 from kibotos_qemu import cmdline, probe
 from kibotos_qemu.launch import Launch, parse_launch
 from kibotos_qemu.ready import wait_hello
@@ -50,7 +54,7 @@ _OPTIONS = {"qemu_binary", "accelerator", "platform_dir", "cache_dir", "probe_ti
             "user", "python", "proc_root"}
 
 
-class QemuVmm:
+class QemuVmm(VmmBackend):
     """Turns a launch description into a QEMU microvm unit; see the module docstring."""
 
     name: ClassVar[str] = "qemu"
@@ -63,29 +67,18 @@ class QemuVmm:
     GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ("/run/kibotos/rw",)
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise InvalidArgument(f"qemu backend: unknown options {sorted(unknown)}")
-        binary = str(options.get("qemu_binary", "qemu-system-x86_64"))
-        found = shutil.which(binary)
-        self.qemu_binary = found or binary
-        accel = str(options.get("accelerator", "auto"))
-        if accel not in ("auto", *cmdline.ACCELERATORS):
-            raise InvalidArgument(f"qemu backend: accelerator {accel!r} is not one of "
-                                  "auto, kvm, tcg")
+        opts = backend_options("vmm", self.name, options, _OPTIONS)
+        binary = opts.text("qemu_binary", "qemu-system-x86_64")
+        self.qemu_binary = shutil.which(binary) or binary
+        accel = opts.choice("accelerator", "auto", ("auto", *cmdline.ACCELERATORS))
         self.accelerator_option = accel
         self.accelerator: str | None = None if accel == "auto" else accel
-        platform = options.get("platform_dir")
-        self.platform_dir = Path(platform) if platform else None
-        cache = options.get("cache_dir")
-        self.cache_dir = Path(cache) if cache else default_cache_root() / "qemu"
-        self.probe_timeout = float(options.get("probe_timeout", 20.0))
-        if self.probe_timeout <= 0:
-            raise InvalidArgument("qemu backend: probe_timeout must be positive")
-        user = options.get("user")
-        self.user = str(user) if user else None
-        self.python = str(options["python"]) if options.get("python") else None
-        self.proc_root = Path(options.get("proc_root", "/proc"))
+        self.platform_dir = opts.path_or_none("platform_dir")
+        self.cache_dir = opts.path("cache_dir", default_cache_root() / "qemu")
+        self.probe_timeout = opts.seconds("probe_timeout", 20.0)
+        self.user = opts.text_or_none("user")
+        self.python = opts.text_or_none("python")
+        self.proc_root = opts.path("proc_root", "/proc")
         self.probed: Mapping[str, Any] | None = None
 
     # ------------------------------------------------------------------ probe
@@ -179,7 +172,7 @@ class QemuVmm:
 
     async def guest_channel(self, launch: Mapping[str, Any], *, timeout: float = 10.0
                             ) -> trio.SocketStream:
-        """A byte stream to the guest agent, for `kibotos.guest.open_guest_channel`.
+        """A byte stream to the guest agent, for `kibotos.sdk.guest.open_guest_channel`.
 
         QEMU's socket chardev serves one client at a time: the stream owns the channel
         until it is closed."""

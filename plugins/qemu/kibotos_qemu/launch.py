@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos import vmm_launch
-from kibotos.errors import InvalidArgument
+from kibotos.sdk import InvalidArgument, vmm_launch
 
 ROOT_SERIAL = "kibotos-root"
 RW_SERIAL = "kibotos-rw"

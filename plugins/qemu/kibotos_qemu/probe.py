@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
+from kibotos.sdk import atomicfile, procfs
 from kibotos_qemu.cmdline import TCG_TRIMS
 
 PROBE_MARKER = b"KIBOTOS-PROBE-OK"
@@ -96,12 +96,11 @@ async def boot_probe(argv: list[str], timeout: float) -> tuple[bool, str, float]
 
 
 def cache_key(qemu_binary: str, vmlinux: Path, host_proc: Path = Path("/proc")) -> str:
-    facts = []
-    for rel in ("sys/kernel/random/boot_id", "sys/kernel/osrelease"):
-        try:
-            facts.append((host_proc / rel).read_text().strip())
-        except OSError:
-            facts.append("")
+    facts = [procfs.boot_id(host_proc) or ""]
+    try:
+        facts.append((host_proc / "sys" / "kernel" / "osrelease").read_text().strip())
+    except OSError:
+        facts.append("")
     for path in (Path(qemu_binary), vmlinux):
         try:
             st = path.stat()

@@ -1,10 +1,10 @@
 """Guest readiness over QEMU's agent socket: connect, then wait for the agent's hello.
 
-The protocol is `kibotos.guest` (docs/guest-protocol.md): its client retries the first
-connect (QEMU creates the socket file before it listens), sends the resync preamble and
-a ``hello_request``, and checks the guest's protocol version.  What only the backend
-knows is where the guest console is (``console.log``); the shared
-`kibotos.vmm_ready.wait_hello` watches it while waiting, so a guest that printed why
+The protocol is the guest agent's (docs/guest-protocol.md, `kibotos.sdk.guest`): its
+client retries the first connect (QEMU creates the socket file before it listens), sends
+the resync preamble and a ``hello_request``, and checks the guest's protocol version.
+What only the backend knows is where the guest console is (``console.log``); the shared
+`kibotos.sdk.guest.wait_hello` watches it while waiting, so a guest that printed why
 it will never say hello (``kibotos-init: FAILED: …``, a kernel panic) ends the wait at
 once, and a timeout carries the console's last lines.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kibotos.guest import GuestInfo, connect_unix_with_retry
-from kibotos.vmm_ready import wait_hello as _wait_hello
+from kibotos.sdk.guest import GuestInfo, connect_unix_with_retry
+from kibotos.sdk.guest import wait_hello as _wait_hello
 
 
 async def wait_hello(agent_socket: Path, console_log: Path, deadline: float) -> GuestInfo:

@@ -2,11 +2,11 @@
 
 Spreading keeps the load even, so one busy node hurts as few Workspaces as possible and
 each keeps the most room to grow into overcommit.  The node with the largest share left
-free once the request is placed (`kibotos.backends.NodeCapacity.free_share_after`, CPU
+free once the request is placed (`kibotos.sdk.NodeCapacity.free_share_after`, CPU
 and memory combined) ranks first; ties go to the node running fewer Instances, then to
 the lower node ID, so the same inputs always give the same ranking.
 
-Registered through the public hook API only, like any third-party plugin.
+Registered through the plugin SDK (`kibotos.sdk`) only, like any third-party plugin.
 """
 
 from __future__ import annotations
@@ -14,23 +14,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from kibotos.backends import NodeCapacity, PlacementRequest
-from kibotos.errors import InvalidArgument
-from kibotos.hookspecs import Register, hookimpl
+from kibotos.sdk import (
+    KeyedPlacementPolicy,
+    NodeCapacity,
+    PlacementRequest,
+    Register,
+    backend_options,
+    hookimpl,
+)
 
 __all__ = ["SpreadPolicy", "kibotos_register_placement"]
 
 
-class SpreadPolicy:
+class SpreadPolicy(KeyedPlacementPolicy):
     """Ranks candidates by most free share after placing the request."""
 
     name: ClassVar[str] = "spread"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        if options:
-            raise InvalidArgument(
-                f"placement policy spread takes no options, got {', '.join(sorted(options))}"
-            )
+        backend_options("placement", self.name, options)
 
     def sort_key(self, request: PlacementRequest,
                  candidate: NodeCapacity) -> tuple[int, int, str]:

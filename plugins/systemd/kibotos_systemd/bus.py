@@ -6,7 +6,7 @@ and closed when the block ends.  The supervisor opens one per operation: systemd
 bus daemon may restart between two calls of a long-running node, and a fresh connection
 never carries a stale state.  Opening one costs a few milliseconds.
 
-D-Bus errors are translated here, at the boundary (`kibotos.errors`): callers see
+D-Bus errors are translated here, at the boundary (`kibotos.sdk` errors): callers see
 `DBusError` with the error's name and message, or `Unavailable` when the bus cannot be
 reached at all.
 """
@@ -26,7 +26,7 @@ from jeepney.io.common import RouterClosed
 from jeepney.io.trio import DBusRouter, open_dbus_router
 from jeepney.low_level import HeaderFields, Message
 
-from kibotos.errors import Unavailable
+from kibotos.sdk import Unavailable
 
 #: Where the system bus listens unless ``DBUS_SYSTEM_BUS_ADDRESS`` says otherwise.
 DEFAULT_SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"

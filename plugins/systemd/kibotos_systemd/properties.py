@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kibotos.backends import UnitSpec
-from kibotos.errors import InvalidArgument
+from kibotos.sdk import InvalidArgument, UnitSpec
 
 #: ``(uint64)-1``: systemd's "infinity" for limits and sizes.
 INFINITY = 2**64 - 1

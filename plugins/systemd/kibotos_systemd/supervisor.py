@@ -30,17 +30,21 @@ from typing import Any, ClassVar
 
 import trio
 
-from kibotos.backends import UnitInfo, UnitSpec
-from kibotos.errors import (
+from kibotos.sdk import (
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     KibotosError,
     PermissionDenied,
+    Supervisor,
     Unavailable,
+    UnitInfo,
+    UnitSpec,
+    backend_options,
+    procfs,
 )
-from kibotos_systemd import procfs
+from kibotos_systemd import processes
 from kibotos_systemd.bus import (
     NO_SUCH_UNIT,
     SERVICE,
@@ -104,29 +108,20 @@ def _map_error(exc: DBusError, what: str) -> KibotosError:
     return FailedPrecondition(f"{what}: {exc}")
 
 
-class SystemdSupervisor:
-    """`kibotos.backends.Supervisor` on systemd's transient services; see the module
+class SystemdSupervisor(Supervisor):
+    """`kibotos.sdk.Supervisor` on systemd's transient services; see the module
     docstring."""
 
     name: ClassVar[str] = "systemd"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise InvalidArgument(
-                f"supervisor systemd: unknown option(s) {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(_OPTIONS))})"
-            )
-        bus = options.get("bus")
-        if bus is not None and (not isinstance(bus, str) or not bus.startswith("unix:")):
-            raise InvalidArgument(f"supervisor systemd: bus {bus!r} is not a unix: D-Bus "
-                                  "address (e.g. unix:path=/run/dbus/system_bus_socket)")
+        opts = backend_options("supervisor", self.name, options, _OPTIONS)
+        bus = opts.text_or_none("bus")
+        if bus is not None and not bus.startswith("unix:"):
+            raise opts.invalid("bus", "is not a unix: D-Bus address (e.g. "
+                                      "unix:path=/run/dbus/system_bus_socket)")
         self.bus_address = system_bus_address(bus)
-        timeout = options.get("start_timeout", 120.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise InvalidArgument(f"supervisor systemd: start_timeout {timeout!r} must be a "
-                                  "positive number of seconds")
-        self.start_timeout = float(timeout)
+        self.start_timeout = opts.seconds("start_timeout", 120.0)
         self._locks: dict[str, trio.Lock] = {}
 
     # ------------------------------------------------------------------ the protocol
@@ -248,14 +243,14 @@ class SystemdSupervisor:
         argv = tuple(str(a) for a in exec_start[0][1]) if exec_start else ()
         pid = int(s.get("MainPID") or 0)
         if pid > 0 and u.get("ActiveState") in _LIVE_STATES:
-            facts = await trio.to_thread.run_sync(procfs.facts, pid)
+            facts = await trio.to_thread.run_sync(processes.facts, pid)
             # Read again: if the main process changed meanwhile, the facts belong to
             # nothing (or to a successor) and must not be shown as the unit's.
             again = await self._properties(bus, path, unit)
             if facts is not None and again is not None and \
                     int(again[1].get("MainPID") or 0) == pid and \
                     again[0].get("ActiveState") in _LIVE_STATES and \
-                    procfs.plausible_start(facts.start_time_ticks,
+                    processes.plausible_start(facts.start_time_ticks,
                                      int(s.get("ExecMainStartTimestampMonotonic") or 0)) and \
                     await trio.to_thread.run_sync(procfs.start_time, pid) == \
                     facts.start_time_ticks:
@@ -346,7 +341,7 @@ class SystemdSupervisor:
                 await trio.sleep(_POLL)
             await self._forget(bus, unit)
             return
-        left = await trio.to_thread.run_sync(procfs.live_cgroup_pids, cgroup)
+        left = await trio.to_thread.run_sync(processes.live_cgroup_pids, cgroup)
         raise DeadlineExceeded(
             f"unit {unit}: processes {', '.join(map(str, sorted(left))) or '(none)'} of "
             f"cgroup {cgroup} survived SIGKILL for {_KILL_GRACE:.0f}s (stuck in the kernel?)"
@@ -358,12 +353,12 @@ class SystemdSupervisor:
         props = await self._properties(bus, path, unit) if path else None
         if props is not None and props[0].get("ActiveState") not in ("inactive", "failed"):
             return False
-        left = await trio.to_thread.run_sync(procfs.live_cgroup_pids, cgroup)
+        left = await trio.to_thread.run_sync(processes.live_cgroup_pids, cgroup)
         if left and kill:
             # The unit ended but processes remain in its cgroup (systemd gave up on
             # them, or they arrived late): kill them ourselves.
             for pid in left:
-                procfs.kill(pid)
+                processes.kill(pid)
         return not left
 
     async def _release(self, bus: SystemdBus, unit: str) -> None:
