@@ -34,8 +34,9 @@ Knobs a test turns: `drain_requested`, `memory_tight`, `boot_delay`, `hold_boots
 `fail_boot`, `refuse_stop`, `fail_objects` (the error of the next pool object command),
 `hold_objects` (pool object commands wait for it), `fail_network` (the error of the
 next network switch), `guest_addresses` (sent in a networked Instance's RUNNING
-frame); `exit(instance_id, reason)` plays a
-VMM that ended on its own (reason ``oom_killed`` for the OOM killer).  Every command
+frame), `before_command` (awaited before each command is answered);
+`exit(instance_id, reason)` plays a VMM that ended on its own (reason ``oom_killed``
+for the OOM killer).  Every command
 received is kept in `commands`.  One object can outlive a session: pass it to the next
 `open_sim_node` and the node "restarts" with its Instances.
 """
@@ -144,6 +145,9 @@ class SimInstances:
     fail_network: KibotosError | None = None
     #: Addresses the RUNNING frame of a networked Instance carries (none when empty).
     guest_addresses: list[str] = field(default_factory=list)
+    #: Awaited with every command's parsed arguments before it is answered (a test
+    #: plays what a node does meanwhile, e.g. fetch an Egress's credentials).
+    before_command: Callable[[Args], Awaitable[None]] | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)
     _send: Send | None = None
     _nursery: trio.Nursery | None = None
@@ -233,6 +237,8 @@ class SimInstances:
         if model is None:
             raise InvalidArgument(f"unknown command kind {kind!r} for this node")
         parsed = parse_args(model, args)
+        if self.before_command is not None:
+            await self.before_command(parsed)
         if isinstance(parsed, CreateSpec):
             return await self._create(parsed)
         if isinstance(parsed, StopArgs):
