@@ -91,7 +91,7 @@ async def test_the_explicit_policy_is_sent_resolved(tmp_path: Path) -> None:
         await ctrl.connect("node-a", network=PUBLIC)
         await ctrl.call("POST", "/v1/egresses", json={
             "name": "corp", "address": "Proxy.Example:1080", "username": "u",
-            "password": "pw"})
+            "password": "hunter2-secret"})
         await ctrl.call("POST", "/v1/resolvers", json={
             "name": "dns", "upstream": "10.0.0.53", "via_egress": "corp"})
         policy = {"public_egress": True, "allow_out": ["198.18.0.10"],
@@ -109,7 +109,8 @@ async def test_the_explicit_policy_is_sent_resolved(tmp_path: Path) -> None:
                          "via_egress": True}}
         got = await ctrl.settled(ws["workspace_id"])
         assert got["instance"]["network"] == args["network"]
-        assert "pw" not in str(args) and "pw" not in str(got)
+        assert "hunter2-secret" not in str(args)
+        assert "hunter2-secret" not in str(got)
 
 
 async def test_names_that_do_not_resolve(tmp_path: Path) -> None:
