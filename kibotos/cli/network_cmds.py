@@ -262,8 +262,8 @@ def egress_get(inv: Invocation, name: str) -> None:
 def egress_update(inv: Invocation, name: str, address: str | None, username: str | None,
                   password_file: str | None, no_credentials: bool, command_id: str | None,
                   expected_version: int | None) -> None:
-    """Change an Egress (a new revision); what is not given is kept.  Running Workspaces
-    keep the revision they were sent until their next start or set-network."""
+    """Change an Egress (a new revision); what is not given is kept.  ctrl switches
+    the running Workspaces that use it to the new revision, without a restart."""
     egress_name(name)
     if no_credentials and (username is not None or password_file is not None):
         raise click.UsageError("--no-credentials excludes --username and --password-file")

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from ws_helpers import WsCtrl, open_ws_ctrl
+from ctrl_helpers import wait_until
+from ws_helpers import WsCtrl, events, open_ws_ctrl
 
 from kibotos.ctrl.store.models import Command, EgressRevision
 from kibotos.ctrl.wire.network import (
@@ -40,6 +41,14 @@ async def add_egress(ctrl: WsCtrl, name: str = "corp", **body: Any) -> dict[str,
 async def as_node(ctrl: WsCtrl, node_id: str, path: str, **params: Any) -> httpx.Response:
     return await ctrl.http.get(path, params=params,
                                headers={"Authorization": f"Bearer {ctrl.creds[node_id]}"})
+
+
+async def egress_revision_in_force(ctrl: WsCtrl, workspace_id: str, revision: int) -> None:
+    async def switched() -> bool:
+        inst = (await ctrl.ws(workspace_id))["instance"]
+        return bool(inst["network"]["egress"]["revision"] == revision)
+
+    await wait_until(switched, f"egress revision {revision} in force")
 
 
 def everything_stored(ctrl: WsCtrl) -> bytes:
@@ -196,14 +205,17 @@ async def test_credentials_only_for_a_node_running_that_revision(tmp_path: Path)
         assert resp.json()["error"]["code"] == "permission_denied"
         resp = await ctrl.http.get(path, params={"revision": 1})
         assert resp.json()["error"]["code"] == "unauthenticated"
+        # A new revision goes to the running Workspace (a switch, policy unchanged).
         await ctrl.call("POST", "/v1/egresses/corp/update",
                         json={"username": "bob", "password": OTHER_SECRET})
-        resp = await as_node(ctrl, "node-a", path, revision=2)
-        assert resp.json()["error"]["code"] == "permission_denied"
-        # The running Instance keeps revision 1 (kept for its node) until it switches.
-        resp = await as_node(ctrl, "node-a", path, revision=1)
-        assert resp.json()["result"]["password"] == SECRET
-        await ctrl.action(ws["workspace_id"], "set-network", network={"egress": "corp"})
+        await egress_revision_in_force(ctrl, ws["workspace_id"], 2)
+        [switch] = [c["args"] for c in ctrl.sims["node-a"].commands
+                    if c["kind"] == "instance.set_network"]
+        assert switch["network"]["egress"] == {
+            "name": "corp", "revision": 2, "address": "proxy.example:1080",
+            "authenticated": True}
+        [event] = [e for e in await events(ctrl, ws["workspace_id"]) if e["kind"] == "network"]
+        assert event["cause"] == "egress corp changed"
         resp = await as_node(ctrl, "node-a", path, revision=2)
         assert resp.json()["result"]["password"] == OTHER_SECRET
         resp = await as_node(ctrl, "node-a", path, revision=1)
@@ -240,12 +252,37 @@ async def test_the_node_may_fetch_while_it_is_being_sent_the_revision(
         ws = await ctrl.create(network={"egress": "corp"})
         await ctrl.settled(ws["workspace_id"])
         await ctrl.call("POST", "/v1/egresses/corp/update", json={"address": "p2:1080"})
-        await ctrl.action(ws["workspace_id"], "set-network", network={"egress": "corp"})
+        await egress_revision_in_force(ctrl, ws["workspace_id"], 2)
         assert [(kind, body["result"]["revision"]) for kind, body in fetched] == [
             ("CreateSpec", 1), (SetNetworkArgs.__name__, 2)]
         # Once it is over, the grant is gone: a revision nobody runs is refused.
         resp = await as_node(ctrl, "node-a", "/v1/egresses/corp/credentials", revision=1)
         assert resp.json()["error"]["code"] == "permission_denied"
+
+
+async def test_a_node_away_keeps_the_revision_it_was_sent(tmp_path: Path) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a", network=PUBLIC)
+        await add_egress(ctrl)
+        ws = await ctrl.create(network={"egress": "corp"})
+        await ctrl.settled(ws["workspace_id"])
+        await ctrl.disconnect("node-a")
+        await ctrl.call("POST", "/v1/egresses/corp/update",
+                        json={"username": "bob", "password": OTHER_SECRET})
+        path = "/v1/egresses/corp/credentials"
+        # The switch cannot reach the node: its Instance keeps revision 1, whose
+        # credentials stay stored and fetchable (over HTTP, not the session).
+        got = await ctrl.ws(ws["workspace_id"])
+        assert got["instance"]["network"]["egress"]["revision"] == 1
+        resp = await as_node(ctrl, "node-a", path, revision=1)
+        assert resp.json()["result"]["password"] == SECRET
+        resp = await as_node(ctrl, "node-a", path, revision=2)
+        assert resp.json()["error"]["code"] == "permission_denied"
+        # Back, set-network (or a restart) gives it the current one.
+        await ctrl.connect("node-a", network=PUBLIC)
+        await ctrl.action(ws["workspace_id"], "set-network", network={"egress": "corp"})
+        resp = await as_node(ctrl, "node-a", path, revision=2)
+        assert resp.json()["result"]["password"] == OTHER_SECRET
 
 
 async def test_an_isolated_node_gets_no_secret(tmp_path: Path) -> None:

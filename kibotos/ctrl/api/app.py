@@ -99,7 +99,7 @@ def api_routes(api: Api, services: CtrlServices) -> list[Route]:
     table.extend(api_nodes.routes(api))
     table.extend(api_templates.routes(api, services.artifacts))
     table.extend(api_workspaces.routes(api, services.workspaces, services.runtime))
-    table.extend(api_network.routes(api, services.workspaces.egress_grants))
+    table.extend(api_network.routes(api, services.workspaces))
     table.extend(api_sessions.routes(api))
     table.extend(api_volumes.routes(api, services.volumes, services.objects))
     table.extend(api_transfers.routes(services.transfers))

@@ -10,7 +10,10 @@ response but the credentials carries it, and nothing here logs a body.
 
 ``GET /v1/egresses/{name}/credentials?revision=N`` is for nodes only, and only for a
 node that runs an Instance that was sent that revision (or is being sent it right now:
-`PendingGrants`); any other node gets ``permission_denied``, an operator too.
+`PendingGrants`); any other node gets ``permission_denied``, an operator too.  An
+update that makes a new revision has the running Workspaces using the Egress switched
+to it (`WorkspaceService.egress_changed`), so a rotated password reaches them without
+a restart.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from starlette.requests import Request
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
+from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import network_records as records
-from kibotos.ctrl.model.egress_grants import PendingGrants
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.ctrl.wire.network import (
     CredentialsQuery,
@@ -55,8 +58,11 @@ def _secret_params(box: SecretBox, name: str, password: Any) -> dict[str, Any]:
                                                   f"egress {name}")}
 
 
-def routes(api: Api, grants: PendingGrants) -> list[Route]:
+def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
+    """The routes; an Egress update has `workspaces` switch the running Workspaces that
+    use it, and the credentials check reads what it is sending (`egress_grants`)."""
     ctx = api.ctx
+    grants = workspaces.egress_grants
     box = ctx.secrets
     assert box is not None, "build the context with build_context (it makes the key)"
 
@@ -83,6 +89,8 @@ def routes(api: Api, grants: PendingGrants) -> list[Route]:
             operation="egress.update", params=_secret_params(box, name, body.password),
             body=body, identity_id=identity_of(caller),
             fn=lambda s: records.update_egress(s, name, body, box, ctx.now()))
+        if not outcome.replayed and outcome.result.get("outcome") == "updated":
+            workspaces.egress_changed(name)
         return outcome.result
 
     async def delete_egress(request: Request, caller: Caller | None) -> dict[str, Any]:

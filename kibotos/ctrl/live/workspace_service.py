@@ -54,7 +54,7 @@ from kibotos.ctrl.store.watch import (
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
-from kibotos.errors import FailedPrecondition
+from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.protocol import (
     CreateSpec,
     Hello,
@@ -287,6 +287,34 @@ class WorkspaceService:
 
         return await self._refusing("workspace.set_network", params, body, identity_id,
                                     self._granting(attempt))
+
+    def egress_changed(self, name: str) -> None:
+        """A new revision of Egress `name` was recorded: switch the running Workspaces
+        that use it to it, in the background (each one as a `set-network` with its
+        policy unchanged).  One whose node is away keeps the revision it has, which
+        stays fetchable, until its next start or switch."""
+        self.runtime.spawn(self._refresh_egress_users, name)
+
+    async def _refresh_egress_users(self, name: str) -> None:
+        for workspace_id in await self.store.run(partial(netpol.refresh_targets,
+                                                         egress=name)):
+            try:
+                await self._refresh_one(workspace_id, name)
+            except KibotosError as exc:
+                log.warning("workspace %s keeps its egress %s revision: %s", workspace_id,
+                            name, exc.message)
+
+    async def _refresh_one(self, workspace_id: str, name: str) -> None:
+        async with self.lock(workspace_id):
+            plan = await self.store.run(partial(netpol.refresh_plan,
+                                                workspace_id=workspace_id, egress=name))
+            if plan is None:
+                return
+            with self.egress_grants.scope() as grants:
+                sent = await self._switch_on_node(plan, grants)
+                await self.store.write(partial(
+                    netpol.commit_switch, plan=plan, expected=None, sent=sent,
+                    now=self.ctx.now(), cause=f"egress {name} changed"))
 
     async def _switch_on_node(self, plan: netpol.SwitchPlan,
                               grants: GrantScope) -> NetworkPolicy | None:

@@ -27,6 +27,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import instances as inst_mod
@@ -233,8 +234,39 @@ def switch_plan(session: Session, workspace_id: str, expected: int | None,
                       instance_id, node_id, has_network)
 
 
+def refresh_targets(session: Session, egress: str) -> list[str]:
+    """The running Workspaces whose policy names Egress `egress` (a new revision of it
+    goes to their nodes)."""
+    query = (select(Workspace.workspace_id)
+             .where(Workspace.network_egress == egress, Workspace.state == w.AVAILABLE)
+             .order_by(Workspace.workspace_id))
+    return list(session.scalars(query))
+
+
+def refresh_plan(session: Session, workspace_id: str, egress: str) -> SwitchPlan | None:
+    """A switch of a running Workspace to the current revision of its Egress, with its
+    policy unchanged; None when it is not running with a network, no longer names
+    `egress`, or its Instance has that revision already."""
+    ws = session.get(Workspace, workspace_id)
+    if ws is None or ws.state != w.AVAILABLE or ws.network_egress != egress \
+            or ws.current_instance_id is None:
+        return None
+    inst = session.get(Instance, ws.current_instance_id)
+    if inst is None or inst.network is None \
+            or not inst_mod.holds_allocation(session, ws.current_instance_id):
+        return None
+    plan = switch_plan(session, workspace_id, None, ws.network_policy)
+    wire = plan.resolved.wire
+    sent = inst.network.get("egress") if isinstance(inst.network, dict) else None
+    if wire is None or wire.egress is None or (
+            isinstance(sent, dict) and sent.get("revision") == wire.egress.revision):
+        return None
+    return plan
+
+
 def commit_switch(session: Session, *, plan: SwitchPlan, expected: int | None,
-                  sent: NetworkPolicy | None, now: datetime) -> dict[str, Any]:
+                  sent: NetworkPolicy | None, now: datetime,
+                  cause: str = "set-network") -> dict[str, Any]:
     """Record the new policy (and, for a running Workspace, what its node now enforces),
     bump the Workspace's revision and note the change as an ``events`` row."""
     ws = w.get_workspace(session, plan.workspace_id, for_update=True)
@@ -254,6 +286,6 @@ def commit_switch(session: Session, *, plan: SwitchPlan, expected: int | None,
             store_on_instance(inst, sent, plan.network_revision)
     record_event(session, now, plan.workspace_id, "network",
                  {"revision": plan.network_revision, "policy": plan.resolved.policy,
-                  "instance_id": plan.instance_id, "node_id": plan.node_id})
+                  "instance_id": plan.instance_id, "node_id": plan.node_id, "cause": cause})
     last = ws.current_instance_id or ws.last_instance_id
     return w.workspace_json(ws, session.get(Instance, last) if last else None)
