@@ -60,7 +60,7 @@ async def test_a_running_workspace_is_switched_on_its_node(tmp_path: Path) -> No
         assert got["network"] == out["network"]
         assert [e for e in await events(ctrl, wid) if e["kind"] == "network"] == [
             {"kind": "network", "revision": 2, "policy": out["network"]["policy"],
-             "instance_id": ws["instance_id"], "node_id": "node-a"}]
+             "instance_id": ws["instance_id"], "node_id": "node-a", "cause": "set-network"}]
         # Back to the deployment default: the node's own network again.
         out = await set_network(ctrl, wid)
         assert out["network"] == {"policy": None, "revision": 3}
