@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from ctrl_helpers import wait_until
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from ctrl_helpers import wait_until
 from ws_helpers import WsCtrl, events, open_ws_ctrl
 
 from kibotos.ctrl.store.models import Command, EgressRevision
