@@ -177,3 +177,29 @@ async def test_the_create_event_and_replay_keep_the_policy(tmp_path: Path) -> No
         assert err["details"]["operation"] == "workspace.create"
         kinds = [e["kind"] for e in await events(ctrl, first["workspace_id"])]
         assert kinds[0] == "transition"
+
+
+async def test_the_move_check_refuses_a_node_that_cannot_enforce_the_policy(
+        tmp_path: Path) -> None:
+    shared = [{"id": "shared", "shared": True, "default": True}]
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        await ctrl.connect("node-a", network=PUBLIC, pools=shared)
+        await ctrl.connect("node-b", pools=shared)
+        await ctrl.connect("node-c", network=PRIVATE, pools=shared)
+        ws = await ctrl.settled((await ctrl.create(network={}))["workspace_id"])
+        wid = ws["workspace_id"]
+        err = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                              params={"node_id": "node-b"}, code="failed_precondition")
+        assert err["details"]["reason"].startswith("no network on the node")
+        err = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                              params={"node_id": "node-c"}, code="failed_precondition")
+        assert "does not provide public egress" in err["message"]
+        await ctrl.action(wid, "set-network", network={"public_egress": False})
+        ok = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                             params={"node_id": "node-c"})
+        assert ok["node_id"] == "node-c"
+        # The deployment default moves anywhere.
+        await ctrl.action(wid, "set-network")
+        ok = await ctrl.call("GET", f"/v1/workspaces/{wid}/move-check",
+                             params={"node_id": "node-b"})
+        assert ok["already_there"] is False

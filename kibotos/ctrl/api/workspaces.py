@@ -21,6 +21,7 @@ from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_qu
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import use_rights, volume_attach
 from kibotos.ctrl.store.models import Instance, Node
@@ -156,6 +157,14 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         ws_json, objects = found["workspace"], found["objects"]
         entry = runtime.index.nodes.get(query.node_id)
         pools = entry.pools if entry is not None else {}
+        # Its network policy: a move must not stop a Workspace the node cannot take.
+        why = netpol.refusal(netpol.need_of(ws_json["network"]["policy"]),
+                             entry.network if entry is not None else None)
+        if why is not None:
+            raise FailedPrecondition(
+                f"workspace {workspace_id} cannot start on node {query.node_id}: {why}",
+                details={"workspace_id": workspace_id, "node_id": query.node_id,
+                         "reason": why})
         for obj in objects:
             pool = pools.get(obj["pool_id"])
             if pool is None or not pool.available:
