@@ -87,8 +87,14 @@ def check_label_key(value: object) -> str:
 
 
 def check_template_name(value: object) -> str:
+    return check_resource_name(value, "template name")
+
+
+def check_resource_name(value: object, kind: str) -> str:
+    """A name an operator gives a named, revisioned resource (a Template, an Egress, a
+    Resolver): the Template name rule, with `kind` naming what was wrong."""
     return _check(
-        "template name",
+        kind,
         _TEMPLATE_NAME,
         value,
         "must be 1-63 lowercase letters, digits, '-' and '.', "

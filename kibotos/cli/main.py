@@ -31,6 +31,8 @@ _KIBO_GROUPS = {
     "workspace": "kibotos.cli.workspace_cmds:workspace_group",
     "volume": "kibotos.cli.volume_cmds:volume_group",
     "transfer": "kibotos.cli.transfer_cmds:transfer_group",
+    "egress": "kibotos.cli.network_cmds:egress_group",
+    "resolver": "kibotos.cli.network_cmds:resolver_group",
 }
 
 

@@ -1,6 +1,6 @@
-"""``kibo workspace``: create, start, stop, delete, get, list, move and cleanup-status
-(docs/workspaces.md; spec/nodes.txt, "Which node runs a Workspace" and "Placing a
-Workspace on a specific node").
+"""``kibo workspace``: create, start, stop, delete, set-network, get, list, move and
+cleanup-status (docs/workspaces.md, docs/network.md; spec/nodes.txt, "Which node runs
+a Workspace" and "Placing a Workspace on a specific node").
 
 `create`, `start` and `stop` wait by default until the Workspace is settled (AVAILABLE,
 STOPPED, FAILED or DELETED): the global ``--timeout`` bounds the wait (exit 16, the
@@ -18,6 +18,7 @@ from urllib.parse import quote
 import click
 
 from kibotos import ids
+from kibotos.cli import network_cmds as network
 from kibotos.cli import volume_cmds, waiting
 from kibotos.cli import workspace_render as render
 from kibotos.cli.cp_cmds import cp_command
@@ -154,14 +155,23 @@ def no_wait_option(fn: Any) -> Any:
 @click.option("--volume", "volume_items", multiple=True, metavar="VOL[:MOUNTPOINT]",
               help="Attach a Volume, mounted at MOUNTPOINT in the guest (default "
                    "/mnt/VOL; repeatable).")
+@network.policy_options
 @no_wait_option
 @command_id_option
 @kibo_options
 def create(inv: Invocation, template: str, label_items: tuple[str, ...], node_id: str | None,
            cpu: str | None, memory: str | None, layer_size: str | None,
-           volume_items: tuple[str, ...], no_wait: bool, command_id: str | None) -> None:
-    """Create a Workspace and, by default, wait until it is AVAILABLE."""
-    body = {"template": template, "labels": parse_labels(label_items),
+           volume_items: tuple[str, ...], allow_out: tuple[str, ...],
+           deny_out: tuple[str, ...], no_public_egress: bool, egress: str | None,
+           resolver: str | None, no_wait: bool, command_id: str | None) -> None:
+    """Create a Workspace and, by default, wait until it is AVAILABLE.
+
+    Without a network flag it gets the deployment default (the network its node
+    provides); any network flag gives it an explicit policy, placed only on a node
+    that can enforce it."""
+    flags = (allow_out, deny_out, no_public_egress, egress, resolver)
+    policy = network.policy_from_flags(*flags) if network.any_policy_flag(*flags) else None
+    body = {"template": template, "labels": parse_labels(label_items), "network": policy,
             "volumes": volume_cmds.parse_attachments(volume_items) or None,
             "node_id": None if node_id is None else node_id_argument(node_id),
             "cpu_millis": parse_cpu(cpu), "memory_bytes": _size(memory, "--memory"),
@@ -219,6 +229,39 @@ def delete(inv: Invocation, workspace_id: str, wait: bool, command_id: str | Non
     ws = inv.client().post(ws_path(workspace_id, "delete"), {
         "command_id": check_command_id(command_id), "expected_version": expected_version})
     finish(inv, ws, wait=wait, wanted="DELETED", verb="delete")
+
+
+@workspace_group.command("set-network")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@network.policy_options
+@click.option("--default", "use_default", is_flag=True,
+              help="Back to the deployment default (the network the node provides).")
+@command_id_option
+@expected_version_option
+@kibo_options
+def set_network(inv: Invocation, workspace_id: str, allow_out: tuple[str, ...],
+                deny_out: tuple[str, ...], no_public_egress: bool, egress: str | None,
+                resolver: str | None, use_default: bool, command_id: str | None,
+                expected_version: int | None) -> None:
+    """Replace the Workspace's WHOLE network policy with the one these flags give.
+
+    Flags left out take their defaults (public egress on, no --allow-out or
+    --deny-out, no Egress, no Resolver): what the policy had before is not kept.  A
+    running Workspace's node applies it at once, without a restart (established
+    connections are kept); a stopped one's next start uses it."""
+    workspace_argument(workspace_id)
+    flags = (allow_out, deny_out, no_public_egress, egress, resolver)
+    if use_default and network.any_policy_flag(*flags):
+        raise click.UsageError("--default excludes the other network flags")
+    ws = inv.client().post(ws_path(workspace_id, "set-network"), {
+        "network": None if use_default else network.policy_from_flags(*flags),
+        "command_id": check_command_id(command_id), "expected_version": expected_version})
+    if inv.as_json:
+        inv.out.json_result(ws)
+        return
+    net = ws.get("network") or {}
+    inv.out.line(f"{render.summary(ws)}; network policy revision {net.get('revision')}: "
+                 f"{network.describe_policy(net.get('policy'))}")
 
 
 # ------------------------------------------------------------------------ reads

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kibotos.cli.network_cmds import describe_policy
 from kibotos.cli.output import Row, Section, dash
 from kibotos.units import format_bytes, format_cores
 
@@ -95,6 +96,16 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
                                f"pool {dash(layer.get('pool_id'))}")
     # CLEAN, or UNKNOWN after a takeover without a release receipt (docs/storage.md)
     main.add("Layer handoff", dash(layer.get("handoff")))
+    net = _dict(ws.get("network"))
+    main.add("Network policy", describe_policy(net.get("policy")) if net else "-")
+    main.add("Network revision", dash(net.get("revision")))
+    current = inst if inst and inst.get("instance_id") == ws.get("instance_id") else {}
+    if current:
+        applied = current.get("network")
+        main.add("Network in force", "none (started without a network)" if applied is None
+                 else describe_policy(applied))
+        addresses = current.get("addresses")
+        main.add("Guest addresses", ", ".join(addresses) if addresses else "-")
     main.add("Revision", dash(ws.get("revision")))
     main.add("Created", dash(ws.get("created_at")))
     main.add("Updated", dash(ws.get("updated_at")))

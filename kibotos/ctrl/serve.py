@@ -43,6 +43,8 @@ from kibotos.ctrl.model.placement import CapacityIndex
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.store.db import Store, make_engine
+from kibotos.ctrl.store.secret_box import SecretBox
+from kibotos.ctrl.store.secret_box import key_path as secret_key_path
 from kibotos.errors import KibotosError
 from kibotos.plugins import load_plugins
 from kibotos.protocol import CloseReason
@@ -65,9 +67,11 @@ def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
     # every welcome (docs/dataplane.md).
     key = SigningKey.load_or_create(key_path(config.ctrl.state_dir))
     hub.session_signing_public_key = key.public_key
+    # Seals Egress passwords at rest; made beside the signing key (docs/network.md).
+    secrets = SecretBox.load_or_create(secret_key_path(config.ctrl.state_dir))
     return CtrlContext(config=config, store=store,
                        registries=load_plugins(config.plugins.disable), sessions=hub,
-                       session_signing_key=key)
+                       session_signing_key=key, secrets=secrets)
 
 
 def build_services(ctx: CtrlContext) -> CtrlServices:

@@ -70,6 +70,7 @@ from kibotos.protocol.parts import (
     HeldObject,
     HeldPart,
     InstanceSummary,
+    NetworkFacts,
     ReportFields,
 )
 from kibotos.protocol.states import (
@@ -120,6 +121,7 @@ __all__ = [
     "LayerDeleteArgs",
     "LayerRef",
     "Message",
+    "NetworkFacts",
     "NetworkPolicy",
     "ObjectCopyArgs",
     "ObjectExpandArgs",

@@ -12,15 +12,17 @@ dropped, so `kibotos.protocol.commands` refuses it.)
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from kibotos.protocol.ids import InstanceId, NodeId, SessionId, WorkspaceId
 from kibotos.protocol.parts import (
     Amount,
     CleanupPending,
     CommandError,
+    Facts,
     GuestFacts,
     HeldObjects,
     Part,
@@ -43,6 +45,18 @@ from kibotos.protocol.values import (
 )
 
 Version = Annotated[StrictStr, Field(max_length=64)]
+
+
+def _interface(value: str) -> str:
+    """An address with its prefix (``10.200.0.3/31``), in canonical text."""
+    try:
+        return str(ipaddress.ip_interface(value))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an address with a prefix") from None
+
+
+GuestAddress = Annotated[StrictStr, Field(max_length=64), AfterValidator(_interface)]
+GuestAddresses = Annotated[list[GuestAddress], Field(max_length=16)]
 
 
 class Message(Part):
@@ -74,7 +88,9 @@ class Hello(Message):
     resources: Amount
     report: ReportFields = Field(default_factory=ReportFields)
     dataplane_address: Annotated[StrictStr, Field(max_length=255)] | None = None
-    facts: dict[str, Any] = Field(default_factory=dict)
+    #: Free-form facts ctrl stores (``pools``, …); ``network`` has a shape
+    #: (`NetworkFacts`).
+    facts: Facts = Field(default_factory=dict)
 
 
 class Report(ReportFields, Message):
@@ -98,6 +114,9 @@ class InstanceState(Message):
     cleanup: CleanupPending | None = None
     #: What it opened and how each came to the node; absent from older nodes.
     objects: HeldObjects | None = None
+    #: The guest's addresses (CIDR text, e.g. ``10.200.0.3/31``) once its network is
+    #: up; absent from nodes that do not say (ctrl keeps what it was told last).
+    addresses: GuestAddresses | None = None
     at: Timestamp | None = None
 
 

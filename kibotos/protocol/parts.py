@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+)
 
 from kibotos.protocol.ids import InstanceId, ObjectId, PoolId, WorkspaceId
 from kibotos.protocol.states import CleanupItem, HeldKind, InstanceStatus
@@ -131,6 +139,32 @@ class CommandError(Part):
     details: dict[str, Any] | None = None
 
 
+class NetworkFacts(Part):
+    """``facts.network`` of ``hello`` and ``report``: the node gives its Instances a
+    network (it has ``[network]``), and whether it provides public egress.  Absent or
+    null: no network at all (also every node from before networking)."""
+
+    public_egress: StrictBool = False
+
+
+def check_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    """The facts of a ``hello`` or ``report``: free-form for what ctrl only stores, but
+    a ``network`` fact must have its shape (placement reads it), kept in full form."""
+    network = facts.get("network")
+    if network is None:
+        return facts
+    try:
+        checked = NetworkFacts.model_validate(network)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in ("network", *first["loc"]))
+        raise ValueError(f"{where}: {first['msg']}") from None
+    return {**facts, "network": checked.model_dump(mode="json")}
+
+
+Facts = Annotated[dict[str, Any], AfterValidator(check_facts)]
+
+
 class ReportFields(Part):
     """The full report: ``hello.report`` and the fields of every ``report``."""
 
@@ -143,4 +177,4 @@ class ReportFields(Part):
     instances: Annotated[list[InstanceSummary], Field(max_length=MAX_COUNT)] | None = None
     #: In a ``report``: the facts that change while a session lives (``pools`` with
     #: their availability), stored over hello's; None from a node that does not say.
-    facts: dict[str, Any] | None = None
+    facts: Facts | None = None

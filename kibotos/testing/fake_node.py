@@ -193,13 +193,16 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
                         ack_overcommit: bool = True, answer_probes: bool = True,
                         sim: SimInstances | None = None, answer_commands: bool = True,
                         pools: list[dict[str, Any]] | None = None,
+                        network: dict[str, Any] | None = None,
                         **hello: Any) -> AsyncIterator[SimNode]:
     """Connect, say hello, and play the node until the block ends.  A refused upgrade
     raises trio-websocket's `ConnectionRejected` (with its ``status_code``).
 
     `sim` carries Instances over from an earlier session of the same node (a fresh one
     by default; None with ``answer_commands=False``: commands go unanswered).  `pools`
-    replaces the announced storage pools (``hello.facts.pools``).
+    replaces the announced storage pools (``hello.facts.pools``); `network` announces a
+    network (``hello.facts.network``, e.g. ``{"public_egress": True}``; none by default,
+    like a node without ``[network]``).
 
     The TCP stream is opened here and closed here: trio-websocket's client leaves its
     socket open when the server closes first, which a long test run would notice."""
@@ -216,6 +219,9 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
                 sim = SimInstances()
             if pools is not None:
                 hello["facts"] = {**hello.get("facts", {}), "pools": pools}
+            if network is not None:
+                hello["facts"] = {"pools": default_pools(node_id),
+                                  **hello.get("facts", {}), "network": network}
             if sim is not None and "report" not in hello:
                 hello["report"] = {**default_report(), **sim.report_fields()}
             await ws.send_message(json.dumps(hello_message(node_id, incarnation, **hello)))

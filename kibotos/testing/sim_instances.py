@@ -15,6 +15,8 @@ refuses too, with the same ``invalid_argument`` naming the field.
 * ``instance.stop`` → STOPPING, STOPPED, ``{confirmed_on_disk: not force}``;
 * ``instance.destroy`` → DESTROYED, the Instance forgotten;
 * ``layer.delete`` and ``node.drain`` are recorded;
+* ``instance.set_network`` replaces the policy of a networked Instance (`SimInstance.
+  network`; an older revision refused), the create's ``network`` being the first;
 * the pool object commands (``volume.create``, ``volume.delete``, ``object.expand``,
   ``object.copy``) work on `objects`, a simulated pool content keyed by (kind, pool,
   object ID) with each object's capacity and holder epoch; an older epoch than the
@@ -30,8 +32,11 @@ Other command kinds are left unanswered, for a test to answer by hand.
 
 Knobs a test turns: `drain_requested`, `memory_tight`, `boot_delay`, `hold_boots`,
 `fail_boot`, `refuse_stop`, `fail_objects` (the error of the next pool object command),
-`hold_objects` (pool object commands wait for it); `exit(instance_id, reason)` plays a
-VMM that ended on its own (reason ``oom_killed`` for the OOM killer).  Every command
+`hold_objects` (pool object commands wait for it), `fail_network` (the error of the
+next network switch), `guest_addresses` (sent in a networked Instance's RUNNING
+frame), `before_command` (awaited before each command is answered);
+`exit(instance_id, reason)` plays a VMM that ended on its own (reason ``oom_killed``
+for the OOM killer).  Every command
 received is kept in `commands`.  One object can outlive a session: pass it to the next
 `open_sim_node` and the node "restarts" with its Instances.
 """
@@ -66,6 +71,7 @@ from kibotos.protocol import (
     ObjectCopyArgs,
     ObjectExpandArgs,
     Report,
+    SetNetworkArgs,
     StopArgs,
     VolumeCreateArgs,
     VolumeDeleteArgs,
@@ -96,6 +102,10 @@ class SimInstance:
     reason: str | None = None
     #: ``{kind, pool_id, object_id, epoch, released_cleanly}`` as the node reports them.
     objects: list[dict[str, Any]] = field(default_factory=list)
+    #: The policy in force (``network`` of the create, then of each switch) and its
+    #: revision; None: the Instance has no network.
+    network: dict[str, Any] | None = None
+    network_revision: int | None = None
 
 
 @dataclass
@@ -131,6 +141,13 @@ class SimInstances:
     objects: dict[tuple[str, str, str], SimObject] = field(default_factory=dict)
     fail_objects: KibotosError | None = None
     hold_objects: trio.Event | None = None
+    #: The error of the next ``instance.set_network`` (then cleared).
+    fail_network: KibotosError | None = None
+    #: Addresses the RUNNING frame of a networked Instance carries (none when empty).
+    guest_addresses: list[str] = field(default_factory=list)
+    #: Awaited with every command's parsed arguments before it is answered (a test
+    #: plays what a node does meanwhile, e.g. fetch an Egress's credentials).
+    before_command: Callable[[Args], Awaitable[None]] | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)
     _send: Send | None = None
     _nursery: trio.Nursery | None = None
@@ -171,6 +188,8 @@ class SimInstances:
                                  "reason": clip(reason), "at": _now(), "objects": inst.objects}
         if state == "RUNNING":
             frame["guest"] = {"boot_id": f"boot-{inst.instance_id}", "capabilities": []}
+            if inst.network is not None and self.guest_addresses:
+                frame["addresses"] = list(self.guest_addresses)
         await self._send(InstanceState.model_validate(frame).to_wire())
         if self.auto_report:
             self._report_soon()
@@ -206,7 +225,7 @@ class SimInstances:
     #: The commands it answers; their arguments' types.
     ARGS: ClassVar[dict[str, type[Args]]] = {cls.KIND: cls for cls in (
         CreateSpec, StopArgs, DestroyArgs, LayerDeleteArgs, DrainArgs, VolumeCreateArgs,
-        VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs)}
+        VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs, SetNetworkArgs)}
     KINDS: ClassVar[tuple[str, ...]] = tuple(ARGS)
 
     def handles(self, kind: str) -> bool:
@@ -218,6 +237,8 @@ class SimInstances:
         if model is None:
             raise InvalidArgument(f"unknown command kind {kind!r} for this node")
         parsed = parse_args(model, args)
+        if self.before_command is not None:
+            await self.before_command(parsed)
         if isinstance(parsed, CreateSpec):
             return await self._create(parsed)
         if isinstance(parsed, StopArgs):
@@ -234,6 +255,8 @@ class SimInstances:
             return await self._volume_delete(parsed)
         if isinstance(parsed, ObjectExpandArgs):
             return await self._expand(parsed)
+        if isinstance(parsed, SetNetworkArgs):
+            return await self._set_network(parsed)
         assert isinstance(parsed, ObjectCopyArgs)
         return await self._copy(parsed)
 
@@ -259,6 +282,9 @@ class SimInstances:
                                          f"Instance {other.instance_id}")
         inst = SimInstance(instance_id, spec.workspace_id, spec.cpu_millis,
                            spec.memory_bytes, layer, spec)
+        if spec.network is not None:
+            inst.network = spec.network.model_dump(mode="json")
+            inst.network_revision = spec.network_revision
         key = ("retained_layer", layer.pool_id, layer.ref)
         if layer.create and key not in self.objects:
             self.objects[key] = SimObject(layer.capacity_bytes, layer.epoch, released=False)
@@ -417,6 +443,28 @@ class SimInstances:
         self.objects[(kind, args.to_pool_id, object_id)] = SimObject(
             source.capacity_bytes, args.epoch)
         return {"copied": True}
+
+    async def _set_network(self, args: SetNetworkArgs) -> dict[str, Any]:
+        """A network switch, as the node answers it: the whole policy replaced at once;
+        an older revision than the one in force is refused, the same one again is a
+        replay (the same answer)."""
+        inst = self.instances.get(args.instance_id)
+        if inst is None or inst.state not in HOLDING:
+            raise NotFound(f"Instance {args.instance_id} is not on this node")
+        if self.fail_network is not None:
+            error, self.fail_network = self.fail_network, None
+            raise error
+        if inst.network is None:
+            raise FailedPrecondition(f"Instance {args.instance_id} was started without a "
+                                     "network: there is nothing to switch")
+        current = inst.network_revision or 0
+        if args.revision < current:
+            raise FailedPrecondition(
+                f"Instance {args.instance_id} has network revision {current} in force, "
+                f"newer than {args.revision}", details={"revision": current})
+        inst.network = args.network.model_dump(mode="json")
+        inst.network_revision = args.revision
+        return {"revision": args.revision}
 
     async def _drain(self, args: DrainArgs) -> dict[str, Any]:
         self.drain_requested = args.requested

@@ -88,7 +88,7 @@ def _handler(fake: FakeCtrl) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_PUT = _serve
+        do_GET = do_POST = do_PUT = do_DELETE = _serve
 
     return Handler
 

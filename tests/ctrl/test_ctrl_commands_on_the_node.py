@@ -87,6 +87,8 @@ class NodeParsedSim(TransferSim):
     registry_dir: Path | None = None
     parsed: list[str] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    #: Kinds ctrl sent that the node has no handler for (the simulation answered).
+    unanswered: list[str] = field(default_factory=list)
     target: ParsedOnly = field(default_factory=ParsedOnly)
     REGISTRY: ClassVar[tuple[str, ...]] = ("registry.list", "registry.delete")
     KINDS = (*TransferSim.KINDS, *REGISTRY)
@@ -105,6 +107,9 @@ class NodeParsedSim(TransferSim):
 
     async def _by_the_node(self, handlers: Any, kind: str, args: dict[str, Any]
                            ) -> dict[str, Any]:
+        if kind not in handlers:
+            self.unanswered.append(kind)
+            return {}
         try:
             result: dict[str, Any] = await handlers[kind](args)
         except KibotosError as exc:
@@ -119,7 +124,7 @@ async def test_every_command_ctrl_sends_is_accepted_by_the_node_s_parser(
     async with open_ws_ctrl(tmp_path) as ctrl:
         sim, pool = node_pool(tmp_path, ctrl, "node-a", NodeParsedSim)
         sim.registry_dir = tmp_path / "registry"
-        await ctrl.connect("node-a", sim=sim, pools=[
+        await ctrl.connect("node-a", sim=sim, network={"public_egress": True}, pools=[
             {"id": "node-a-local", "shared": False, "default": True}, SHARED])
 
         # Volumes: create, export, import, delete (volume.*, object.export/import).
@@ -135,12 +140,15 @@ async def test_every_command_ctrl_sends_is_accepted_by_the_node_s_parser(
         await ctrl.call("POST", f"/v1/volumes/{gone}/delete", json={})
         assert (await settled_volume(ctrl, gone))["state"] == "DELETED"
 
-        # A Workspace with the Volume: create, stop, expand, move both objects, start,
-        # fail, delete (instance.*, object.expand/copy, layer.delete).
+        # A Workspace with the Volume: create, switch its network, stop, expand, move
+        # both objects, start, fail, delete (instance.*, object.expand/copy,
+        # layer.delete).
         wid = (await ctrl.create(node_id="node-a",
                                  volumes=[{"volume_id": vid, "mount_point": "/data"}])
                )["workspace_id"]
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
+        # A network switch of the running Instance (instance.set_network).
+        await ctrl.action(wid, "set-network", network={"deny_out": ["10.0.0.0/8"]})
         await ctrl.action(wid, "stop")
         assert (await ctrl.settled(wid))["state"] == "STOPPED"
         await ctrl.call("POST", f"/v1/volumes/{vid}/expand",
@@ -182,6 +190,7 @@ async def test_every_command_ctrl_sends_is_accepted_by_the_node_s_parser(
         assert await sweep.sweep_node("node-a") == ["inst-gone"]
 
     assert sim.refused == []
+    assert sim.unanswered == [], "commands ctrl sends that the node has no handler for"
     assert set(sim.parsed) == set(COMMANDS), "a command ctrl never sent in this test"
     creates = [args[0] for name, (args, _) in sim.target.calls if name == "create"]
     assert [spec.layer.create for spec in creates] == [True, False]  # create, start

@@ -42,6 +42,12 @@ DOCUMENTED = {
     ("post", "/v1/storage-pools/{pool_id}/set-capacity"),
     ("post", "/v1/storage-pools/{pool_id}/declare-lost"),
     ("post", "/v1/transfers/export"), ("post", "/v1/transfers/import"),
+    ("post", "/v1/workspaces/{workspace_id}/set-network"),
+    ("post", "/v1/egresses"), ("get", "/v1/egresses"), ("get", "/v1/egresses/{name}"),
+    ("post", "/v1/egresses/{name}/update"), ("delete", "/v1/egresses/{name}"),
+    ("get", "/v1/egresses/{name}/credentials"),
+    ("post", "/v1/resolvers"), ("get", "/v1/resolvers"), ("get", "/v1/resolvers/{name}"),
+    ("delete", "/v1/resolvers/{name}"),
 }
 
 

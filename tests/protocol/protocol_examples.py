@@ -39,6 +39,15 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
                       "artifact_digest": f"sha256:{HEX}", "epoch": 1},
     "registry.list": {"limit": 100},
     "registry.delete": {"instance_ids": ["inst-1", "inst-2"]},
+    "instance.set_network": {
+        "instance_id": "inst-1", "revision": 2,
+        "network": {"public_egress": False, "allow_out": ["198.18.0.10/32"],
+                    "deny_out": ["0.0.0.0/0", "::/0"],
+                    "egress": {"name": "corp", "revision": 3, "address": "proxy.example:1080",
+                               "authenticated": True},
+                    "resolver": {"name": "dns", "revision": 1, "upstream": "10.0.0.53:53",
+                                 "via_egress": True}},
+    },
 }
 
 

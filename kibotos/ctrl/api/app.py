@@ -27,6 +27,7 @@ from starlette.routing import Route as StarletteRoute
 from starlette.websockets import WebSocket
 
 from kibotos.ctrl.api import enrollment as api_enrollment
+from kibotos.ctrl.api import network as api_network
 from kibotos.ctrl.api import nodes as api_nodes
 from kibotos.ctrl.api import pools as api_pools
 from kibotos.ctrl.api import sessions as api_sessions
@@ -98,6 +99,7 @@ def api_routes(api: Api, services: CtrlServices) -> list[Route]:
     table.extend(api_nodes.routes(api))
     table.extend(api_templates.routes(api, services.artifacts))
     table.extend(api_workspaces.routes(api, services.workspaces, services.runtime))
+    table.extend(api_network.routes(api, services.workspaces))
     table.extend(api_sessions.routes(api))
     table.extend(api_volumes.routes(api, services.volumes, services.objects))
     table.extend(api_transfers.routes(services.transfers))

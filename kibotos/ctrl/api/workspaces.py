@@ -1,5 +1,6 @@
 """HTTP API of Workspaces (docs/workspaces.md): create, list, get, start, stop, delete,
-where they run (location queries), the move check and the cleanup status.
+set-network (docs/network.md), where they run (location queries), the move check and
+the cleanup status.
 
 Writes go through `WorkspaceService` (placement, node commands, the journal); reads are
 plain store queries.  A Workspace ID of the wrong shape is `invalid_argument`, an
@@ -20,10 +21,12 @@ from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_qu
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import use_rights, volume_attach
 from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
+from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import (
     CleanupStatusOut,
     LocationListOut,
@@ -125,6 +128,11 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         body = await read_body(request, VersionedWrite)
         return await service.delete(workspace_id, body, identity_of(caller))
 
+    async def set_network(request: Request, caller: Caller | None) -> dict[str, Any]:
+        workspace_id = path_workspace_id(request)
+        body = await read_body(request, WorkspaceSetNetworkIn)
+        return await service.set_network(workspace_id, body, identity_of(caller))
+
     async def workspace_location(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_location, path_workspace_id(request)))
 
@@ -149,6 +157,14 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         ws_json, objects = found["workspace"], found["objects"]
         entry = runtime.index.nodes.get(query.node_id)
         pools = entry.pools if entry is not None else {}
+        # Its network policy: a move must not stop a Workspace the node cannot take.
+        why = netpol.refusal(netpol.need_of(ws_json["network"]["policy"]),
+                             entry.network if entry is not None else None)
+        if why is not None:
+            raise FailedPrecondition(
+                f"workspace {workspace_id} cannot start on node {query.node_id}: {why}",
+                details={"workspace_id": workspace_id, "node_id": query.node_id,
+                         "reason": why})
         for obj in objects:
             pool = pools.get(obj["pool_id"])
             if pool is None or not pool.available:
@@ -189,6 +205,10 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         Route("POST", "/v1/workspaces/{workspace_id}/delete", delete_workspace, "operator",
               "Delete a STOPPED or FAILED Workspace and its retained layer",
               body=VersionedWrite, result=WorkspaceOut),
+        Route("POST", "/v1/workspaces/{workspace_id}/set-network", set_network, "operator",
+              "Replace a Workspace's network policy: a running one's node applies it "
+              "first, in one transaction; a stopped one's next start uses it",
+              body=WorkspaceSetNetworkIn, result=WorkspaceOut),
         Route("GET", "/v1/workspaces/{workspace_id}/location", workspace_location,
               "operator", "The node and Instance a Workspace executes as (null if none)",
               result=LocationOut),

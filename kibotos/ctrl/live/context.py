@@ -18,6 +18,7 @@ from kibotos.credentials import SigningKey
 from kibotos.ctrl.api.metrics import CtrlMetrics
 from kibotos.ctrl.model.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store
+from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.plugins import Registries
 from kibotos.protocol import Args, CloseReason
 
@@ -59,3 +60,5 @@ class CtrlContext:
     session_signing_key: SigningKey | None = None
     #: This ctrl's Prometheus counters, in a registry of its own (docs/metrics.md).
     metrics: CtrlMetrics = field(default_factory=CtrlMetrics)
+    #: Seals Egress passwords in the store (``<state_dir>/egress-secrets.key``).
+    secrets: SecretBox | None = None

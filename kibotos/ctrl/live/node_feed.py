@@ -82,7 +82,7 @@ class NodeFeed:
 
     async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
         seen = (frame.state.value, frame.reason)
-        if frame.guest is None and frame.cleanup is None and \
+        if frame.guest is None and frame.cleanup is None and frame.addresses is None and \
                 self._applied.get(frame.instance_id) == seen:
             return  # the node said it already (e.g. CREATING of a create just recorded)
         # The store keeps what the node said as plain JSON.
@@ -92,7 +92,7 @@ class NodeFeed:
             guest=frame.guest.to_wire() if frame.guest is not None else None,
             cleanup=frame.cleanup.to_wire() if frame.cleanup is not None else None,
             objects=[o.to_wire() for o in frame.objects] if frame.objects is not None
-            else None))
+            else None, addresses=frame.addresses))
         self.remember(frame.instance_id, seen)
         self.follow(followups)
 

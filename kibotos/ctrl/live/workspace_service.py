@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -36,8 +36,10 @@ from kibotos.ctrl.live.node_feed import NodeFeed
 from kibotos.ctrl.live.placement_loop import Args, Commit, PlacementLoop
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_tasks import WorkspaceTasks
+from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model import workspace_txns as tx
+from kibotos.ctrl.model.egress_grants import GrantScope, PendingGrants
 from kibotos.ctrl.model.placement import Demand, NodeEntry
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import volume_attach as va
@@ -50,20 +52,28 @@ from kibotos.ctrl.store.changes import (
 from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
+from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
+from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.protocol import (
     CreateSpec,
     Hello,
     InstanceState,
     LaunchArgs,
     LayerRef,
+    NetworkPolicy,
     Report,
+    SetNetworkArgs,
     TemplateRef,
     VolumeRef,
 )
 from kibotos.volume_mounts import default_mount_point
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
+
+#: A network switch is one nftables transaction on the node (and maybe a credentials
+#: fetch from ctrl): it answers in well under this.
+SWITCH_TIMEOUT = 30.0
 
 
 class WorkspaceService:
@@ -82,6 +92,8 @@ class WorkspaceService:
         self._ws_changed = trio.Event()
         self._drain_known: dict[str, bool] = {}
         self._templates: dict[str, dict[str, str]] = {}
+        #: Egress revisions out to a node before the store records them.
+        self.egress_grants = PendingGrants()
         runtime.watch.subscribe(self._on_changes)
 
     def _on_changes(self, batch: list[Change]) -> None:
@@ -129,14 +141,17 @@ class WorkspaceService:
             return replay.result
         workspace_id, layer_ref = ids.new_id("ws"), ids.new_id("lay")
 
-        async def attempt() -> dict[str, Any]:
+        async def attempt(grants: GrantScope) -> dict[str, Any]:
             template = await self.template(body.template)
             volumes = await self.store.run(partial(
                 va.attach_plans, wanted=[(v.volume_id, v.mount()) for v in body.volumes]))
+            network = await self.store.run(partial(
+                netpol.resolve, policy=None if body.network is None else body.network.stored()))
             demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels,
-                            frozenset(v.right.pool_id for v in volumes))
+                            frozenset(v.right.pool_id for v in volumes), network.need)
             rooms = await self.store.run(pool_capacity.snapshot)
             default_capacity = self.runtime.default_capacity
+            sent: dict[str, NetworkPolicy | None] = {}
 
             def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
                 assert entry.default_pool is not None
@@ -144,7 +159,10 @@ class WorkspaceService:
                 pool_capacity.check_snapshot(rooms, entry.default_pool.pool_id,
                                              body.layer_size_bytes, "writable layer",
                                              default_capacity)
+                policy = sent[instance_id] = network.for_node(entry.network)
+                grants.add(entry.node_id, policy)
                 return CreateSpec(
+                    network=policy, network_revision=None if policy is None else 1,
                     instance_id=instance_id, workspace_id=workspace_id,
                     template=TemplateRef(**template), cpu_millis=body.cpu_millis,
                     memory_bytes=body.memory_bytes,
@@ -166,11 +184,13 @@ class WorkspaceService:
                                pool_id=pool.pool_id, pool_shared=pool.shared,
                                node_id=node_id, instance_id=instance_id, now=self.ctx.now(),
                                verify=self.verify_in_store,
-                               default_capacity=default_capacity)
+                               default_capacity=default_capacity, network=network,
+                               sent=sent.get(instance_id))
 
             return await self.place(demand, body.node_id, args, commit, journal)
 
-        return await self._refusing("workspace.create", {}, body, identity_id, attempt)
+        return await self._refusing("workspace.create", {}, body, identity_id,
+                                    self._granting(attempt))
 
     async def start(self, workspace_id: str, body: WorkspaceStartIn,
                     identity_id: str | None) -> dict[str, Any]:
@@ -182,17 +202,25 @@ class WorkspaceService:
         if replay is not None:
             return replay.result
 
-        async def attempt() -> dict[str, Any]:
+        async def attempt(grants: GrantScope) -> dict[str, Any]:
             async with self.lock(workspace_id):
                 plan, mounts = await self.store.run(partial(
                     va.start_plan, workspace_id=workspace_id, expected=body.expected_version))
+                network = await self.store.run(partial(netpol.resolve,
+                                                       policy=plan.network_policy))
                 demand = Demand(plan.cpu_millis, plan.memory_bytes,
-                                frozenset(r.pool_id for r in plan.rights), plan.labels)
+                                frozenset(r.pool_id for r in plan.rights), plan.labels,
+                                network=network.need)
+                sent: dict[str, NetworkPolicy | None] = {}
 
                 def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
                     layers = [r for r in plan.rights if r.kind == "retained_layer"]
                     layer = layers[0]
+                    policy = sent[instance_id] = network.for_node(entry.network)
+                    grants.add(entry.node_id, policy)
                     return CreateSpec(
+                        network=policy,
+                        network_revision=None if policy is None else plan.network_revision,
                         instance_id=instance_id, workspace_id=workspace_id,
                         template=TemplateRef(**plan.template), cpu_millis=plan.cpu_millis,
                         memory_bytes=plan.memory_bytes,
@@ -210,11 +238,113 @@ class WorkspaceService:
                            instance_id: str) -> Callable[[Session], dict[str, Any]]:
                     return partial(va.commit_start, plan=plan, expected=body.expected_version,
                                    node_id=node_id, instance_id=instance_id,
-                                   now=self.ctx.now(), verify=self.verify_in_store)
+                                   now=self.ctx.now(), verify=self.verify_in_store,
+                                   network=network, sent=sent.get(instance_id))
 
                 return await self.place(demand, body.node_id, args, commit, journal)
 
-        return await self._refusing("workspace.start", params, body, identity_id, attempt)
+        return await self._refusing("workspace.start", params, body, identity_id,
+                                    self._granting(attempt))
+
+    def _granting(self, attempt: Callable[[GrantScope], Awaitable[dict[str, Any]]]
+                  ) -> Callable[[], Awaitable[dict[str, Any]]]:
+        """`attempt` with the Egress revisions it sends held for the nodes it asks
+        until it is over (`egress_grants`)."""
+
+        async def run() -> dict[str, Any]:
+            with self.egress_grants.scope() as grants:
+                return await attempt(grants)
+
+        return run
+
+    # ------------------------------------------------------------------ network
+
+    async def set_network(self, workspace_id: str, body: WorkspaceSetNetworkIn,
+                          identity_id: str | None) -> dict[str, Any]:
+        """Replace the Workspace's network policy: a running one's node applies it in
+        one transaction first (``instance.set_network``, the new revision), then it is
+        recorded; a stopped one just records it for its next start."""
+        self.runtime.require_running()
+        params = {"workspace_id": workspace_id}
+        journal = partial(self._journaled, "workspace.set_network", params, body,
+                          identity_id)
+        replay = await self.journal.lookup(operation="workspace.set_network",
+                                           params=params, body=body)
+        if replay is not None:
+            return replay.result
+        policy = None if body.network is None else body.network.stored()
+
+        async def attempt(grants: GrantScope) -> dict[str, Any]:
+            async with self.lock(workspace_id):
+                plan = await self.store.run(partial(
+                    netpol.switch_plan, workspace_id=workspace_id,
+                    expected=body.expected_version, policy=policy))
+                sent = await self._switch_on_node(plan, grants)
+                result, _ = await journal(partial(
+                    netpol.commit_switch, plan=plan, expected=body.expected_version,
+                    sent=sent, now=self.ctx.now()))
+                return dict(result)
+
+        return await self._refusing("workspace.set_network", params, body, identity_id,
+                                    self._granting(attempt))
+
+    def egress_changed(self, name: str) -> None:
+        """A new revision of Egress `name` was recorded: switch the running Workspaces
+        that use it to it, in the background (each one as a `set-network` with its
+        policy unchanged).  One whose node is away keeps the revision it has, which
+        stays fetchable, until its next start or switch."""
+        self.runtime.spawn(self._refresh_egress_users, name)
+
+    async def _refresh_egress_users(self, name: str) -> None:
+        for workspace_id in await self.store.run(partial(netpol.refresh_targets,
+                                                         egress=name)):
+            try:
+                await self._refresh_one(workspace_id, name)
+            except KibotosError as exc:
+                log.warning("workspace %s keeps its egress %s revision: %s", workspace_id,
+                            name, exc.message)
+
+    async def _refresh_one(self, workspace_id: str, name: str) -> None:
+        async with self.lock(workspace_id):
+            plan = await self.store.run(partial(netpol.refresh_plan,
+                                                workspace_id=workspace_id, egress=name))
+            if plan is None:
+                return
+            with self.egress_grants.scope() as grants:
+                sent = await self._switch_on_node(plan, grants)
+                await self.store.write(partial(
+                    netpol.commit_switch, plan=plan, expected=None, sent=sent,
+                    now=self.ctx.now(), cause=f"egress {name} changed"))
+
+    async def _switch_on_node(self, plan: netpol.SwitchPlan,
+                              grants: GrantScope) -> NetworkPolicy | None:
+        """Have the running Instance's node apply the new policy; what it now enforces
+        (None: nothing runs, or it runs without a network under the default policy)."""
+        if plan.instance_id is None or plan.node_id is None:
+            return None
+        self.runtime.watch.drain()
+        entry = self.runtime.index.nodes.get(plan.node_id)
+        network = entry.network if entry is not None else None
+        details = {"workspace_id": plan.workspace_id, "node_id": plan.node_id}
+        why = netpol.refusal(plan.resolved.need, network)
+        if why is not None:
+            raise FailedPrecondition(
+                f"workspace {plan.workspace_id} runs on node {plan.node_id}, which cannot "
+                f"enforce this policy ({why}): stop it, set its network, and start it "
+                "again (placement then picks a node that can)", details=details)
+        sent = plan.resolved.for_node(network)
+        if sent is None:
+            return None
+        if not plan.instance_has_network:
+            raise FailedPrecondition(
+                f"workspace {plan.workspace_id} runs as Instance {plan.instance_id}, which "
+                "was started without a network: stop it and start it again to give it one",
+                details=details)
+        grants.add(plan.node_id, sent)
+        await self.ctx.sessions.call(
+            plan.node_id, SetNetworkArgs(instance_id=plan.instance_id, network=sent,
+                                         revision=plan.network_revision), SWITCH_TIMEOUT)
+        return sent
 
     async def template(self, name: str) -> dict[str, str]:
         """A Template's digests; cached, and dropped from the cache when any commit

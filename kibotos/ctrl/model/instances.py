@@ -180,9 +180,11 @@ def on_instance_state(session: Session, node_id: str, instance_id: str, state: s
                       reason: str | None, now: datetime,
                       guest: dict[str, Any] | None = None,
                       cleanup: dict[str, Any] | None = None,
-                      objects: list[Any] | None = None) -> list[Followup]:
+                      objects: list[Any] | None = None,
+                      addresses: list[str] | None = None) -> list[Followup]:
     """Apply one report of the node about one Instance (see the module docstring);
-    `objects` are the handoffs of what it opened (`handoffs`)."""
+    `objects` are the handoffs of what it opened (`handoffs`), `addresses` its guest's
+    (kept until the node says otherwise)."""
     inst = session.get(Instance, instance_id, with_for_update=True)
     if inst is None or inst.node_id != node_id:
         # Not ours (a create ctrl gave up on, or a ctrl that lost its store): it must
@@ -191,6 +193,8 @@ def on_instance_state(session: Session, node_id: str, instance_id: str, state: s
     if objects:
         handoffs.note_objects(session, node_id=node_id, instance_id=instance_id,
                               workspace_id=inst.workspace_id, objects=objects, now=now)
+    if addresses is not None and inst.state != I_DESTROYED:
+        inst.addresses = list(addresses)
     if inst.state == I_DESTROYED or (inst.state == state and inst.reason == reason
                                      and guest is None and cleanup is None):
         return []

@@ -4,9 +4,10 @@ Admission (`admit`) is the same wherever a placement happens (create, start, mov
 ``--node``): `nodes.placeable` (admitted, not drained, not isolated, not retired,
 session alive, clock within 30 s, memory not tight, overcommit confirmed), enough free
 schedulable CPU and memory (reported × ratio − the unreleased Allocations ctrl holds
-there), and every pool that holds the Workspace's objects reported available by the
-node (for a create: its default pool).  The policy plugin then ranks the survivors; it
-never decides admission (docs/architecture.md, "Placement").
+there), a network when the Workspace's policy needs one (public egress when it asks
+for it; `network_policy.refusal`), and every pool that holds the Workspace's objects
+reported available by the node (for a create: its default pool).  The policy plugin
+then ranks the survivors; it never decides admission (docs/architecture.md, "Placement").
 
 `CapacityIndex` keeps what admission needs in memory: each node's facts as last
 committed and the Allocations on it, fed by `kibotos.ctrl.live.store_watch` so it changes
@@ -39,6 +40,7 @@ from kibotos.backends import (
     PlacementRequest,
 )
 from kibotos.ctrl.model import nodes, overcommit
+from kibotos.ctrl.model.network_policy import NetworkNeed, NodeNetwork, node_network, refusal
 from kibotos.ctrl.model.nodes import NodeFacts
 from kibotos.ctrl.store.changes import (
     AllocationSnapshot,
@@ -67,12 +69,15 @@ class Demand:
     pools: frozenset[str] | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     extra_pools: frozenset[str] = frozenset()
+    #: What its network policy needs of the node (`network_policy.NetworkNeed`).
+    network: NetworkNeed = NetworkNeed.ANY
 
     def request(self) -> PlacementRequest:
         return PlacementRequest(self.cpu_millis, self.memory_bytes, dict(self.labels))
 
-    def shape(self) -> tuple[int, int, frozenset[tuple[str, str]]]:
-        return (self.cpu_millis, self.memory_bytes, frozenset(self.labels.items()))
+    def shape(self) -> tuple[int, int, frozenset[tuple[str, str]], NetworkNeed]:
+        return (self.cpu_millis, self.memory_bytes, frozenset(self.labels.items()),
+                self.network)
 
 
 @dataclass(frozen=True)
@@ -133,8 +138,8 @@ class NodeEntry:
     """One node as placement sees it; `version` grows with every change."""
 
     __slots__ = ("admitted", "alloc_cpu", "alloc_mem", "count", "default_pool", "facts",
-                 "node_id", "pools", "reason", "sched_cpu", "sched_mem", "tight_hint",
-                 "version")
+                 "network", "node_id", "pools", "reason", "sched_cpu", "sched_mem",
+                 "tight_hint", "version")
 
     def __init__(self, facts: NodeFacts) -> None:
         self.node_id = facts.node_id
@@ -144,6 +149,8 @@ class NodeEntry:
         self.sched_cpu = self.sched_mem = self.alloc_cpu = self.alloc_mem = self.count = 0
         self.pools: dict[str, PoolFact] = {}
         self.default_pool: PoolFact | None = None
+        #: ``facts.network``: None when the node gives Instances no network.
+        self.network: NodeNetwork | None = None
         self.tight_hint = False
         self.version = 0
 
@@ -173,6 +180,9 @@ def admit(entry: NodeEntry, demand: Demand) -> Refusal | None:
         return Refusal("resource_exhausted",
                        f"not enough free memory ({max(free_mem, 0)} of {entry.sched_mem} "
                        f"schedulable bytes free, {demand.memory_bytes} needed)")
+    network = refusal(demand.network, entry.network)
+    if network is not None:
+        return Refusal("failed_precondition", network)
     if demand.pools is None:
         pool = entry.default_pool
         if pool is None:
@@ -319,6 +329,7 @@ class CapacityIndex:
         entry.count = len(held)
         entry.pools = pools_of(facts)
         entry.default_pool = default_pool(entry.pools)
+        entry.network = node_network(facts)
         entry.version += 1
         for shape, cache in self._shapes.items():
             key = self._key(entry, shape)
@@ -366,8 +377,8 @@ class CapacityIndex:
     # ------------------------------------------------------------------ shape caches
 
     def _key(self, entry: NodeEntry, shape: Any) -> Any:
-        cpu, mem, labels = shape
-        demand = Demand(cpu, mem, None, dict(labels))
+        cpu, mem, labels, network = shape
+        demand = Demand(cpu, mem, None, dict(labels), network=network)
         if admit(entry, demand) is not None:
             return None
         assert self._sort_key is not None

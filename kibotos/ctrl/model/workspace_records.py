@@ -66,8 +66,15 @@ def check_labels(labels: Mapping[str, str]) -> dict[str, str]:
 
 def new_workspace(*, workspace_id: str, template: Mapping[str, str], labels: dict[str, str],
                   cpu_millis: int, memory_bytes: int, layer_size_bytes: int,
-                  layer_pool_id: str, layer_ref: str, now: datetime) -> Workspace:
+                  layer_pool_id: str, layer_ref: str, now: datetime,
+                  network_policy: Mapping[str, Any] | None = None) -> Workspace:
+    """A new Workspace record; `network_policy` None is the deployment default
+    (`kibotos.ctrl.model.network_policy`)."""
+    policy = None if network_policy is None else dict(network_policy)
     return Workspace(
+        network_policy=policy, network_revision=1,
+        network_egress=None if policy is None else policy.get("egress"),
+        network_resolver=None if policy is None else policy.get("resolver"),
         workspace_id=workspace_id, template_name=template["name"],
         image_digest=template["image_digest"], kernel_digest=template["kernel_digest"],
         initramfs_digest=template["initramfs_digest"], labels=labels, state=CREATING,
@@ -147,6 +154,7 @@ def workspace_json(ws: Workspace, instance: Instance | None = None) -> dict[str,
         "resources": {"cpu_millis": ws.cpu_millis, "memory_bytes": ws.memory_bytes},
         "layer": {"pool_id": ws.layer_pool_id, "ref": ws.layer_ref,
                   "size_bytes": ws.layer_size_bytes, "handoff": ws.layer_handoff},
+        "network": {"policy": ws.network_policy, "revision": ws.network_revision},
         "node_id": ws.node_id,
         "instance_id": ws.current_instance_id,
         "last_node_id": ws.last_node_id,
@@ -160,7 +168,10 @@ def workspace_json(ws: Workspace, instance: Instance | None = None) -> dict[str,
         out["instance"] = {"instance_id": instance.instance_id, "node_id": instance.node_id,
                            "state": instance.state, "reason": instance.reason,
                            "guest": instance.guest,
-                           "confirmed_on_disk": instance.confirmed_on_disk}
+                           "confirmed_on_disk": instance.confirmed_on_disk,
+                           "network": instance.network,
+                           "network_revision": instance.network_revision,
+                           "addresses": instance.addresses}
     return out
 
 

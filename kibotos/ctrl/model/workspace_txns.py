@@ -16,6 +16,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import capacity as pool_capacity
@@ -33,6 +34,7 @@ from kibotos.ctrl.store.models import (
     WorkspaceLabel,
 )
 from kibotos.errors import FailedPrecondition, NotFound
+from kibotos.protocol import NetworkPolicy
 
 
 class Stale(Exception):
@@ -68,6 +70,9 @@ class StartPlan:
     layer_size_bytes: int
     labels: dict[str, str]
     rights: tuple[RightPlan, ...]
+    #: As stored (None: the deployment default), and its revision.
+    network_policy: dict[str, Any] | None = None
+    network_revision: int = 1
 
 
 def template_of(session: Session, name: str) -> dict[str, str]:
@@ -101,17 +106,24 @@ def commit_create(session: Session, *, workspace_id: str, template: Mapping[str,
                   labels: dict[str, str], cpu_millis: int, memory_bytes: int,
                   layer_size_bytes: int, layer_ref: str, pool_id: str, pool_shared: bool,
                   node_id: str, instance_id: str, now: datetime,
-                  verify: bool = True, default_capacity: int | None = None
-                  ) -> dict[str, Any]:
+                  verify: bool = True, default_capacity: int | None = None,
+                  network: netpol.Resolved | None = None,
+                  sent: NetworkPolicy | None = None) -> dict[str, Any]:
+    """Record an accepted create; `network` is the Workspace's policy as resolved
+    before placement and `sent` what its node was sent (None: no network)."""
     if verify:
         verify_node(session, node_id, cpu_millis, memory_bytes)
     pool_capacity.check_room(session, pool_id, layer_size_bytes, "writable layer", now,
                              default_capacity)
+    network = network or netpol.Resolved(None)
+    netpol.check_unchanged(session, network)
     ws = w.new_workspace(workspace_id=workspace_id, template=template, labels=labels,
                          cpu_millis=cpu_millis, memory_bytes=memory_bytes,
                          layer_size_bytes=layer_size_bytes, layer_pool_id=pool_id,
-                         layer_ref=layer_ref, now=now)
+                         layer_ref=layer_ref, now=now, network_policy=network.policy)
     w.set_executing(ws, instance_id, node_id)
+    instance = inst_mod.new_instance(instance_id=instance_id, ws=ws, node_id=node_id, now=now)
+    netpol.store_on_instance(instance, sent, ws.network_revision)
     right = use_rights.new_right(kind=use_rights.RETAINED_LAYER, object_id=layer_ref,
                                  workspace_id=workspace_id, pool_id=pool_id,
                                  shared=pool_shared, now=now)
@@ -120,7 +132,7 @@ def commit_create(session: Session, *, workspace_id: str, template: Mapping[str,
     # CPU on ctrl); `store_changes.note` still hands the Workspace and the Allocation to
     # the in-memory index after the commit.
     objects: list[Any] = [
-        ws, inst_mod.new_instance(instance_id=instance_id, ws=ws, node_id=node_id, now=now),
+        ws, instance,
         inst_mod.new_allocation(instance_id=instance_id, ws=ws, node_id=node_id, now=now),
         right,
         *(WorkspaceLabel(workspace_id=workspace_id, key=k, value=v) for k, v in labels.items()),
@@ -170,11 +182,14 @@ def start_plan(session: Session, workspace_id: str, expected: int | None) -> Sta
                       "kernel_digest": ws.kernel_digest,
                       "initramfs_digest": ws.initramfs_digest},
                      ws.cpu_millis, ws.memory_bytes, ws.layer_size_bytes, dict(ws.labels),
-                     _plan_rights(rights))
+                     _plan_rights(rights), ws.network_policy, ws.network_revision)
 
 
 def commit_start(session: Session, *, plan: StartPlan, expected: int | None, node_id: str,
-                 instance_id: str, now: datetime, verify: bool = True) -> dict[str, Any]:
+                 instance_id: str, now: datetime, verify: bool = True,
+                 network: netpol.Resolved | None = None,
+                 sent: NetworkPolicy | None = None) -> dict[str, Any]:
+    """Record an accepted start; `network` and `sent` as for `commit_create`."""
     ws = w.get_workspace(session, plan.workspace_id, for_update=True)
     w.check_revision(ws, expected)
     _startable(session, ws)
@@ -183,12 +198,15 @@ def commit_start(session: Session, *, plan: StartPlan, expected: int | None, nod
         raise Stale(f"workspace {plan.workspace_id} changed while it was being placed")
     if verify:
         verify_node(session, node_id, ws.cpu_millis, ws.memory_bytes)
+    netpol.check_unchanged(session, network or netpol.Resolved(None))
     for right in rights:
         use_rights.grant(right, node_id, now)
     w.set_executing(ws, instance_id, node_id)
     w.transition(session, ws, w.STARTING, f"start on node {node_id}", now)
+    instance = inst_mod.new_instance(instance_id=instance_id, ws=ws, node_id=node_id, now=now)
+    netpol.store_on_instance(instance, sent, ws.network_revision)
     session.add_all([
-        inst_mod.new_instance(instance_id=instance_id, ws=ws, node_id=node_id, now=now),
+        instance,
         inst_mod.new_allocation(instance_id=instance_id, ws=ws, node_id=node_id, now=now),
     ])
     return w.workspace_json(ws)

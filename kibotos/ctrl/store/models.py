@@ -205,6 +205,16 @@ class Workspace(Base):
     #: How the writable layer last changed hands (`kibotos.ctrl.pools.handoffs`): CLEAN,
     #: UNKNOWN (opened without the previous holder's release receipt), NULL before any.
     layer_handoff: Mapped[str | None] = mapped_column(String(16))
+    #: The operator's network policy (``{public_egress, allow_out, deny_out, egress,
+    #: resolver}``, Egress and Resolver by name); NULL = the deployment default
+    #: (whatever network its node provides; docs/network.md, "The policy in ctrl").
+    network_policy: Mapped[dict[str, Any] | None]
+    #: Orders the policy's changes: 1 at create, +1 with every ``set-network``.
+    network_revision: Mapped[int] = mapped_column(BigInteger, default=1)
+    #: The policy's Egress and Resolver names, indexed: a delete of either is refused
+    #: while a Workspace that is not DELETED names it.
+    network_egress: Mapped[str | None] = mapped_column(String(63), index=True)
+    network_resolver: Mapped[str | None] = mapped_column(String(63), index=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     deleted_at: Mapped[datetime | None]
@@ -252,6 +262,13 @@ class Instance(Base):
     #: When ctrl stored the cleanup result from the node's record of the ended Instance
     #: (then had the node delete the record), or decided it was unknown.
     cleanup_stored_at: Mapped[datetime | None]
+    #: The network policy in force on the node, as sent (``instance.create``'s
+    #: ``network``, then each ``instance.set_network``; Egress and Resolver by name and
+    #: revision, never a secret); NULL: the Instance has no network.
+    network: Mapped[dict[str, Any] | None]
+    network_revision: Mapped[int | None] = mapped_column(BigInteger)
+    #: The guest's addresses as its node last reported them (CIDR text); NULL: not said.
+    addresses: Mapped[list[Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
@@ -378,5 +395,56 @@ class ObjectOperation(Base):
     node_id: Mapped[str | None] = mapped_column(String(63))
     epoch: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+# ------------------------------------------------------------------ Network (issue 11)
+
+
+class Egress(Base):
+    """An Egress: a caller's SOCKS5 endpoint a Workspace's TCP goes through, by name.
+
+    `revision` starts at 1 and grows with every change; each revision's address,
+    username and sealed password are an `EgressRevision` row, so a node running an
+    Instance that was sent an older revision can still fetch that one's credentials.
+    The password is never in this row (list and get read only this table)."""
+
+    __tablename__ = "egresses"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    address: Mapped[str] = mapped_column(String(255))
+    username: Mapped[str | None] = mapped_column(String(255))
+    revision: Mapped[int] = mapped_column(BigInteger, default=1)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class EgressRevision(Base):
+    """One revision of an Egress as nodes receive it.  `password_sealed` is the password
+    encrypted with ctrl's egress key (`kibotos.ctrl.store.secret_box`), bound to the
+    name and revision; NULL without credentials.  Revisions no live Instance references
+    are deleted when a newer one is made."""
+
+    __tablename__ = "egress_revisions"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    revision: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    address: Mapped[str] = mapped_column(String(255))
+    username: Mapped[str | None] = mapped_column(String(255))
+    password_sealed: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class Resolver(Base):
+    """A Resolver: the DNS upstream of the Workspaces that name it, reached directly or
+    through the Egress `via_egress` (which their policy must then name too)."""
+
+    __tablename__ = "resolvers"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    upstream: Mapped[str] = mapped_column(String(255))
+    via_egress: Mapped[str | None] = mapped_column(String(63), index=True)
+    revision: Mapped[int] = mapped_column(BigInteger, default=1)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

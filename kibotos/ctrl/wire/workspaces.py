@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kibotos.ctrl.model import workspace_records as workspaces
 from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest, _as_value_error
+from kibotos.ctrl.wire.network import AppliedNetworkOut, NetworkIn, WorkspaceNetworkOut
 from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments
 from kibotos.errors import InvalidArgument
 from kibotos.protocol.commands.instances import MAX_VOLUMES
@@ -51,6 +52,9 @@ class WorkspaceCreateIn(WriteRequest):
     layer_size_bytes: int = DEFAULT_LAYER_SIZE_BYTES
     #: Volumes to attach, each with its guest mount point (docs/storage.md, "Volumes").
     volumes: list[VolumeAttachIn] = Field(default_factory=list, max_length=MAX_VOLUMES)
+    #: The network policy (docs/network.md); absent: the deployment default, the
+    #: network its node provides (public egress on, no lists, where the node has it).
+    network: NetworkIn | None = None
 
     @field_validator("labels")
     @classmethod
@@ -180,6 +184,11 @@ class InstanceOut(Result):
     reason: str | None
     guest: dict[str, Any] | None
     confirmed_on_disk: bool | None
+    #: The policy in force on its node (null: no network) and its revision.
+    network: AppliedNetworkOut | None = None
+    network_revision: int | None = None
+    #: The guest's addresses once its node reports them (null: not reported).
+    addresses: list[str] | None = None
 
 
 WorkspaceState = Literal["CREATING", "STARTING", "AVAILABLE", "STOPPING", "STOPPED",
@@ -195,6 +204,7 @@ class WorkspaceOut(Result):
     revision: int
     resources: ResourcesOut
     layer: LayerOut
+    network: WorkspaceNetworkOut
     node_id: str | None
     instance_id: str | None
     last_node_id: str | None

@@ -50,6 +50,7 @@ from kibotos.protocol import (
     CommandResult,
     Hello,
     Message,
+    NetworkFacts,
     Overcommit,
     OvercommitAck,
     Ping,
@@ -240,12 +241,20 @@ class ControlSession:
         )
 
     def facts(self) -> dict[str, Any]:
-        """What hello and each report say about the node's pools: availability can
-        change while the session lives, so ctrl must hear it with every report."""
+        """What hello and each report say about the node's pools (availability can
+        change while the session lives, so ctrl must hear it with every report) and
+        its network (``[network]``: placement puts a Workspace that needs public
+        egress only on a node that provides it; absent = no network at all)."""
         if self.pools is not None:
-            return {"pools": self.pools()}
-        return {"pools": [{"id": p.id, "shared": p.shared, "default": p.default}
-                          for p in self.config.storage.pool]}
+            facts: dict[str, Any] = {"pools": self.pools()}
+        else:
+            facts = {"pools": [{"id": p.id, "shared": p.shared, "default": p.default}
+                               for p in self.config.storage.pool]}
+        network = self.config.network
+        if network is not None:
+            facts["network"] = NetworkFacts(
+                public_egress=network.public_egress).model_dump(mode="json")
+        return facts
 
     async def _connect_once(self) -> None:
         """One connection from TCP connect to close.  The node owns the TCP stream (not
