@@ -37,13 +37,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import trio
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument, KibotosError
-from kibotos.testing.backend_factory import BackendFactory
+from kibotos.testing.conformance import BackendFactory, check_id, expect_raises_async
 from kibotos.testing.waiting import wait_until
 
 SupervisorFactory = BackendFactory[Supervisor]
@@ -158,18 +157,6 @@ def _pids(path: Path, count: int) -> list[int] | None:
     """The PIDs a unit's script wrote to `path`, one a line, once there are `count`."""
     words = (_read(path) or "").split()
     return [int(w) for w in words] if len(words) == count else None
-
-
-E = TypeVar("E", bound=BaseException)
-
-
-async def _raises(kind: type[E], call: Callable[[], Awaitable[object]], what: str) -> E:
-    """The `kind` exception `call` raised; fails naming `what` if it raised none."""
-    try:
-        await call()
-    except kind as exc:
-        return exc
-    raise AssertionError(f"{what} was not refused with {kind.__name__}")
 
 
 def _sleeper(name: str) -> UnitSpec:
@@ -412,8 +399,8 @@ async def check_an_active_name_is_refused(factory: SupervisorFactory, scratch: P
     async with _units(factory, "twice") as sup:
         name = _unit("twice", "single")
         info = await sup.start(_sleeper(name))
-        refusal = await _raises(AlreadyExists, lambda: sup.start(_sleeper(name)),
-                                "a second start of a running unit")
+        refusal = await expect_raises_async(AlreadyExists, partial(sup.start, _sleeper(name)),
+                                            "a second start of a running unit")
         assert name.removesuffix(".service") in str(refusal), refusal
         assert await sup.describe(name) == info
 
@@ -424,7 +411,7 @@ async def check_a_program_that_cannot_run_is_refused(factory: SupervisorFactory,
     no unit behind."""
     async with _units(factory, "noexec") as sup:
         name = _unit("noexec", "missing")
-        refusal = await _raises(
+        refusal = await expect_raises_async(
             FailedPrecondition,
             lambda: sup.start(UnitSpec(name=name, argv=["no-such-binary-kibotos"])),
             "a start of a program that does not exist")
@@ -436,13 +423,14 @@ async def check_bad_specs_are_refused(factory: SupervisorFactory, scratch: Path)
     """Names outside the `UnitSpec` rules and an empty argv are `InvalidArgument`."""
     async with _units(factory, "bad") as sup:
         for name in ("", ".hidden", "a/b", "x" * 201, "sp ace"):
-            await _raises(InvalidArgument, partial(sup.start, UnitSpec(name=name, argv=["true"])),
-                          f"a start of unit name {name!r}")
-            await _raises(InvalidArgument, partial(sup.describe, name),
-                          f"a describe of unit name {name!r}")
-        await _raises(InvalidArgument,
-                      lambda: sup.start(UnitSpec(name=_unit("bad", "empty"), argv=[])),
-                      "a start with an empty argv")
+            spec = UnitSpec(name=name, argv=["true"])
+            await expect_raises_async(InvalidArgument, partial(sup.start, spec),
+                                      f"a start of unit name {name!r}")
+            await expect_raises_async(InvalidArgument, partial(sup.describe, name),
+                                      f"a describe of unit name {name!r}")
+        empty = UnitSpec(name=_unit("bad", "empty"), argv=[])
+        await expect_raises_async(InvalidArgument, partial(sup.start, empty),
+                                  "a start with an empty argv")
 
 
 async def check_leftovers_go_when_the_name_returns(factory: SupervisorFactory,
@@ -479,11 +467,6 @@ SUPERVISOR_CHECKS: tuple[SupervisorCheck, ...] = (
     check_bad_specs_are_refused,
     check_leftovers_go_when_the_name_returns,
 )
-
-
-def check_id(check: Callable[..., object]) -> str:
-    """A short test ID for a check: its name without ``check_``."""
-    return getattr(check, "__name__", repr(check)).removeprefix("check_")
 
 
 async def check_supervisor(factory: SupervisorFactory, scratch: Path) -> None:

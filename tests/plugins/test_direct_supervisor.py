@@ -21,8 +21,8 @@ from kibotos_direct.supervisor import DirectSupervisor
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from kibotos.plugins import load_plugins
-from kibotos.testing.backend_factory import BackendFactory
-from kibotos.testing.supervisor_suite import SUPERVISOR_CHECKS, SupervisorCheck, check_id
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.supervisor_suite import SUPERVISOR_CHECKS, SupervisorCheck
 from kibotos.testing.waiting import wait_until
 
 DEADLINE = 60

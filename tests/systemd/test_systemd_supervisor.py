@@ -24,8 +24,8 @@ from usersystemd import UserSystemd
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.errors import AlreadyExists, FailedPrecondition
-from kibotos.testing.backend_factory import BackendFactory
-from kibotos.testing.supervisor_suite import SUPERVISOR_CHECKS, SupervisorCheck, check_id
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.supervisor_suite import SUPERVISOR_CHECKS, SupervisorCheck
 from kibotos.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.systemd]
