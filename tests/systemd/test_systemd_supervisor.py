@@ -153,7 +153,7 @@ async def test_every_property_reaches_systemd_and_the_process(sup, raw: Raw, tmp
     assert b"GREETING=hello" in environ
     assert f"INVOCATION_ID={info.invocation_id}".encode() in environ
     text = await wait_until(lambda: log.exists() and "err" in log.read_text() and log.read_text(),
-                          "log lines")
+                            "log lines")
     assert "out hello" in text
     assert info.cgroup is not None
     assert info.cgroup.endswith("/kibotos.slice/kibotos-vmm.slice/kibotos-vmm-props.service")
@@ -249,7 +249,7 @@ async def test_stop_kills_children_that_ignore_sigterm_and_left_the_group(sup, t
     await wait_until(ready.exists, "children started")
     cgroup = info.cgroup
     members = await wait_until(lambda: len(cgroup_procs(cgroup)) == 3 and cgroup_procs(cgroup),
-                             "three processes in the unit's cgroup")
+                               "three processes in the unit's cgroup")
     with trio.fail_after(DEADLINE):
         await sup.stop("stubborn", timeout=0.5)
     assert cgroup_procs(cgroup) == set()
