@@ -38,6 +38,7 @@ async def test_conformance(check: VmmCheck, fc_env: FcEnv) -> None:
 
 
 @pytest.mark.parametrize(("options", "error", "words"), [
+    ({"colour": "blue"}, InvalidArgument, "unknown options ['colour']"),
     ({"user": "no-such-account-kibotos"}, FailedPrecondition, "does not exist"),
     ({"user": "root"}, InvalidArgument, "is root"),
     ({"uid": 5}, InvalidArgument, "gid must be an integer"),

@@ -14,7 +14,7 @@ import trio
 from instance_harness import registries, short_dir
 
 from kibotos.backends import VmmBackend
-from kibotos.errors import DeadlineExceeded, FailedPrecondition
+from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.guest import open_guest_channel
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.vmm_suite import VMM_CHECKS, VmmCase, VmmCheck
@@ -52,9 +52,17 @@ async def test_conformance(check: VmmCheck, run_dir: Path) -> None:
 
 async def test_unit_shape(run_dir: Path) -> None:
     unit = backend().unit_for(launch_for(run_dir))
+    assert unit.name == "kibotos-vmm-inst-t.service"
     assert unit.argv[-4:] == ["--socket", str(run_dir / "agent.sock"),
                               "--root", str(run_dir / "guestroot")]
+    assert unit.log_path == run_dir / "vmm.log"
+    assert unit.working_directory == run_dir
+    assert unit.properties["KillMode"] == "control-group"
     assert "--hang" in backend(hang=True).unit_for(launch_for(run_dir)).argv
+    with pytest.raises(InvalidArgument, match="unknown options"):
+        backend(colour="red")
+    with pytest.raises(InvalidArgument, match="template_image"):
+        backend().unit_for({**launch_for(run_dir), "template_image": str(run_dir / "nope")})
 
 
 async def test_exec_through_a_real_unit(run_dir: Path) -> None:

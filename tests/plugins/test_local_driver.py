@@ -11,6 +11,7 @@ import pytest
 from kibotos_local.driver import LocalDriver
 
 from kibotos.backends import HostPaths, PoolSpec, StorageDriver
+from kibotos.errors import InvalidArgument
 from kibotos.plugins import load_plugins
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.pool_driver_suite import POOL_DRIVER_CHECKS, PoolDriverCheck
@@ -141,3 +142,9 @@ def test_no_covering_mount_is_unavailable(driver, tmp_path, pool_dir):
 
 def test_real_proc_sees_a_writable_temporary_directory(driver, tmp_path, pool_dir):
     assert driver.check(pool(pool_dir), HostPaths()).available
+
+
+def test_options_are_refused():
+    cls = load_plugins().storage_driver.get("local")
+    with pytest.raises(InvalidArgument, match="storage driver local takes no options"):
+        cls({"writeback": "1G"})

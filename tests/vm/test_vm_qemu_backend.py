@@ -210,6 +210,8 @@ def test_volume_devices_are_named_by_serial(launch: dict):
 
 
 def test_bad_options_are_refused():
+    with pytest.raises(InvalidArgument, match="unknown options"):
+        QemuVmm({"qemu": "x"})
     with pytest.raises(InvalidArgument, match="accelerator 'hvf'"):
         QemuVmm({"accelerator": "hvf"})
 
