@@ -10,7 +10,8 @@ Markers (declared in pyproject.toml):
   installs it: a green CI must not hide a skipped store backend.
 
 Fixtures: ``postgres_server`` (session; the server's admin URL) and ``postgres_url``
-(one fresh, empty database per test, dropped afterwards).
+(one fresh, empty database per test, dropped afterwards); ``autojump_clock`` replaces
+pytest-trio's with one that does not jump while a worker thread runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from kibotos.testing.clock import ThreadAwareClock
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -143,3 +146,19 @@ def _counter() -> Iterator[int]:
 
 
 _db_counter = _counter()
+
+
+# ---------------------------------------------------------------------------- clocks
+
+
+@pytest.fixture
+def autojump_clock() -> ThreadAwareClock:
+    """pytest-trio's ``autojump_clock``, made safe for code that runs worker threads.
+
+    pytest-trio's own is ``MockClock(autojump_threshold=0)``, which jumps to the next
+    deadline while ctrl's store runs a transaction in a thread (trio issue #456); this
+    one (`kibotos.testing.clock.ThreadAwareClock`) holds the jump until the thread is
+    back.  Take it in tests whose every wait is inside trio: in-process ctrl
+    (``httpx.ASGITransport``, the ``inprocess_ctrl`` fixture), in-memory streams, trio
+    sleeps and timeouts; not with subprocesses or real sockets, which it cannot see."""
+    return ThreadAwareClock()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,6 +194,7 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
                         sim: SimInstances | None = None, answer_commands: bool = True,
                         pools: list[dict[str, Any]] | None = None,
                         network: dict[str, Any] | None = None,
+                        connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
                         **hello: Any) -> AsyncIterator[SimNode]:
     """Connect, say hello, and play the node until the block ends.  A refused upgrade
     raises trio-websocket's `ConnectionRejected` (with its ``status_code``).
@@ -202,18 +203,25 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
     by default; None with ``answer_commands=False``: commands go unanswered).  `pools`
     replaces the announced storage pools (``hello.facts.pools``); `network` announces a
     network (``hello.facts.network``, e.g. ``{"public_egress": True}``; none by default,
-    like a node without ``[network]``).
+    like a node without ``[network]``).  `connect` opens the stream instead of a TCP
+    connection to `base_url` (whose host then only names the ``Host`` header):
+    `kibotos.testing.asgi_websocket.InProcessConnector` reaches an in-process ctrl
+    without a socket.
 
-    The TCP stream is opened here and closed here: trio-websocket's client leaves its
+    The stream is opened here and closed here: trio-websocket's client leaves its
     socket open when the server closes first, which a long test run would notice."""
     parts = urlsplit(base_url)
     assert parts.hostname is not None, base_url
-    assert parts.port is not None, base_url
     headers = [(b"Authorization", f"Bearer {credential}".encode())]
-    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    if connect is not None:
+        stream = await connect()
+    else:
+        assert parts.port is not None, base_url
+        stream = await trio.open_tcp_stream(parts.hostname, parts.port)
     try:
         async with _unwrap_rejection(), trio.open_nursery() as ws_nursery:
-            ws = await wrap_client_stream(ws_nursery, stream, parts.hostname, SESSION_PATH,
+            ws = await wrap_client_stream(ws_nursery, stream,  # type: ignore[arg-type]
+                                          parts.hostname, SESSION_PATH,
                                           extra_headers=headers)
             if sim is None and answer_commands:
                 sim = SimInstances()

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kibotos.cli.pool_cmds import pool_group
 from kibotos.testing.fake_node import open_sim_node
+from kibotos.testing.waiting import wait_until
 
 MARKER = "7" * 32
 GI = 1 << 30
@@ -70,12 +71,6 @@ def add_template(ctrl: CtrlProcess, operator: Path) -> None:
         "initramfs_digest": digests[2]}).raise_for_status()
 
 
-async def wait_for(what: str, check: Any) -> None:
-    with trio.fail_after(60):
-        while not await check():
-            await trio.sleep(0.1)
-
-
 async def test_storage_pool_commands(tmp_path: Path) -> None:
     (tmp_path / "ctrl").mkdir()
     ctrl = CtrlProcess(tmp_path / "ctrl")
@@ -101,7 +96,7 @@ async def _walk(operator: Path) -> None:
         node = await kibo_json(operator, "node", "get", "node-a")
         return bool(node["placement"]["eligible"])
 
-    await wait_for("node-a eligible", eligible)
+    await wait_until(eligible, "node-a eligible")
 
     # never set: `-`, and a create is resource_exhausted naming the command
     listed = (await kibo(operator, "storage-pool", "list")).stdout

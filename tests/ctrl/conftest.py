@@ -1,7 +1,10 @@
 """Fixtures of the ctrl tests: a migrated store on SQLite and on a real PostgreSQL server
 (the shared ``postgres_url`` fixture of tests/conftest.py starts it), the ASGI app driven
-in-process through ``httpx.ASGITransport``, an enrolled operator, and a real ctrl served
-by hypercorn on 127.0.0.1 port 0 for the session tests.
+in-process through ``httpx.ASGITransport``, an enrolled operator, and a ctrl with its
+session endpoint for the session tests: served by hypercorn on 127.0.0.1 port 0
+(``running_ctrl``), or in-process without a socket (``inprocess_ctrl``: the API through
+``httpx.ASGITransport``, sessions over in-memory streams,
+`kibotos.testing.asgi_websocket`), which can run under the autojump clock.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.live.services import CtrlServices
 from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
 from kibotos.ctrl.store.db import Store
+from kibotos.testing.asgi_websocket import InProcessConnector
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -74,8 +78,7 @@ async def operator(client: httpx.AsyncClient, store: Store) -> dict[str, str]:
 async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
     """A real ctrl app served by hypercorn on 127.0.0.1:0 (SQLite, short timeouts) with
     an enrolled operator; the test can reach its context (store, session hub)."""
-    config = make_config(tmp_path, session_timeout="3s", reconcile_interval="1h",
-                         overcommit_ack_timeout="2s")
+    config = session_config(tmp_path)
     store = await open_store(config)
     ctx = build_context(config, store)
     try:
@@ -85,6 +88,34 @@ async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
                 hypercorn_config(config.ctrl.listen)))
             ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0])
             async with httpx.AsyncClient(base_url=ctrl.url, timeout=30) as http:
+                ctrl.http = http
+                ctrl.operator = await enroll_operator(http, store)
+                yield ctrl
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+def session_config(tmp_path: Path) -> CtrlConfig:
+    """SQLite and short timeouts, so the session tests see them pass."""
+    return make_config(tmp_path, session_timeout="3s", reconcile_interval="1h",
+                       overcommit_ack_timeout="2s")
+
+
+@pytest.fixture
+async def inprocess_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
+    """`running_ctrl` without a socket: nothing the test waits for is outside trio, so
+    it may take the autojump clock."""
+    config = session_config(tmp_path)
+    store = await open_store(config)
+    ctx = build_context(config, store)
+    app = build_app(build_services(ctx))
+    try:
+        async with trio.open_nursery() as nursery:
+            ctrl = RunningCtrl(config=config, ctx=ctx, url="http://ctrl",
+                               connect=InProcessConnector(app, nursery))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url=ctrl.url, timeout=30) as http:
                 ctrl.http = http
                 ctrl.operator = await enroll_operator(http, store)
                 yield ctrl

@@ -1,10 +1,12 @@
 """Helpers of the ctrl tests: enrolling identities the real way, reading results, and
-checking that every answer has the documented shape."""
+checking that every answer has the documented shape.  `wait_until` is the shared one of
+`kibotos.testing.waiting`, re-exported."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,6 +25,8 @@ from kibotos.ctrl.model import enrollment
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
 from kibotos.errors import ERROR_CLASSES
+from kibotos.testing.fake_node import SimNode, open_sim_node
+from kibotos.testing.waiting import wait_until as wait_until  # re-exported for the ctrl tests
 
 
 def make_config(tmp_path: Path, database_url: str = "", *, pool_capacity: str | None = "1T",
@@ -110,23 +114,24 @@ async def read_node(store: Store, node_id: str) -> Node:
     return node
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str,
-                     timeout: float = 30.0) -> None:
-    """Poll until `predicate` holds; generous timeout, never a timed assertion."""
-    with trio.move_on_after(timeout):
-        while not await predicate():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting until {what}")
-
-
 @dataclass
 class RunningCtrl:
+    """A ctrl app with an enrolled operator: served by hypercorn on 127.0.0.1 (`url` is
+    real), or in-process (`connect` opens in-memory streams to its session endpoint,
+    `http` drives it through ``httpx.ASGITransport``, and `url` only names it)."""
+
     config: CtrlConfig
     ctx: CtrlContext
     url: str
+    connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
     http: httpx.AsyncClient = field(init=False)
     operator: dict[str, str] = field(init=False)
+
+    def sim_node(self, credential: str, node_id: str, incarnation: int,
+                 **kwargs: Any) -> AbstractAsyncContextManager[SimNode]:
+        """`open_sim_node` against this ctrl, over whichever transport it has."""
+        return open_sim_node(self.url, credential, node_id, incarnation,
+                             connect=self.connect, **kwargs)
 
     async def node(self, node_id: str) -> dict[str, Any]:
         return dict(result(await self.http.get(f"/v1/nodes/{node_id}",

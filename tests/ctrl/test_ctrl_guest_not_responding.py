@@ -14,6 +14,7 @@ from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
 from kibotos.cli.workspace_render import get_sections, guest_responding
+from kibotos.testing.clock import ThreadAwareClock
 
 
 def lines(ws: dict[str, Any], *, wide: bool = False) -> dict[str, str]:
@@ -24,7 +25,8 @@ def lines(ws: dict[str, Any], *, wide: bool = False) -> dict[str, str]:
     return found
 
 
-async def test_a_guest_that_does_not_answer_is_shown_until_it_does(tmp_path: Path) -> None:
+async def test_a_guest_that_does_not_answer_is_shown_until_it_does(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         node = await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create())["workspace_id"])

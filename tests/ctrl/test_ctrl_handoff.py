@@ -21,6 +21,7 @@ from kibotos.cli.main import kibo_cli
 from kibotos.ctrl.pools import handoffs
 from kibotos.ctrl.wire.volumes import VolumeOut
 from kibotos.ctrl.wire.workspaces import WorkspaceOut
+from kibotos.testing.clock import ThreadAwareClock
 from kibotos.testing.sim_instances import SimInstances
 
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
@@ -62,7 +63,7 @@ async def handoff_is(ctrl: WsCtrl, wid: str, want: str | None) -> dict[str, Any]
 
 async def test_takeover_from_an_isolated_node_reports_unknown_until_a_clean_start(
         tmp_path: Path) -> None:
-    async with open_ws_ctrl(tmp_path) as ctrl:
+    async with open_ws_ctrl(tmp_path, in_process=False) as ctrl:
         objects: dict[Any, Any] = {}
         await ctrl.connect("node-a", pools=SHARED, sim=SimInstances(objects=objects))
         await ctrl.connect("node-b", pools=SHARED, sim=SimInstances(objects=objects))
@@ -117,7 +118,7 @@ async def test_takeover_from_an_isolated_node_reports_unknown_until_a_clean_star
 
 
 async def test_a_stale_report_of_an_instance_no_longer_wanted_changes_nothing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     """The isolated node comes back and lists its old Instance (at the old epoch) before
     it destroys it: that must not overwrite what the successor found."""
     async with open_ws_ctrl(tmp_path) as ctrl:

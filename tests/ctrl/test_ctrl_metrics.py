@@ -15,6 +15,7 @@ from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
 from kibotos.config import CtrlMetricsSection
 from kibotos.ctrl.api.app import build_app
+from kibotos.testing.clock import ThreadAwareClock
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 
@@ -61,7 +62,8 @@ def assert_not_decreased(before: Scrape, after: Scrape) -> None:
         assert after.values.get(key, 0.0) >= value, (key, value, after.values.get(key))
 
 
-async def test_metrics_follow_nodes_workspaces_and_placements(tmp_path: Path) -> None:
+async def test_metrics_follow_nodes_workspaces_and_placements(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         fresh(ctrl)
         first = await scrape(ctrl)
@@ -126,7 +128,8 @@ async def test_metrics_follow_nodes_workspaces_and_placements(tmp_path: Path) ->
         assert fourth.get("kibotos_ctrl_pool_available_members", pool_id=pool) == 0
 
 
-async def test_unknown_paths_and_methods_add_no_label_values(tmp_path: Path) -> None:
+async def test_unknown_paths_and_methods_add_no_label_values(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         fresh(ctrl)
         for i in range(40):
@@ -151,7 +154,7 @@ async def test_unknown_paths_and_methods_add_no_label_values(tmp_path: Path) -> 
                        status="404") == 40
 
 
-async def test_require_auth_and_disabled(tmp_path: Path) -> None:
+async def test_require_auth_and_disabled(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         fresh(ctrl, require_auth=True)
         resp = await ctrl.http.get("/metrics")
@@ -198,7 +201,8 @@ def test_node_metrics_listen_is_validated(tmp_path: Path) -> None:
         parse(NodeConfig, bad, "node.toml")
 
 
-async def test_store_read_failure_serves_previous_values(tmp_path: Path) -> None:
+async def test_store_read_failure_serves_previous_values(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     from sqlalchemy import text
 
     async with open_ws_ctrl(tmp_path) as ctrl:
@@ -223,7 +227,8 @@ async def test_store_read_failure_serves_previous_values(tmp_path: Path) -> None
         assert third.get("kibotos_ctrl_metrics_store_read_failures_total") == 1
 
 
-async def test_require_auth_refuses_node_credentials(tmp_path: Path) -> None:
+async def test_require_auth_refuses_node_credentials(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         fresh(ctrl, require_auth=True)
         await ctrl.connect("node-a")

@@ -10,8 +10,11 @@ from pathlib import Path
 from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
+from kibotos.testing.clock import ThreadAwareClock
 
-async def test_a_node_restart_neither_sets_nor_clears_drain(tmp_path: Path) -> None:
+
+async def test_a_node_restart_neither_sets_nor_clears_drain(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         await ctrl.connect("node-b")

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from ws_helpers import TEMPLATE, events, open_ws_ctrl
 
 from kibotos.ctrl.store.models import Node
+from kibotos.testing.clock import ThreadAwareClock
 
 FIRST = "a" * 32
 SECOND = "b" * 32
@@ -51,7 +52,8 @@ async def refused_for(ctrl: Any, node_id: str, text: str) -> str:
 
 
 async def test_second_storage_with_the_same_pool_id_is_refused(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        autojump_clock: ThreadAwareClock) -> None:
     caplog.set_level(logging.WARNING, logger="kibotos.ctrl.pools")
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=pool(FIRST))
@@ -91,7 +93,8 @@ async def test_second_storage_with_the_same_pool_id_is_refused(
         assert (await stored_pools(ctrl, "node-b"))["shared-1"]["available"] is False
 
 
-async def test_availability_in_a_report_reaches_placement(tmp_path: Path) -> None:
+async def test_availability_in_a_report_reaches_placement(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         node = await ctrl.connect("node-a", pools=pool(
             None, available=False, reason="storage pool marker is missing"))
@@ -117,7 +120,8 @@ async def test_availability_in_a_report_reaches_placement(tmp_path: Path) -> Non
         assert placed[0]["node_id"] == "node-a"
 
 
-async def test_a_retired_node_no_longer_holds_the_pool_id(tmp_path: Path) -> None:
+async def test_a_retired_node_no_longer_holds_the_pool_id(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     """Moving a pool to new storage: isolate and retire the first node; the other
     storage is accepted on its next hello."""
     async with open_ws_ctrl(tmp_path) as ctrl:

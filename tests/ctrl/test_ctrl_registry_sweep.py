@@ -20,6 +20,7 @@ from kibotos.ctrl.live.registry_sweep import store_results
 from kibotos.ctrl.store.models import Workspace
 from kibotos.ctrl.wire.workspaces import CleanupStatusOut
 from kibotos.protocol import InstanceState
+from kibotos.testing.clock import ThreadAwareClock
 
 ITEMS = ("RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL")
 OBSERVED = "2026-01-02T03:04:05.678901+00:00"
@@ -58,7 +59,8 @@ async def stopped(ctrl: WsCtrl) -> tuple[str, str]:
     return ws["workspace_id"], ws["instance"]["instance_id"]
 
 
-async def test_the_observed_result_is_stored_before_the_record_goes(tmp_path: Path) -> None:
+async def test_the_observed_result_is_stored_before_the_record_goes(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         wid, iid = await stopped(ctrl)
@@ -74,7 +76,8 @@ async def test_the_observed_result_is_stored_before_the_record_goes(tmp_path: Pa
         assert items(await status(ctrl, wid)) == items(after)
 
 
-async def test_records_still_needed_are_kept(tmp_path: Path) -> None:
+async def test_records_still_needed_are_kept(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         running = await ctrl.settled((await ctrl.create())["workspace_id"])
@@ -103,7 +106,7 @@ async def test_records_still_needed_are_kept(tmp_path: Path) -> None:
 
 
 async def test_a_record_deleted_by_hand_makes_the_runtime_items_unknown(
-        tmp_path: Path) -> None:
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         wid, _iid = await stopped(ctrl)
@@ -121,7 +124,8 @@ async def test_a_record_deleted_by_hand_makes_the_runtime_items_unknown(
             "RESIDUAL": ("RELEASED", "control_plane")}
 
 
-async def test_a_stuck_release_shows_since_when_and_what_is_held(tmp_path: Path) -> None:
+async def test_a_stuck_release_shows_since_when_and_what_is_held(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create())["workspace_id"])
@@ -136,7 +140,14 @@ async def test_a_stuck_release_shows_since_when_and_what_is_held(tmp_path: Path)
                                                          "held": held})
         service = ctrl.service
         await service.feed.instance_state("node-a", frame)
-        got = await status(ctrl, wid)
+
+        async def pending() -> dict[str, Any] | None:
+            got = await status(ctrl, wid)
+            return got if got["pending_since"] is not None else None
+
+        # Applied at once, or just after the create's task ends (frames of an Instance
+        # with a task in flight wait for it).
+        got = await wait_until(pending, "the pending release shown")
         assert got["pending_since"] == "2026-01-02T03:04:05.678Z"
         assert got["held"] == held
         assert {k: v[:2] for k, v in items(got).items()} == {

@@ -1,5 +1,10 @@
-"""The node control session against a real ctrl (hypercorn on 127.0.0.1:0), with a
-trio-websocket client playing the node (`kibotos.testing.fake_node`)."""
+"""The node control session against ctrl, with a trio-websocket client playing the node
+(`kibotos.testing.fake_node`).
+
+ctrl runs in-process (``inprocess_ctrl``: no socket) under the autojump clock, so the
+session timeout, pings and ack timeouts pass in virtual time; the upgrade refusals and
+the invalid hellos also run against hypercorn on 127.0.0.1:0 (``running_ctrl``), so the
+in-process WebSocket server cannot hide what the real one does."""
 
 from __future__ import annotations
 
@@ -8,14 +13,15 @@ import json
 import pytest
 import trio
 from ctrl_helpers import RunningCtrl, error, read_node, result, wait_until
-from trio_websocket import ConnectionRejected, open_websocket_url
+from trio_websocket import ConnectionRejected, open_websocket_url, wrap_client_stream
 
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.reconcile import reconcile_once
 from kibotos.ctrl.wire.base import NodeOut
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from kibotos.protocol import RegistryDeleteArgs, RegistryListArgs
-from kibotos.testing.fake_node import hello_message, open_sim_node
+from kibotos.testing.clock import ThreadAwareClock
+from kibotos.testing.fake_node import hello_message
 
 
 def hub_of(ctrl: RunningCtrl) -> SessionHub:
@@ -29,13 +35,14 @@ async def alive(ctrl: RunningCtrl, node_id: str, want: bool = True) -> None:
     await wait_until(check, f"{node_id} session alive is {want}")
 
 
-async def test_hello_welcome_and_session_facts(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_hello_welcome_and_session_facts(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
     report = {"allocated": {"cpu_millis": 500, "memory_bytes": 1 << 30},
               "instance_count": 1, "volume_count": 2, "memory_tight": False,
               "memory_tight_since": None}
-    async with open_sim_node(ctrl.url, cred, "node-a", 3, report=report,
+    async with ctrl.sim_node(cred, "node-a", 3, report=report,
                              release_version="0.1.0", source_revision="abc123") as node:
         assert node.first["type"] == "welcome"
         assert node.first["session_id"].startswith("ses-")
@@ -69,19 +76,27 @@ async def test_hello_welcome_and_session_facts(running_ctrl: RunningCtrl) -> Non
         assert got["registration_version"] == 2
 
 
-async def test_ping_pong(running_ctrl: RunningCtrl) -> None:
-    cred = await running_ctrl.enroll("node-a")
-    async with open_sim_node(running_ctrl.url, cred, "node-a", 1, ping_interval=None) as node:
+async def test_ping_pong(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    cred = await inprocess_ctrl.enroll("node-a")
+    async with inprocess_ctrl.sim_node(cred, "node-a", 1, ping_interval=None) as node:
         await node.send({"type": "ping"})
         await node.wait_for("pong")
 
 
-async def test_report_is_stored_and_bumps_the_version(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_report_is_stored_and_bumps_the_version(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1):
+    async with ctrl.sim_node(cred, "node-a", 1):
         version = (await ctrl.node("node-a"))["registration_version"]
-        async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:  # replaces the first
+        async with ctrl.sim_node(cred, "node-a", 1) as node:  # replaces the first
+            async def measured() -> bool:
+                session = (await ctrl.node("node-a"))["latest_session"]
+                return session["session_id"] == node.first["session_id"] and \
+                    session["clock"] is not None
+            # Until then placement names the unmeasured clock, not the tight memory.
+            await wait_until(measured, "the clock measured in the new session")
             version = (await ctrl.node("node-a"))["registration_version"]
             await node.send_report(instance_count=4, volume_count=1, memory_tight=True,
                                    memory_tight_since="2026-01-01T00:00:00Z",
@@ -99,11 +114,12 @@ async def test_report_is_stored_and_bumps_the_version(running_ctrl: RunningCtrl)
 
 
 async def test_same_incarnation_reconnect_replaces_the_session(
-        running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+        inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with (open_sim_node(ctrl.url, cred, "node-a", 2) as first,
-                open_sim_node(ctrl.url, cred, "node-a", 2) as second):
+    async with (ctrl.sim_node(cred, "node-a", 2) as first,
+                ctrl.sim_node(cred, "node-a", 2) as second):
         assert second.welcomed
         with trio.fail_after(30):
             await first.closed.wait()
@@ -113,22 +129,24 @@ async def test_same_incarnation_reconnect_replaces_the_session(
         assert got["latest_session"]["alive"] is True
 
 
-async def test_stale_incarnation_is_rejected(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_stale_incarnation_is_rejected(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 5):
+    async with ctrl.sim_node(cred, "node-a", 5):
         pass
-    async with open_sim_node(ctrl.url, cred, "node-a", 4) as node:
+    async with ctrl.sim_node(cred, "node-a", 4) as node:
         assert node.first["type"] == "rejected"
         assert node.first["reason"] == "stale_incarnation"
         assert "4" in node.first["message"]
         assert "5" in node.first["message"]
 
 
-async def test_socket_close_ends_the_session_at_once(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_socket_close_ends_the_session_at_once(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1):
+    async with ctrl.sim_node(cred, "node-a", 1):
         await alive(ctrl, "node-a")
         assert hub_of(ctrl).is_alive("node-a")
     await alive(ctrl, "node-a", False)
@@ -139,21 +157,23 @@ async def test_socket_close_ends_the_session_at_once(running_ctrl: RunningCtrl) 
     assert not hub_of(ctrl).is_alive("node-a")
 
 
-async def test_silence_ends_the_session(running_ctrl: RunningCtrl) -> None:
+async def test_silence_ends_the_session(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
     """No message for session_timeout (3 s here): the session is dead."""
-    ctrl = running_ctrl
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1, ping_interval=None,
+    async with ctrl.sim_node(cred, "node-a", 1, ping_interval=None,
                              answer_probes=False) as node:
         with trio.fail_after(60):
             await node.closed.wait()
         await alive(ctrl, "node-a", False)
 
 
-async def test_pings_keep_the_session_alive(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_pings_keep_the_session_alive(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1, ping_interval=0.5,
+    async with ctrl.sim_node(cred, "node-a", 1, ping_interval=0.5,
                              answer_probes=False) as node:
         # Longer than the session timeout, measured by the server's own clock.
         await trio.sleep(ctrl.config.ctrl.session_timeout * 2)
@@ -161,53 +181,89 @@ async def test_pings_keep_the_session_alive(running_ctrl: RunningCtrl) -> None:
         assert (await read_node(ctrl.ctx.store, "node-a")).session_alive
 
 
-async def test_refused_credentials_fail_the_upgrade(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def refused_upgrades(ctrl: RunningCtrl) -> None:
     await ctrl.enroll("node-a")
     operator_cred = ctrl.operator["Authorization"].removeprefix("Bearer ")
     for cred, status in [("kid-01nobody:secret", 401), ("garbage", 401),
                          (operator_cred, 403)]:
         with pytest.raises(ConnectionRejected) as info:
-            async with open_sim_node(ctrl.url, cred, "node-a", 1):
+            async with ctrl.sim_node(cred, "node-a", 1):
                 pass
         assert info.value.status_code == status
         assert info.value.body is not None
         assert "error" in json.loads(info.value.body)
 
 
-async def test_hello_for_another_node_is_not_admitted(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_refused_credentials_fail_the_upgrade(running_ctrl: RunningCtrl) -> None:
+    await refused_upgrades(running_ctrl)
+
+
+async def test_refused_credentials_fail_the_in_process_upgrade(
+        inprocess_ctrl: RunningCtrl, autojump_clock: ThreadAwareClock) -> None:
+    await refused_upgrades(inprocess_ctrl)
+
+
+async def test_hello_for_another_node_is_not_admitted(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
     await ctrl.enroll("node-b")
-    async with open_sim_node(ctrl.url, cred, "node-b", 1) as node:
+    async with ctrl.sim_node(cred, "node-b", 1) as node:
         assert node.first["reason"] == "not_admitted"
         assert "node-a" in node.first["message"]
     assert (await ctrl.node("node-b"))["latest_session"] is None
 
 
-@pytest.mark.parametrize("frame", [
+INVALID_HELLOS = [
     "not json",
     json.dumps({"type": "ping"}),
     json.dumps(hello_message("node-a", 0)),
     json.dumps({**hello_message("node-a", 1), "resources": {"cpu_millis": "lots"}}),
-])
-async def test_invalid_hello(running_ctrl: RunningCtrl, frame: str) -> None:
-    ctrl = running_ctrl
+]
+
+
+async def answer_to_first_frame(ctrl: RunningCtrl, frame: str) -> dict[str, object]:
+    """Open the session endpoint by hand, send `frame` as the first frame, return the
+    answer."""
     cred = await ctrl.enroll("node-a")
-    url = ctrl.url.replace("http://", "ws://") + "/v1/node/session"
-    async with open_websocket_url(url, extra_headers=[
-            (b"Authorization", f"Bearer {cred}".encode())]) as ws:
+    headers = [(b"Authorization", f"Bearer {cred}".encode())]
+    if ctrl.connect is None:
+        url = ctrl.url.replace("http://", "ws://") + "/v1/node/session"
+        async with open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(frame)
+            with trio.fail_after(30):
+                return dict(json.loads(await ws.get_message()))
+    stream = await ctrl.connect()
+    async with trio.open_nursery() as nursery:
+        ws = await wrap_client_stream(nursery, stream, "ctrl",  # type: ignore[arg-type]
+                                      "/v1/node/session", extra_headers=headers)
         await ws.send_message(frame)
         with trio.fail_after(30):
-            answer = json.loads(await ws.get_message())
+            answer = dict(json.loads(await ws.get_message()))
+        await ws.aclose()
+    return answer
+
+
+@pytest.mark.parametrize("frame", INVALID_HELLOS)
+async def test_invalid_hello(running_ctrl: RunningCtrl, frame: str) -> None:
+    answer = await answer_to_first_frame(running_ctrl, frame)
     assert answer["type"] == "rejected"
     assert answer["reason"] == "invalid_hello"
 
 
-async def test_overcommit_push_and_ack(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+@pytest.mark.parametrize("frame", INVALID_HELLOS)
+async def test_invalid_hello_in_process(inprocess_ctrl: RunningCtrl,
+                                        autojump_clock: ThreadAwareClock, frame: str) -> None:
+    answer = await answer_to_first_frame(inprocess_ctrl, frame)
+    assert answer["type"] == "rejected"
+    assert answer["reason"] == "invalid_hello"
+
+
+async def test_overcommit_push_and_ack(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
         await alive(ctrl, "node-a")
         before = len(node.received)
         got = result(await ctrl.http.put("/v1/nodes/node-a/overcommit", headers=ctrl.operator,
@@ -230,10 +286,11 @@ async def test_overcommit_push_and_ack(running_ctrl: RunningCtrl) -> None:
         await wait_until(confirmed, "default change confirmed")
 
 
-async def test_overcommit_without_ack_closes_the_session(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_overcommit_without_ack_closes_the_session(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1, ack_overcommit=False) as node:
+    async with ctrl.sim_node(cred, "node-a", 1, ack_overcommit=False) as node:
         await alive(ctrl, "node-a")
         result(await ctrl.http.put("/v1/nodes/node-a/overcommit", headers=ctrl.operator,
                                    json={"memory": "0.5"}))
@@ -243,15 +300,16 @@ async def test_overcommit_without_ack_closes_the_session(running_ctrl: RunningCt
     await alive(ctrl, "node-a", False)
     assert (await ctrl.node("node-a"))["overcommit"]["confirmed"] is False
     # The next welcome carries the value, and delivering it is the confirmation.
-    async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
         assert node.first["overcommit"] == {"cpu": "1", "memory": "0.5", "serial": 1}
         assert (await ctrl.node("node-a"))["overcommit"]["confirmed"] is True
 
 
-async def test_clock_gate(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_clock_gate(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1, clock_skew=45.0) as node:
+    async with ctrl.sim_node(cred, "node-a", 1, clock_skew=45.0) as node:
         async def over() -> bool:
             clock = (await ctrl.node("node-a"))["latest_session"]["clock"]
             return clock is not None and clock["over"] is True
@@ -267,10 +325,11 @@ async def test_clock_gate(running_ctrl: RunningCtrl) -> None:
         assert got["placement"]["eligible"] is True
 
 
-async def test_reconcile_fetches_the_latest_usage(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_reconcile_fetches_the_latest_usage(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
         await node.wait_for("usage_request")
         node.sample = lambda: {"at": "2026-01-01T00:00:10Z", "memory_tight": True,
                                "cpu_idle_ratio": None}
@@ -280,13 +339,14 @@ async def test_reconcile_fetches_the_latest_usage(running_ctrl: RunningCtrl) -> 
                                      "cpu_idle_ratio": None}
 
 
-async def test_commands_over_the_session(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_commands_over_the_session(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     hub = hub_of(ctrl)
     cred = await ctrl.enroll("node-a")
     with pytest.raises(Unavailable):
         await hub.call("node-a", RegistryListArgs(), timeout=5)
-    async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
         await alive(ctrl, "node-a")
 
         async def answer() -> None:
@@ -315,11 +375,12 @@ async def test_commands_over_the_session(running_ctrl: RunningCtrl) -> None:
             await hub.call("node-a", RegistryListArgs(), timeout=0.5)
 
 
-async def test_isolate_and_the_incarnation_rules(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_isolate_and_the_incarnation_rules(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
     isolate = {"confirm_host_cannot_write": True}
-    async with open_sim_node(ctrl.url, cred, "node-a", 7):
+    async with ctrl.sim_node(cred, "node-a", 7):
         await alive(ctrl, "node-a")
         err = error(await ctrl.http.post("/v1/nodes/node-a/isolate", headers=ctrl.operator,
                                          json=isolate), "failed_precondition")
@@ -330,11 +391,11 @@ async def test_isolate_and_the_incarnation_rules(running_ctrl: RunningCtrl) -> N
     assert out["node"]["isolated_incarnation"] == 7
     version = out["node"]["registration_version"]
     for incarnation in (7, 6):
-        async with open_sim_node(ctrl.url, cred, "node-a", incarnation) as node:
+        async with ctrl.sim_node(cred, "node-a", incarnation) as node:
             assert node.first["reason"] == "isolated"
     assert (await ctrl.node("node-a"))["status"] == "ISOLATED"
     # A restart with a new incarnation clears the isolate.
-    async with open_sim_node(ctrl.url, cred, "node-a", 8) as node:
+    async with ctrl.sim_node(cred, "node-a", 8) as node:
         assert node.welcomed
         got = await ctrl.node("node-a")
         assert got["isolated"] is False
@@ -342,19 +403,20 @@ async def test_isolate_and_the_incarnation_rules(running_ctrl: RunningCtrl) -> N
         assert got["registration_version"] > version
 
 
-async def test_retired_node_rules(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_retired_node_rules(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 3):
+    async with ctrl.sim_node(cred, "node-a", 3):
         await alive(ctrl, "node-a")
     await alive(ctrl, "node-a", False)
     result(await ctrl.http.post("/v1/nodes/node-a/isolate", headers=ctrl.operator,
                                 json={"confirm_host_cannot_write": True}))
     result(await ctrl.http.post("/v1/nodes/node-a/retire", headers=ctrl.operator, json={}))
     # The isolated incarnation still hears it was isolated; a new one is not admitted.
-    async with open_sim_node(ctrl.url, cred, "node-a", 3) as node:
+    async with ctrl.sim_node(cred, "node-a", 3) as node:
         assert node.first["reason"] == "isolated"
-    async with open_sim_node(ctrl.url, cred, "node-a", 4) as node:
+    async with ctrl.sim_node(cred, "node-a", 4) as node:
         assert node.first["reason"] == "not_admitted"
         assert "retired" in node.first["message"]
     got = await ctrl.node("node-a")
@@ -362,10 +424,11 @@ async def test_retired_node_rules(running_ctrl: RunningCtrl) -> None:
     assert got["isolated_incarnation"] == 3
 
 
-async def test_retire_closes_a_drained_nodes_session(running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+async def test_retire_closes_a_drained_nodes_session(inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
         await alive(ctrl, "node-a")
         result(await ctrl.http.post("/v1/nodes/node-a/drain", headers=ctrl.operator, json={}))
         got = result(await ctrl.http.post("/v1/nodes/node-a/retire", headers=ctrl.operator,
@@ -379,10 +442,11 @@ async def test_retire_closes_a_drained_nodes_session(running_ctrl: RunningCtrl) 
 
 
 async def test_revoke_closes_the_session_and_keeps_the_node_out(
-        running_ctrl: RunningCtrl) -> None:
-    ctrl = running_ctrl
+        inprocess_ctrl: RunningCtrl,
+        autojump_clock: ThreadAwareClock) -> None:
+    ctrl = inprocess_ctrl
     cred = await ctrl.enroll("node-a")
-    async with open_sim_node(ctrl.url, cred, "node-a", 1) as node:
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
         await alive(ctrl, "node-a")
         result(await ctrl.http.post("/v1/enrollment/revoke", headers=ctrl.operator,
                                     json={"id": cred.partition(":")[0]}))
@@ -390,7 +454,7 @@ async def test_revoke_closes_the_session_and_keeps_the_node_out(
             await node.closed.wait()
         assert node.close_reason == "revoked"
     await alive(ctrl, "node-a", False)
-    async with open_sim_node(ctrl.url, cred, "node-a", 2) as node:
+    async with ctrl.sim_node(cred, "node-a", 2) as node:
         assert node.first["reason"] == "not_admitted"
     assert (await ctrl.node("node-a"))["status"] == "REVOKED"
 

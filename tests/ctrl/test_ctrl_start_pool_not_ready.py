@@ -13,6 +13,8 @@ from typing import Any
 from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
+from kibotos.testing.clock import ThreadAwareClock
+
 
 def pools(available: bool) -> list[dict[str, Any]]:
     return [{"id": "node-a-local", "shared": False, "default": True, "driver": "local",
@@ -21,7 +23,7 @@ def pools(available: bool) -> list[dict[str, Any]]:
 
 
 async def test_a_start_while_the_pool_is_not_seen_available_says_no_admitted_node_is_ready(
-        tmp_path: Path) -> None:
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         node = await ctrl.connect("node-a", pools=pools(True))
         ws = await ctrl.settled((await ctrl.create())["workspace_id"])

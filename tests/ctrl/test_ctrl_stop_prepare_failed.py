@@ -17,6 +17,7 @@ from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
 from kibotos.errors import FailedPrecondition
+from kibotos.testing.clock import ThreadAwareClock
 
 REASONS = ["prepare guest stop: deadline_exceeded: managed processes still running",
            "prepare guest stop: retained filesystem sync failed: /dev/vdb: EIO",
@@ -25,7 +26,8 @@ REASONS = ["prepare guest stop: deadline_exceeded: managed processes still runni
 
 @pytest.mark.parametrize("reason", REASONS)
 async def test_a_failed_stop_prepare_is_failed_until_stop_force(tmp_path: Path,
-                                                                reason: str) -> None:
+                                                                reason: str,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create(cpu_millis=1500))["workspace_id"])
@@ -55,7 +57,8 @@ async def test_a_failed_stop_prepare_is_failed_until_stop_force(tmp_path: Path,
         assert start["args"]["layer"]["create"] is False
 
 
-async def test_a_node_that_no_longer_has_the_instance(tmp_path: Path) -> None:
+async def test_a_node_that_no_longer_has_the_instance(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     """"If the node no longer has this Instance (for example, the node restarted and did
     not adopt it), ctrl releases the resources on its own, the Workspace stays FAILED,
     and you can start it directly"."""
@@ -81,7 +84,7 @@ async def test_a_node_that_no_longer_has_the_instance(tmp_path: Path) -> None:
 
 
 async def test_retrying_a_refused_reclaim_with_the_same_command_id_continues_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     """The row "Reclaiming such an Instance fails with … stop instance process this node
     did not take over": after the operator stopped the unit they confirmed, "retry the
     original command with the same --command-id" must stop the Workspace, not replay the

@@ -11,9 +11,11 @@ import trio
 from ws_helpers import GI, TEMPLATE, events, open_ws_ctrl
 
 from kibotos.ctrl.wire.workspaces import WorkspaceListOut, WorkspaceOut
+from kibotos.testing.clock import ThreadAwareClock
 
 
-async def test_create_places_boots_and_records(tmp_path: Path) -> None:
+async def test_create_places_boots_and_records(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         created = await ctrl.create(labels={"team": "ml"}, cpu_millis=500,
@@ -47,7 +49,7 @@ async def test_create_places_boots_and_records(tmp_path: Path) -> None:
         assert kinds == [(None, "CREATING"), ("CREATING", "AVAILABLE")]
 
 
-async def test_stop_start_delete(tmp_path: Path) -> None:
+async def test_stop_start_delete(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.create()
@@ -95,7 +97,7 @@ async def test_stop_start_delete(tmp_path: Path) -> None:
             ("DELETING", "DELETED")]
 
 
-async def test_list_filters_and_paging(tmp_path: Path) -> None:
+async def test_list_filters_and_paging(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ids = []
@@ -126,7 +128,8 @@ async def test_list_filters_and_paging(tmp_path: Path) -> None:
                         code="invalid_argument")
 
 
-async def test_locations_by_node_and_instance(tmp_path: Path) -> None:
+async def test_locations_by_node_and_instance(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create())["workspace_id"])
@@ -153,7 +156,8 @@ async def test_locations_by_node_and_instance(tmp_path: Path) -> None:
         assert (await ctrl.call("GET", f"/v1/workspaces/{wid}/location"))["node_id"] is None
 
 
-async def test_command_ids_replay_and_conflict(tmp_path: Path) -> None:
+async def test_command_ids_replay_and_conflict(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         first = await ctrl.create(command_id="create-1")
@@ -178,7 +182,8 @@ async def test_command_ids_replay_and_conflict(tmp_path: Path) -> None:
                                  expected_version=ws["revision"]) == stop
 
 
-async def test_bad_input_is_refused_before_anything(tmp_path: Path) -> None:
+async def test_bad_input_is_refused_before_anything(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         for body, field in [({"cpu_millis": 0}, "cpu_millis"),
@@ -197,7 +202,8 @@ async def test_bad_input_is_refused_before_anything(tmp_path: Path) -> None:
         assert (await ctrl.call("GET", "/v1/workspaces"))["workspaces"] == []
 
 
-async def test_failed_boot_and_wait_returns_when_settled(tmp_path: Path) -> None:
+async def test_failed_boot_and_wait_returns_when_settled(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         sim = ctrl.sims["node-a"]
@@ -223,7 +229,8 @@ async def test_failed_boot_and_wait_returns_when_settled(tmp_path: Path) -> None
 
 
 @pytest.mark.postgres
-async def test_lifecycle_on_postgresql(tmp_path: Path, postgres_url: str) -> None:
+async def test_lifecycle_on_postgresql(tmp_path: Path, postgres_url: str,
+        autojump_clock: ThreadAwareClock) -> None:
     # PostgreSQL is where several ctrl replicas share the store: the chosen node is
     # checked again in the transaction that records the Allocation.
     async with open_ws_ctrl(tmp_path, database_url=postgres_url) as ctrl:

@@ -10,6 +10,7 @@ from ctrl_helpers import wait_until
 from ws_helpers import TEMPLATE_REF, WsCtrl, open_ws_ctrl
 
 from kibotos.ctrl.wire.workspaces import CleanupStatusOut
+from kibotos.testing.clock import ThreadAwareClock
 
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
 EXITED = "node reports the Instance as no longer running"
@@ -26,7 +27,8 @@ async def cleanup(ctrl: WsCtrl, wid: str) -> dict[str, tuple[str, str]]:
     return {i["item"]: (i["status"], i["source"]) for i in got["items"]}
 
 
-async def test_isolate_releases_fails_and_counts(tmp_path: Path) -> None:
+async def test_isolate_releases_fails_and_counts(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         await ctrl.connect("node-b")
@@ -74,7 +76,8 @@ async def test_isolate_releases_fails_and_counts(tmp_path: Path) -> None:
         assert (await ctrl.settled(running))["state"] == "AVAILABLE"
 
 
-async def test_isolate_shared_pool_starts_elsewhere_at_once(tmp_path: Path) -> None:
+async def test_isolate_shared_pool_starts_elsewhere_at_once(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=SHARED)
         await ctrl.connect("node-b", pools=SHARED)
@@ -91,7 +94,8 @@ async def test_isolate_shared_pool_starts_elsewhere_at_once(tmp_path: Path) -> N
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
 
 
-async def test_isolate_fails_a_pending_stop(tmp_path: Path) -> None:
+async def test_isolate_fails_a_pending_stop(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         wid = (await ctrl.create())["workspace_id"]
@@ -106,7 +110,8 @@ async def test_isolate_fails_a_pending_stop(tmp_path: Path) -> None:
         assert (ws["state"], ws["reason"]) == ("FAILED", "UNAVAILABLE")
 
 
-async def test_retire_after_isolate_releases_cleanup_status(tmp_path: Path) -> None:
+async def test_retire_after_isolate_releases_cleanup_status(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         wid = (await ctrl.create())["workspace_id"]
@@ -118,7 +123,8 @@ async def test_retire_after_isolate_releases_cleanup_status(tmp_path: Path) -> N
             ("RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL"), ("RELEASED", "control_plane"))
 
 
-async def test_stop_reports_cleanup_from_the_node(tmp_path: Path) -> None:
+async def test_stop_reports_cleanup_from_the_node(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         wid = (await ctrl.create())["workspace_id"]
@@ -130,7 +136,8 @@ async def test_stop_reports_cleanup_from_the_node(tmp_path: Path) -> None:
             "RESIDUAL": ("PENDING", "node")}
 
 
-async def test_oom_kill_stops_the_workspace_and_start_works(tmp_path: Path) -> None:
+async def test_oom_kill_stops_the_workspace_and_start_works(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create())["workspace_id"])
@@ -151,7 +158,8 @@ async def test_oom_kill_stops_the_workspace_and_start_works(tmp_path: Path) -> N
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
 
 
-async def test_unexpected_exit_fails_until_stop_force(tmp_path: Path) -> None:
+async def test_unexpected_exit_fails_until_stop_force(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create(cpu_millis=1500))["workspace_id"])
@@ -178,7 +186,8 @@ async def test_unexpected_exit_fails_until_stop_force(tmp_path: Path) -> None:
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
 
 
-async def test_reconnect_reconciles_the_instance_list(tmp_path: Path) -> None:
+async def test_reconnect_reconciles_the_instance_list(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         kept = await ctrl.settled((await ctrl.create())["workspace_id"])
@@ -207,7 +216,8 @@ async def test_reconnect_reconciles_the_instance_list(tmp_path: Path) -> None:
         assert (await ctrl.settled(lost["workspace_id"]))["state"] == "AVAILABLE"
 
 
-async def test_delete_waits_for_the_node_of_a_private_pool(tmp_path: Path) -> None:
+async def test_delete_waits_for_the_node_of_a_private_pool(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         wid = (await ctrl.create())["workspace_id"]
@@ -222,7 +232,8 @@ async def test_delete_waits_for_the_node_of_a_private_pool(tmp_path: Path) -> No
         assert len(ctrl.sims["node-a"].deleted_layers) == 1
 
 
-async def test_an_instance_kept_across_an_isolate_is_destroyed(tmp_path: Path) -> None:
+async def test_an_instance_kept_across_an_isolate_is_destroyed(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ws = await ctrl.settled((await ctrl.create())["workspace_id"])

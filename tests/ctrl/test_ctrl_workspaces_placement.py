@@ -11,6 +11,8 @@ import pytest
 from ctrl_helpers import wait_until
 from ws_helpers import GI, TEMPLATE, WsCtrl, open_ws_ctrl
 
+from kibotos.testing.clock import ThreadAwareClock
+
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
 
 
@@ -18,7 +20,8 @@ def creates(ctrl: WsCtrl, node_id: str) -> list[dict]:
     return [c for c in ctrl.sims[node_id].commands if c["kind"] == "instance.create"]
 
 
-async def test_binpack_fills_the_fullest_node_first(tmp_path: Path) -> None:
+async def test_binpack_fills_the_fullest_node_first(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         for node_id in ("node-a", "node-b", "node-c"):
             await ctrl.connect(node_id)
@@ -28,7 +31,8 @@ async def test_binpack_fills_the_fullest_node_first(tmp_path: Path) -> None:
         assert placed == ["node-a", "node-a", "node-a", "node-a", "node-b"]
 
 
-async def test_spread_puts_each_on_the_emptiest_node(tmp_path: Path) -> None:
+async def test_spread_puts_each_on_the_emptiest_node(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, policy="spread") as ctrl:
         for node_id in ("node-a", "node-b", "node-c"):
             await ctrl.connect(node_id)
@@ -37,7 +41,8 @@ async def test_spread_puts_each_on_the_emptiest_node(tmp_path: Path) -> None:
         assert placed == ["node-a", "node-b", "node-c", "node-a"]
 
 
-async def test_pinned_create_goes_there_and_only_there(tmp_path: Path) -> None:
+async def test_pinned_create_goes_there_and_only_there(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         for node_id in ("node-a", "node-b"):
             await ctrl.connect(node_id)
@@ -65,7 +70,8 @@ async def test_pinned_create_goes_there_and_only_there(tmp_path: Path) -> None:
         assert [w["workspace_id"] for w in listed["workspaces"]] == [ws["workspace_id"]]
 
 
-async def test_pinned_start_needs_the_pool_and_is_not_remembered(tmp_path: Path) -> None:
+async def test_pinned_start_needs_the_pool_and_is_not_remembered(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=SHARED)
         await ctrl.connect("node-b", pools=SHARED)
@@ -91,7 +97,8 @@ async def test_pinned_start_needs_the_pool_and_is_not_remembered(tmp_path: Path)
         await ctrl.settled(wid)
 
 
-async def test_memory_tight_refusal_falls_back_to_the_next_node(tmp_path: Path) -> None:
+async def test_memory_tight_refusal_falls_back_to_the_next_node(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         await ctrl.connect("node-b")
@@ -127,7 +134,8 @@ async def test_memory_tight_refusal_falls_back_to_the_next_node(tmp_path: Path) 
         assert placed["node_id"] == "node-a"
 
 
-async def test_memory_tight_report_keeps_placement_off(tmp_path: Path) -> None:
+async def test_memory_tight_report_keeps_placement_off(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         await ctrl.connect("node-b")
@@ -137,7 +145,8 @@ async def test_memory_tight_report_keeps_placement_off(tmp_path: Path) -> None:
         assert creates(ctrl, "node-a") == []
 
 
-async def test_no_capacity_anywhere_is_resource_exhausted(tmp_path: Path) -> None:
+async def test_no_capacity_anywhere_is_resource_exhausted(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         await ctrl.connect("node-b")
@@ -154,7 +163,8 @@ async def test_no_capacity_anywhere_is_resource_exhausted(tmp_path: Path) -> Non
         assert (await ctrl.create(cpu_millis=3000, command_id="c1"))["node_id"] == "node-b"
 
 
-async def test_drain_and_cancel_are_sent_to_the_node(tmp_path: Path) -> None:
+async def test_drain_and_cancel_are_sent_to_the_node(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         sim = ctrl.sims["node-a"]

@@ -19,7 +19,7 @@ CAP = CAPACITY  # the block files transfer_sims makes
 
 
 async def test_a_drained_node_still_stops_deletes_and_exports(tmp_path: Path) -> None:
-    async with open_ws_ctrl(tmp_path) as ctrl:
+    async with open_ws_ctrl(tmp_path, in_process=False) as ctrl:
         sim, pool = node_pool(tmp_path, ctrl, "node-a", ExportingSim)
         await ctrl.connect("node-a", sim=sim)
         made = await create_volume(ctrl, pool_id="node-a-local", capacity_bytes=CAP)

@@ -10,10 +10,13 @@ from pathlib import Path
 from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
+from kibotos.testing.clock import ThreadAwareClock
+
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
 
 
-async def test_a_workspace_failed_before_the_isolate_is_not_counted(tmp_path: Path) -> None:
+async def test_a_workspace_failed_before_the_isolate_is_not_counted(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=SHARED)
         await ctrl.connect("node-b", pools=SHARED)

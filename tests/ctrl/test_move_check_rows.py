@@ -13,10 +13,13 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, settled_volume
 from ws_helpers import open_ws_ctrl
 
+from kibotos.testing.clock import ThreadAwareClock
+
 SHARED = [{"id": "shared-1", "shared": True, "default": True}]
 
 
-async def test_already_there_only_while_it_runs_there(tmp_path: Path) -> None:
+async def test_already_there_only_while_it_runs_there(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=SHARED)
         await ctrl.connect("node-b", pools=SHARED)
@@ -50,7 +53,8 @@ async def test_already_there_only_while_it_runs_there(tmp_path: Path) -> None:
         assert (await check("node-a"))["already_there"] is False
 
 
-async def test_a_volume_the_target_cannot_reach_stops_the_move(tmp_path: Path) -> None:
+async def test_a_volume_the_target_cannot_reach_stops_the_move(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     """The Check row reads the pools of the Volumes as well as the writable layer's."""
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=[*SHARED, {"id": "node-a-local", "shared": False,

@@ -19,6 +19,7 @@ from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.store.models import StoragePool
 from kibotos.ctrl.wire.pools import PoolObjectsOut, PoolOut
 from kibotos.errors import ResourceExhausted
+from kibotos.testing.clock import ThreadAwareClock
 
 INSTANCE = "c" * 32
 
@@ -34,7 +35,8 @@ async def set_capacity(ctrl: Any, pool_id: str, capacity: int, code: str | None 
                            json={"capacity_bytes": capacity, **body}, code=code)
 
 
-async def test_create_without_capacity_is_resource_exhausted(tmp_path: Path, db_url: str) -> None:
+async def test_create_without_capacity_is_resource_exhausted(tmp_path: Path, db_url: str,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, pool_capacity=None, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools())
         pool = PoolOut.model_validate(await ctrl.call("GET", "/v1/storage-pools/pool-a"))
@@ -86,7 +88,7 @@ async def test_create_without_capacity_is_resource_exhausted(tmp_path: Path, db_
             lambda s: pool_capacity.reserved_bytes(s, "pool-a")) == GI
 
 
-async def test_set_capacity_rules(tmp_path: Path) -> None:
+async def test_set_capacity_rules(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, pool_capacity=None) as ctrl:
         await ctrl.connect("node-a", pools=pools())
         err = await set_capacity(ctrl, "nope", GI, code="not_found")
@@ -119,7 +121,8 @@ async def test_set_capacity_rules(tmp_path: Path) -> None:
         await set_capacity(ctrl, "pool-a", 2 * GI)  # equal to the reservations is fine
 
 
-async def test_a_pool_declared_before_ctrl_kept_pool_rows(tmp_path: Path) -> None:
+async def test_a_pool_declared_before_ctrl_kept_pool_rows(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     """Facts stored before migration 0004 have no row yet: the pool is listed from its
     members, and set-capacity makes the row."""
     async with open_ws_ctrl(tmp_path, pool_capacity=None) as ctrl:
@@ -136,7 +139,8 @@ async def test_a_pool_declared_before_ctrl_kept_pool_rows(tmp_path: Path) -> Non
         assert done["capacity_bytes"] == GI
 
 
-async def test_two_creates_racing_for_the_last_room(tmp_path: Path, db_url: str) -> None:
+async def test_two_creates_racing_for_the_last_room(tmp_path: Path, db_url: str,
+        autojump_clock: ThreadAwareClock) -> None:
     """Two creates that each fit alone but not together: exactly one is recorded,
     whichever check (the early one or the one in the create's transaction) sees the
     other first."""

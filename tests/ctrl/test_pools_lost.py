@@ -12,6 +12,7 @@ from ws_helpers import GI, open_ws_ctrl
 
 from kibotos.ctrl.pools.operator_writes import lost_reason
 from kibotos.ctrl.wire.pools import DeclareLostOut
+from kibotos.testing.clock import ThreadAwareClock
 
 MARKER = "f" * 32
 LOST = "/v1/storage-pools/pool-a/declare-lost"
@@ -22,7 +23,7 @@ def pools() -> list[dict[str, Any]]:
              "available": True, "reason": None, "instance": MARKER, "warnings": []}]
 
 
-async def test_declare_lost(tmp_path: Path, db_url: str) -> None:
+async def test_declare_lost(tmp_path: Path, db_url: str, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools())
         ids = []

@@ -12,6 +12,8 @@ from typing import Any
 from ctrl_helpers import wait_until
 from ws_helpers import GI, open_ws_ctrl
 
+from kibotos.testing.clock import ThreadAwareClock
+
 MARKER = "d" * 32
 OTHER = "e" * 32
 
@@ -41,7 +43,8 @@ async def isolate_and_retire(ctrl: Any, node_id: str) -> None:
     await ctrl.call("POST", f"/v1/nodes/{node_id}/retire", json={})
 
 
-async def test_moving_a_pool_to_another_host(tmp_path: Path, db_url: str) -> None:
+async def test_moving_a_pool_to_another_host(tmp_path: Path, db_url: str,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, pool_capacity=None, database_url=db_url) as ctrl:
         await ctrl.connect("node-a", pools=pools(MARKER))
         await ctrl.call("POST", "/v1/storage-pools/pool-a/set-capacity",
@@ -103,7 +106,7 @@ async def test_moving_a_pool_to_another_host(tmp_path: Path, db_url: str) -> Non
 
 
 async def test_a_refused_storage_is_accepted_once_the_first_node_is_retired(
-        tmp_path: Path) -> None:
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     """No new hello or report is needed: retiring the first node reconsiders the
     storages that were refused because of it."""
     async with open_ws_ctrl(tmp_path) as ctrl:
@@ -141,7 +144,8 @@ async def test_a_refused_storage_is_accepted_once_the_first_node_is_retired(
         await wait_until(placed_on_b, "a create pinned to node-b accepted")
 
 
-async def test_a_revoked_node_is_not_a_member(tmp_path: Path) -> None:
+async def test_a_revoked_node_is_not_a_member(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a", pools=pools(MARKER, "shared-1", shared=True))
         await ctrl.connect("node-b", pools=pools(MARKER, "shared-1", shared=True))

@@ -11,6 +11,7 @@ from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
 from kibotos.ctrl.wire.pools import PoolListOut
+from kibotos.testing.clock import ThreadAwareClock
 
 MARKER = "a1" * 16
 
@@ -28,7 +29,8 @@ async def member(ctrl: Any, pool_id: str, node_id: str) -> dict[str, Any]:
     return dict(next(m for m in got["members"] if m["node_id"] == node_id))
 
 
-async def test_get_follows_the_members_reports(tmp_path: Path) -> None:
+async def test_get_follows_the_members_reports(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         missing = entry("pool-a", instance=None, available=False,
                         reason="storage pool marker is missing")

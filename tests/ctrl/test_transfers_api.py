@@ -19,6 +19,7 @@ from kibotos.ctrl.wire.transfers import TransferExportOut, TransferImportOut
 from kibotos.node.storage.objects import PoolObjects
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.transfer import NodeTransfers
+from kibotos.testing.clock import ThreadAwareClock
 
 MIB = 1 << 20
 CAP = CAPACITY  # the block files transfer_sims makes
@@ -37,7 +38,7 @@ async def block_file(path: Path, volume_id: str, epoch: int, node_id: str) -> by
 
 
 async def test_export_then_import_on_another_node(tmp_path: Path) -> None:
-    async with open_ws_ctrl(tmp_path) as ctrl:
+    async with open_ws_ctrl(tmp_path, in_process=False) as ctrl:
         sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a", TransferSim)
         sim_b, pool_b = node_pool(tmp_path, ctrl, "node-b", TransferSim)
         await ctrl.connect("node-a", sim=sim_a)
@@ -89,7 +90,7 @@ async def test_export_then_import_on_another_node(tmp_path: Path) -> None:
         assert (await settled_volume(ctrl, new["volume_id"]))["state"] == "DELETED"
 
 
-async def test_refusals(tmp_path: Path) -> None:
+async def test_refusals(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         sim_a, pool_a = node_pool(tmp_path, ctrl, "node-a", TransferSim)
         await ctrl.connect("node-a", sim=sim_a)
@@ -139,7 +140,7 @@ async def test_shared_pool_holder_is_released_after_the_export(tmp_path: Path) -
     """As after a stop: in a shared pool nobody holds the Volume once the export ended,
     whether it succeeded or the node refused."""
     shared = [{"id": "shared", "shared": True, "default": True}]
-    async with open_ws_ctrl(tmp_path) as ctrl:
+    async with open_ws_ctrl(tmp_path, in_process=False) as ctrl:
         path = tmp_path / "shared"
         path.mkdir()
         prepare_pool_dirs("shared", path)

@@ -18,12 +18,13 @@ from ws_helpers import GI, open_ws_ctrl
 from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.wire.volumes import VolumeListOut, VolumeOut
 from kibotos.errors import Aborted, Internal
+from kibotos.testing.clock import ThreadAwareClock
 from kibotos.testing.sim_instances import SimInstances
 
 MI = 1 << 20
 
 
-async def test_create_get_list_delete(tmp_path: Path) -> None:
+async def test_create_get_list_delete(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         created = await create_volume(ctrl, labels={"team": "ml"}, command_id="v-1")
@@ -68,7 +69,7 @@ async def test_create_get_list_delete(tmp_path: Path) -> None:
         assert [v["state"] for v in listed["volumes"]] == ["DELETED"]
 
 
-async def test_bad_input_writes_nothing(tmp_path: Path) -> None:
+async def test_bad_input_writes_nothing(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         for body in ({"capacity_bytes": GI + 1}, {"capacity_bytes": MI},
@@ -83,7 +84,8 @@ async def test_bad_input_writes_nothing(tmp_path: Path) -> None:
         assert ctrl.sims["node-a"].commands == []
 
 
-async def test_capacity_is_checked_and_no_node_is_asked(tmp_path: Path) -> None:
+async def test_capacity_is_checked_and_no_node_is_asked(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, pool_capacity="2G") as ctrl:
         await ctrl.connect("node-a")
         await settled_volume(ctrl, (await create_volume(ctrl))["volume_id"])
@@ -96,7 +98,8 @@ async def test_capacity_is_checked_and_no_node_is_asked(tmp_path: Path) -> None:
         assert "no live node attached to pool elsewhere" in err["message"]
 
 
-async def test_node_refusal_fails_the_volume(tmp_path: Path) -> None:
+async def test_node_refusal_fails_the_volume(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         ctrl.sims["node-a"].fail_objects = Internal("mkfs.ext4 failed: disk full")
@@ -109,7 +112,8 @@ async def test_node_refusal_fails_the_volume(tmp_path: Path) -> None:
         assert (await settled_volume(ctrl, vol["volume_id"]))["state"] == "DELETED"
 
 
-async def test_a_held_object_lock_is_retried_not_a_failure(tmp_path: Path) -> None:
+async def test_a_held_object_lock_is_retried_not_a_failure(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     """``aborted`` (the node's object lock is held, retryable) means "not done yet":
     ctrl asks again and the Volume becomes AVAILABLE, not FAILED."""
     async with open_ws_ctrl(tmp_path) as ctrl:
@@ -123,7 +127,8 @@ async def test_a_held_object_lock_is_retried_not_a_failure(tmp_path: Path) -> No
         assert len(kinds(sim, "volume.create")) == 2
 
 
-async def test_create_resumes_when_the_node_returns(tmp_path: Path) -> None:
+async def test_create_resumes_when_the_node_returns(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         sim = ctrl.sims["node-a"]
@@ -144,7 +149,8 @@ async def test_create_resumes_when_the_node_returns(tmp_path: Path) -> None:
         assert all(a["epoch"] == 1 for a in kinds(sim, "volume.create"))
 
 
-async def test_attach_start_follow_and_detach(tmp_path: Path) -> None:
+async def test_attach_start_follow_and_detach(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         v1 = (await create_volume(ctrl))["volume_id"]
@@ -204,7 +210,8 @@ async def test_attach_start_follow_and_detach(tmp_path: Path) -> None:
         assert (await ctrl.settled(ws2["workspace_id"]))["state"] == "AVAILABLE"
 
 
-async def test_placement_requires_the_volume_pool(tmp_path: Path) -> None:
+async def test_placement_requires_the_volume_pool(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     shared = {"id": "shared-a", "shared": True, "default": False}
     async with open_ws_ctrl(tmp_path) as ctrl:
         objects: dict[Any, Any] = {}
@@ -233,7 +240,8 @@ async def test_placement_requires_the_volume_pool(tmp_path: Path) -> None:
         assert epochs == [1, 1, 1]  # always the node that created it: no new epoch
 
 
-async def test_sweep_resumes_a_create_without_a_task(tmp_path: Path) -> None:
+async def test_sweep_resumes_a_create_without_a_task(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     """What a ctrl restart finds: a Volume recorded CREATING whose task is gone; the
     Workspace service's sweep starts one."""
     async with open_ws_ctrl(tmp_path) as ctrl:

@@ -19,6 +19,7 @@ from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
 from kibotos.ctrl.wire.volumes import LayerStatusOut, VolumeOut
 from kibotos.errors import FailedPrecondition, Internal
+from kibotos.testing.clock import ThreadAwareClock
 from kibotos.testing.sim_instances import SimInstances
 
 SHARED = {"id": "shared-a", "shared": True, "default": False}
@@ -47,7 +48,8 @@ async def stopped_workspace(ctrl: WsCtrl, **body: Any) -> str:
     return wid
 
 
-async def test_expand_volume_needs_a_stopped_workspace(tmp_path: Path) -> None:
+async def test_expand_volume_needs_a_stopped_workspace(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         vid = (await create_volume(ctrl))["volume_id"]
@@ -91,7 +93,8 @@ async def test_expand_volume_needs_a_stopped_workspace(tmp_path: Path) -> None:
         assert (await ctrl.settled(wid))["state"] == "AVAILABLE"
 
 
-async def test_failed_expansion_is_kept_and_bounds_the_next(tmp_path: Path) -> None:
+async def test_failed_expansion_is_kept_and_bounds_the_next(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path, pool_capacity="8G") as ctrl:
         await ctrl.connect("node-a")
         vid = (await create_volume(ctrl))["volume_id"]
@@ -119,7 +122,7 @@ async def test_failed_expansion_is_kept_and_bounds_the_next(tmp_path: Path) -> N
         assert len(kinds(sim, "object.expand")) == asked
 
 
-async def test_expand_layer(tmp_path: Path) -> None:
+async def test_expand_layer(tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
         running = str((await ctrl.create(layer_size_bytes=GI))["workspace_id"])
@@ -146,7 +149,8 @@ async def test_expand_layer(tmp_path: Path) -> None:
         assert start["layer"]["capacity_bytes"] == 2 * GI
 
 
-async def test_move_needs_a_node_attached_to_both_pools(tmp_path: Path) -> None:
+async def test_move_needs_a_node_attached_to_both_pools(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         objects: dict[Any, Any] = {}
         await ctrl.connect("node-a", sim=SimInstances(objects=objects))
@@ -164,7 +168,8 @@ async def test_move_needs_a_node_attached_to_both_pools(tmp_path: Path) -> None:
                         code="failed_precondition")
 
 
-async def test_move_volume_and_layer_then_start_elsewhere(tmp_path: Path) -> None:
+async def test_move_volume_and_layer_then_start_elsewhere(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         objects: dict[Any, Any] = {}
         await ctrl.connect("node-a", pools=[
@@ -210,7 +215,8 @@ async def test_move_volume_and_layer_then_start_elsewhere(tmp_path: Path) -> Non
                                      "mount_point": "/data"}]
 
 
-async def test_move_waits_for_the_copier_to_return(tmp_path: Path) -> None:
+async def test_move_waits_for_the_copier_to_return(tmp_path: Path,
+        autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         pools = [{"id": "node-a-local", "shared": False, "default": True}, SHARED]
         await ctrl.connect("node-a", pools=pools)
@@ -242,7 +248,8 @@ async def test_move_waits_for_the_copier_to_return(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 async def test_volume_create_attach_expand_move_on_postgresql(tmp_path: Path,
-                                                              postgres_url: str) -> None:
+                                                              postgres_url: str,
+        autojump_clock: ThreadAwareClock) -> None:
     """The same transactions on PostgreSQL (row locks, the journal's advisory lock)."""
     async with open_ws_ctrl(tmp_path, database_url=postgres_url) as ctrl:
         pools = [{"id": "node-a-local", "shared": False, "default": True}, SHARED]
@@ -259,7 +266,8 @@ async def test_volume_create_attach_expand_move_on_postgresql(tmp_path: Path,
 
 
 async def test_busy_node_is_asked_again_not_failed(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+        autojump_clock: ThreadAwareClock) -> None:
     """An expansion asked again while the node still works on it (a session that
     dropped and came back) waits for it instead of recording a failure."""
     monkeypatch.setattr("kibotos.ctrl.live.volume_service.BUSY_PAUSE", 0.05)
@@ -278,7 +286,7 @@ async def test_busy_node_is_asked_again_not_failed(tmp_path: Path,
 
 
 async def test_create_on_an_isolated_node_goes_to_another_at_a_new_epoch(
-        tmp_path: Path) -> None:
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         objects: dict[Any, Any] = {}
         for node_id in ("node-a", "node-b"):

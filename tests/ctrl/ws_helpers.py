@@ -1,6 +1,7 @@
-"""Helpers of the Workspace tests: a real ctrl (hypercorn on 127.0.0.1:0, SQLite) with
-its Workspace service running, a Template in the store, and simulated nodes
-(`kibotos.testing.fake_node`) that answer the Instance commands."""
+"""Helpers of the Workspace tests: a real ctrl app (SQLite) with its Workspace service
+running, a Template in the store, and simulated nodes (`kibotos.testing.fake_node`) that
+answer the Instance commands.  ctrl runs in-process (no socket; the autojump clock
+applies) unless a test asks for hypercorn on 127.0.0.1:0 (`open_ws_ctrl`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from kibotos.ctrl.live.services import CtrlServices
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
 from kibotos.ctrl.store.models import Template
+from kibotos.testing.asgi_websocket import InProcessConnector
 from kibotos.testing.fake_node import SimNode, open_sim_node
 from kibotos.testing.sim_instances import SimInstances
 
@@ -54,6 +56,8 @@ class WsCtrl:
     http: httpx.AsyncClient
     operator: dict[str, str]
     nursery: trio.Nursery
+    #: Opens in-memory streams to the session endpoint; None: connect to `url`.
+    connector: InProcessConnector | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
     sims: dict[str, SimInstances] = field(default_factory=dict)
     creds: dict[str, str] = field(default_factory=dict)
@@ -124,7 +128,8 @@ class WsCtrl:
         async def play(*, task_status: trio.TaskStatus[SimNode]) -> None:
             try:
                 async with open_sim_node(self.url, self.creds[node_id], node_id,
-                                         incarnation, sim=sim, **kwargs) as node:
+                                         incarnation, sim=sim, connect=self.connector,
+                                         **kwargs) as node:
                     task_status.started(node)
                     with trio.CancelScope() as scope:
                         self._scopes[node_id] = scope
@@ -164,26 +169,42 @@ class WsCtrl:
 
 
 @asynccontextmanager
-async def open_ws_ctrl(tmp_path: Path, *, policy: str = "binpack",
+async def open_ws_ctrl(tmp_path: Path, *, policy: str = "binpack", in_process: bool = True,
                        **ctrl: object) -> AsyncIterator[WsCtrl]:
+    """ctrl with its Workspace service and an enrolled operator.  In-process by default
+    (the API through ``httpx.ASGITransport``, node sessions over in-memory streams): no
+    socket, so the test may take the autojump clock.  ``in_process=False`` serves it
+    with hypercorn on 127.0.0.1:0, for tests that give its URL to another party (a
+    simulated node's transfer client, a rendered config)."""
     config = make_config(tmp_path, session_timeout="3s", reconcile_interval="1h",
                          overcommit_ack_timeout="2s", placement_policy=policy, **ctrl)
     store = await open_store(config)
     await store.write(add_template)
     ctx = build_context(config, store)
     services = build_services(ctx)
+    app = build_app(services)
     try:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(
-                hypercorn_serve, build_app(services), hypercorn_config(config.ctrl.listen)))
+            connector: InProcessConnector | None = None
+            if in_process:
+                url = "http://ctrl"
+                connector = InProcessConnector(app, nursery)
+                transport: httpx.AsyncBaseTransport = httpx.ASGITransport(app=app)
+            else:
+                binds = await nursery.start(partial(
+                    hypercorn_serve, app, hypercorn_config(config.ctrl.listen)))
+                url = binds[0]
+                transport = httpx.AsyncHTTPTransport()
             await nursery.start(services.run)
-            async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
+            async with httpx.AsyncClient(base_url=url, timeout=60,
+                                         transport=transport) as http:
                 operator = await enroll_operator(http, store)
-                ctrl = WsCtrl(ctx, services, binds[0], http, operator, nursery)
+                ws_ctrl = WsCtrl(ctx, services, url, http, operator, nursery,
+                                 connector=connector)
                 try:
-                    yield ctrl
+                    yield ws_ctrl
                 finally:
-                    await ctrl.close()
+                    await ws_ctrl.close()
             nursery.cancel_scope.cancel()
     finally:
         store.close()

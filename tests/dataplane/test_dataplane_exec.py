@@ -32,6 +32,7 @@ from kibotos.errors import (
     Unauthenticated,
     Unavailable,
 )
+from kibotos.testing.waiting import wait_until
 
 
 def pid_alive(pid: int) -> bool:
@@ -40,15 +41,6 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != b"Z"
-
-
-async def wait_until(predicate: object, what: str) -> None:
-    assert callable(predicate)
-    with trio.move_on_after(TIMEOUT):
-        while not predicate():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_stdout_stderr_stdin_and_exit_code(tmp_path: Path) -> None:

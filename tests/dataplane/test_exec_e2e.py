@@ -34,6 +34,7 @@ from kibotos.ctrl.store.models import Template
 from kibotos.node.serve import NodeRuntime, serve_node
 from kibotos.node.session.control import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV, load_plugins
+from kibotos.testing.waiting import wait_until
 
 TESTPLUGINS = Path(__file__).resolve().parent.parent / "testplugins"
 KIBO = [sys.executable, "-c", "from kibotos.cli.main import kibo_main; kibo_main()"]
@@ -280,9 +281,8 @@ async def copy_in_and_out(c: Cluster, workspace: str) -> None:
 async def wait_for_no_targets(c: Cluster) -> None:
     assert c.node.dataplane is not None
     dp = c.node.dataplane.dataplane
-    with trio.fail_after(TIMEOUT):
-        while dp.targets:
-            await trio.sleep(0.05)
+    await wait_until(lambda: not dp.targets, "the data plane without targets",
+                     timeout=TIMEOUT)
 
 
 async def test_exec_with_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:

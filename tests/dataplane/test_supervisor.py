@@ -41,6 +41,7 @@ from kibotos.node.dataplane.supervisor import (
     unit_name,
 )
 from kibotos.plugins import load_plugins
+from kibotos.testing.waiting import wait_until
 
 FAST = DataplaneTiming(watch_interval=0.2, restart_initial=0.2, restart_cap=1.0,
                        metrics_interval=0.5)
@@ -92,21 +93,6 @@ def node() -> Iterator[Node]:
 
         trio.run(stop_all)
         shutil.rmtree(base, ignore_errors=True)
-
-
-async def wait_for(predicate: object, what: str) -> None:
-    assert callable(predicate)
-    with trio.move_on_after(TIMEOUT):
-        while not await predicate() if _is_async(predicate) else not predicate():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _is_async(fn: object) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)
 
 
 async def hand_over(node: Node, dp: DataplaneSupervisor, agent: Agent) -> None:
@@ -190,13 +176,13 @@ async def test_restarted_with_a_new_generation_after_a_kill(node: Node) -> None:
             credential = plane.credential()
             assert (await run_exec(plane, ["true"], credential=credential)).status.exit_code \
                 == 0
-            await wait_for(lambda: dp.metrics.counters.get(1), "the first counters")
+            await wait_until(lambda: dp.metrics.counters.get(1), "the first counters")
             info = await dp.supervisor.describe(unit_name(dp.scope, 1))
             assert info is not None
             assert info.main_pid is not None
             os.kill(info.main_pid, signal.SIGKILL)
-            await wait_for(lambda: dp.generation == 2 and dp.confirmed,
-                           "generation 2 to run with the state")
+            await wait_until(lambda: dp.generation == 2 and dp.confirmed,
+                             "generation 2 to run with the state")
             assert (node.state_dir / "dataplane-generation").read_text() == "2\n"
             # The same credential works on the new process: the state was handed over.
             plane = node.plane(dp)
@@ -242,7 +228,7 @@ async def test_state_not_taken_in_time_is_logged_and_resent(
                 assert not dp.confirmed
             finally:
                 os.kill(info.main_pid, signal.SIGCONT)
-            await wait_for(lambda: dp.confirmed, "the watcher's resend to be taken")
+            await wait_until(lambda: dp.confirmed, "the watcher's resend to be taken")
             plane = node.plane(dp)
             result = await run_exec(plane, ["echo", "2"],
                                     credential=plane.credential(instance_id="inst-2"))
@@ -265,8 +251,8 @@ async def test_a_start_that_fails_is_retried_while_the_node_serves_on(
             assert "data-plane process did not start" in caplog.text
             assert await dp.set_public_key(node.key.public_key) is False
             busy.close()
-            await wait_for(lambda: dp.generation is not None and dp.confirmed,
-                           "a later generation to start once the port is free")
+            await wait_until(lambda: dp.generation is not None and dp.confirmed,
+                             "a later generation to start once the port is free")
             assert dp.generation is not None
             assert dp.generation >= 2
             units = await dp.units()

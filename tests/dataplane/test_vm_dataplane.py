@@ -21,7 +21,7 @@ from kibotos.backends import UnitSpec
 from kibotos.dataplane.state import Target
 from kibotos.guest import open_guest_channel
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
 BOOT_TIMEOUT = 180  # TCG on a busy 2-core machine; a normal boot takes 5-10 s
 TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "debugfs", "dpkg-deb",

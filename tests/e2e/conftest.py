@@ -10,8 +10,8 @@ printed with it.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from e2e_links import remove_short_links_into
 
 from kibotos.dev import DevCluster
 from kibotos.dev.procs import tail
+from kibotos.testing.waiting import wait_until_sync
 
 DEFAULTS: dict[str, Any] = {
     "nodes": 3,
@@ -59,18 +60,6 @@ def _kibo_json(cluster: DevCluster, *args: str, code: int = 0, **kw: Any) -> Any
     return json.loads(proc.stdout) if proc.stdout.strip() else None
 
 
-def _wait_until(probe: Callable[[], Any], what: str, timeout: float = 90.0,
-                interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
 @pytest.fixture
 def kibo_json() -> Callable[..., Any]:
     """``kibo_json(cluster, *args, code=0)``: run ``kibo … --json``, check the exit code,
@@ -83,7 +72,7 @@ def wait_until() -> Callable[..., Any]:
     """``wait_until(probe, what, timeout=90)``: poll until `probe()` is truthy, return it;
     fail the test naming `what` after the timeout (no timed assertions: deadlines are
     generous and only bound a hang)."""
-    return _wait_until
+    return partial(wait_until_sync, timeout=90.0, interval=0.5)
 
 
 def _table(stdout: str) -> dict[str, dict[str, str]]:

@@ -22,7 +22,7 @@ from e2e_links import vm_test_cache
 from kibotos import config
 from kibotos.dev import DevCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "debugfs", "dpkg-deb",

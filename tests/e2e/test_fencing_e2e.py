@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from test_workspaces import CLUSTER, NODE_ENV, SMALL, TESTPLUGINS, processes_und
 from kibotos import atomicfile
 from kibotos.dev import DevCluster
 from kibotos.dev.procs import tail
+from kibotos.testing.waiting import wait_until_sync
 
 if str(TESTPLUGINS) not in sys.path:  # the test VMM's record reader
     sys.path.insert(0, str(TESTPLUGINS))
@@ -91,15 +93,8 @@ def kibo(cluster: DevCluster, *args: str) -> Any:
     return json.loads(proc.stdout)["result"]
 
 
-def wait_until(probe: Any, what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+#: The shared wait, with this file's deadline (its waits span node restarts).
+wait_until = partial(wait_until_sync, timeout=WAIT)
 
 
 def writers(directory: Path, instance_id: str = "") -> list[int]:

@@ -14,8 +14,8 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from e2e_links import remove_short_links_into
 
 from kibotos.dev import DevCluster
 from kibotos.dev.procs import tail
+from kibotos.testing.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -87,15 +88,8 @@ def vmm_processes(cluster: DevCluster) -> list[str]:
     return found
 
 
-def wait_for(probe: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
+#: The shared wait, with this file's deadline and pace (a probe runs ``kibo``).
+wait_for = partial(wait_until_sync, timeout=120.0, interval=0.5)
 
 
 def restart_node(cluster: DevCluster, failpoint: str | None = None) -> None:

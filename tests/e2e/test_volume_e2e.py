@@ -28,7 +28,7 @@ from kibotos import config
 from kibotos.dev import DevCluster
 from kibotos.dev.procs import tail
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "e2fsck", "resize2fs",

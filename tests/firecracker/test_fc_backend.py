@@ -20,10 +20,18 @@ from kibotos_firecracker.launch import parse_launch
 
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.plugins import load_plugins
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.vmm_suite import VMM_UNIT_CHECKS, VmmCase, VmmCheck
 
 
 def test_the_plugin_registers_the_firecracker_backend():
     assert load_plugins().vmm.get("firecracker") is FirecrackerVmm
+
+
+@pytest.mark.parametrize("check", VMM_UNIT_CHECKS, ids=check_id)
+async def test_conformance(check: VmmCheck, fc_env: FcEnv) -> None:
+    """The unit checks of the VMM seam's suite; test_fc_launch.py runs its guest checks."""
+    await check(VmmCase(BackendFactory(FirecrackerVmm, fc_env.options), fc_env.launch))
 
 
 # ----------------------------------------------------------------------------- options
@@ -78,7 +86,6 @@ def test_launch_is_parsed(fc_env: FcEnv):
     ({"taps": [{"host_dev_name": "tap0", "guest_mac": "06:00"}]}, "guest_mac"),
     ({"taps": [{"host_dev_name": "tap0", "mtu": 40}]}, "mtu"),
     ({"taps": [{"host_dev_name": "tap0"}, {"host_dev_name": "tap0"}]}, "used twice"),
-    ({"colour": "blue"}, "unknown keys"),
 ])
 def test_bad_launches_are_refused(fc_env: FcEnv, change: dict[str, Any], words: str):
     with pytest.raises(InvalidArgument) as info:

@@ -25,11 +25,14 @@ from fc_harness import (
 from kibotos_direct.supervisor import DirectSupervisor
 from kibotos_firecracker import jail as jailmod
 from kibotos_firecracker.api import ApiCall, FirecrackerApi
+from kibotos_firecracker.backend import FirecrackerVmm
 from kibotos_firecracker.launch import parse_launch
 from kibotos_firecracker.vsock import connect_vsock
 
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from kibotos.guest import open_guest_channel
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.vmm_suite import VMM_GUEST_CHECKS, VmmCase, VmmCheck
 
 
 @pytest.fixture
@@ -43,6 +46,14 @@ def agent_env(fc_env: FcEnv) -> Iterator[FcEnv]:
         yield fc_env
     finally:
         stop_process(agent)
+
+
+@pytest.mark.parametrize("check", VMM_GUEST_CHECKS, ids=check_id)
+async def test_conformance(check: VmmCheck, agent_env: FcEnv) -> None:
+    """The guest checks of the VMM seam's suite, the jailer's unit run by ``direct``."""
+    supervisor = DirectSupervisor({"state_dir": str(agent_env.root / "supervisor")})
+    await check(VmmCase(BackendFactory(FirecrackerVmm, agent_env.options), agent_env.launch,
+                        supervisor=supervisor, ready_timeout=TIMEOUT))
 
 
 def api_socket(env: FcEnv) -> Path:

@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from kibotos.guest import AGENT_PATH, GuestChannel, connect_unix_with_retry, open_guest_channel
+from kibotos.testing.waiting import wait_until as wait_until  # re-exported for tests/guest
 
 GUEST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 TIMEOUT = 60  # generous: machines are noisy
@@ -77,16 +78,6 @@ def pid_alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != b"Z"
-
-
-async def wait_until(predicate: object, what: str, timeout: float = TIMEOUT) -> None:
-    """Poll `predicate` (a no-argument callable) until true; fail naming `what`."""
-    assert callable(predicate)
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run(*argv: str) -> str:

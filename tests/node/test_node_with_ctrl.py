@@ -21,6 +21,7 @@ from kibotos.config import CtrlConfig, load
 from kibotos.ctrl.serve import serve_ctrl
 from kibotos.node.serve import NodeRuntime, serve_node
 from kibotos.node.session.control import NodeIsolated, SessionTiming
+from kibotos.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +42,16 @@ reconcile_interval = "0.2s"
 async def _wait_node(http: httpx.AsyncClient, headers: dict[str, str],
                      predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """Poll `GET /v1/nodes/node-a` until `predicate` holds (the caller's fail_after
-    bounds the wait)."""
-    while True:
+    bounds the wait more tightly)."""
+
+    async def probe() -> dict[str, Any] | None:
         resp = await http.get("/v1/nodes/node-a", headers=headers)
-        if resp.status_code == 200:
-            node: dict[str, Any] = resp.json()["result"]
-            if predicate(node):
-                return node
-        await trio.sleep(0.05)
+        if resp.status_code != 200:
+            return None
+        node: dict[str, Any] = resp.json()["result"]
+        return node if predicate(node) else None
+
+    return await wait_until(probe, "node-a as the test expects it", timeout=120)
 
 
 async def _start_node(nursery: trio.Nursery, config: Any) -> NodeRuntime:

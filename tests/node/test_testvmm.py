@@ -1,5 +1,7 @@
-"""The test-only ``testvmm`` backend itself: its unit, readiness and guest channel,
-run through the ``direct`` supervisor exactly as the node runs it."""
+"""The test-only ``testvmm`` backend itself: the shared conformance suite of the VMM
+seam (`kibotos.testing.vmm_suite`, its unit, readiness and guest channel through the
+``direct`` supervisor exactly as the node runs it), then its own knobs and a command
+run in its "guest"."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from instance_harness import registries, short_dir
 from kibotos.backends import VmmBackend
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.guest import open_guest_channel
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.vmm_suite import VMM_CHECKS, VmmCase, VmmCheck
 
 
 @pytest.fixture
@@ -39,6 +43,13 @@ def launch_for(d: Path) -> dict:
             "memory": 128 << 20}
 
 
+@pytest.mark.parametrize("check", VMM_CHECKS, ids=check_id)
+async def test_conformance(check: VmmCheck, run_dir: Path) -> None:
+    sup = registries().supervisor.get("direct")({"state_dir": str(run_dir / "units")})
+    await check(VmmCase(BackendFactory(registries().vmm.get("testvmm"), {}),
+                        launch_for(run_dir), supervisor=sup, ready_timeout=60))
+
+
 async def test_unit_shape(run_dir: Path) -> None:
     unit = backend().unit_for(launch_for(run_dir))
     assert unit.name == "kibotos-vmm-inst-t.service"
@@ -54,15 +65,13 @@ async def test_unit_shape(run_dir: Path) -> None:
         backend().unit_for({**launch_for(run_dir), "template_image": str(run_dir / "nope")})
 
 
-async def test_ready_and_exec_through_a_real_unit(run_dir: Path) -> None:
+async def test_exec_through_a_real_unit(run_dir: Path) -> None:
     vmm = backend()
     assert (await vmm.probe())["backend"] == "testvmm"
     sup = registries().supervisor.get("direct")({"state_dir": str(run_dir / "units")})
     launch = launch_for(run_dir)
     info = await sup.start(vmm.unit_for(launch))
-    assert info.active
     hello = await vmm.wait_ready(launch, timeout=60)
-    assert hello["protocol_version"] == 1
     assert "exec" in hello["capabilities"]
     stream = await vmm.guest_channel(launch, timeout=10)
     async with open_guest_channel(stream) as guest:

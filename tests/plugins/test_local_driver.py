@@ -1,15 +1,20 @@
 """The ``local`` storage driver against prepared /proc trees (and once against the real
-one): availability, and reasons that name the problem."""
+one): the shared conformance suite of the pool driver seam
+(`kibotos.testing.pool_driver_suite`), then the local driver's own rules: read-only
+mounts, which mount holds the pool, and reasons that name the problem."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from kibotos_local.driver import LocalDriver
 
 from kibotos.backends import HostPaths, PoolSpec, StorageDriver
 from kibotos.errors import InvalidArgument
 from kibotos.plugins import load_plugins
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.pool_driver_suite import POOL_DRIVER_CHECKS, PoolDriverCheck
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +45,24 @@ def pool(path: Path) -> PoolSpec:
     return PoolSpec(id="pool-a", path=path)
 
 
-def test_driver_meets_the_protocol(driver):
-    assert isinstance(driver, StorageDriver)
-    assert driver.name == "local"
-
-
-def test_writable_mount_is_available(driver, tmp_path, pool_dir):
-    host = prepared_proc(tmp_path, [
+def usable_pool(directory: Path) -> tuple[PoolSpec, HostPaths]:
+    """A pool directory on a writable xfs mount, for the conformance suite."""
+    path = directory / "mnt" / "pool-a"
+    path.mkdir(parents=True)
+    return pool(path), prepared_proc(directory, [
         "/dev/vda1 / ext4 rw,relatime 0 0",
-        f"/dev/vdb1 {escaped(tmp_path / 'mnt')} xfs rw,noatime 0 0",
+        f"/dev/vdb1 {escaped(directory / 'mnt')} xfs rw,noatime 0 0",
     ])
-    result = driver.check(pool(pool_dir), host)
-    assert result.available, result.reason
-    assert result.reason is None
+
+
+@pytest.mark.parametrize("check", POOL_DRIVER_CHECKS, ids=check_id)
+def test_conformance(check: PoolDriverCheck, tmp_path: Path) -> None:
+    check(BackendFactory(LocalDriver, {}), usable_pool, tmp_path)
+
+
+def test_the_plugin_registers_the_local_driver(driver):
+    assert load_plugins().storage_driver.get("local") is LocalDriver
+    assert isinstance(driver, StorageDriver)
 
 
 def test_read_only_mount_is_unavailable_with_reason(driver, tmp_path, pool_dir):
@@ -121,31 +131,6 @@ def test_symlinked_pool_path_is_judged_by_its_target(driver, tmp_path, pool_dir)
     result = driver.check(pool(link), host)
     assert not result.available
     assert f"pool pool-a: {link} is on a read-only mount" in (result.reason or "")
-
-
-def test_missing_path_is_unavailable(driver, tmp_path):
-    host = prepared_proc(tmp_path, ["/dev/vda1 / ext4 rw 0 0"])
-    result = driver.check(pool(tmp_path / "not-mounted"), host)
-    assert not result.available
-    assert result.reason == (
-        f"pool pool-a: {tmp_path / 'not-mounted'} does not exist (is the pool mounted?)"
-    )
-
-
-def test_file_is_not_a_pool(driver, tmp_path):
-    path = tmp_path / "a-file"
-    path.write_text("")
-    host = prepared_proc(tmp_path, ["/dev/vda1 / ext4 rw 0 0"])
-    result = driver.check(pool(path), host)
-    assert not result.available
-    assert result.reason == f"pool pool-a: {path} is not a directory"
-
-
-def test_unreadable_mount_table_is_unavailable(driver, tmp_path, pool_dir):
-    host = HostPaths(proc_root=tmp_path / "no-proc")
-    result = driver.check(pool(pool_dir), host)
-    assert not result.available
-    assert f"cannot read {tmp_path / 'no-proc' / 'self' / 'mounts'}" in (result.reason or "")
 
 
 def test_no_covering_mount_is_unavailable(driver, tmp_path, pool_dir):

@@ -1,6 +1,7 @@
-"""The ``nfs`` and ``cloud-nas`` drivers against prepared /proc and /sys trees: the
-mount option rules of "Prerequisites", "NFS versions" and "Cloud provider NAS", and the
-writeback limit of "Notes" (spec: storage-pools-on-nfs)."""
+"""The ``nfs`` and ``cloud-nas`` drivers against prepared /proc and /sys trees: the shared
+conformance suite of the pool driver seam (`kibotos.testing.pool_driver_suite`), then
+the mount option rules of "Prerequisites", "NFS versions" and "Cloud provider NAS", and
+the writeback limit of "Notes" (spec: storage-pools-on-nfs)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,31 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kibotos_nfs import MAX_BYTES
+from kibotos_cloud_nas import CloudNasDriver
+from kibotos_nfs import MAX_BYTES, NfsDriver
 from nfs_trees import DEVICE, make_host, spec
 
+from kibotos.backends import HostPaths, PoolSpec
 from kibotos.plugins import load_plugins
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.pool_driver_suite import POOL_DRIVER_CHECKS, PoolDriverCheck
 
 GOOD = "rw,relatime,vers=4.2,rsize=1048576,wsize=1048576,hard,proto=tcp,local_lock=none"
 
 
 def driver(name: str = "nfs"):
     return load_plugins().storage_driver.get(name)({})
+
+
+def usable_nfs_pool(directory: Path) -> tuple[PoolSpec, HostPaths]:
+    host, pool = make_host(directory, GOOD + ",noresvport")
+    return spec(pool), host
+
+
+@pytest.mark.parametrize("check", POOL_DRIVER_CHECKS, ids=check_id)
+@pytest.mark.parametrize("cls", [NfsDriver, CloudNasDriver], ids=["nfs", "cloud-nas"])
+def test_conformance(cls: type, check: PoolDriverCheck, tmp_path: Path) -> None:
+    check(BackendFactory(cls, {}), usable_nfs_pool, tmp_path)
 
 
 def test_both_drivers_are_registered_builtins():

@@ -1,5 +1,7 @@
 """Fixtures of the systemd tests: a real user systemd (`usersystemd.UserSystemd`), the
-``systemd`` supervisor on its bus, and a raw D-Bus reader (systemd_helpers.py).
+``systemd`` supervisor on its bus, and a raw D-Bus reader (systemd_helpers.py).  A test
+that takes ``user_systemd`` must carry the ``systemd`` marker; the fixture fails one
+that does not, so selecting by marker stays true.
 
 Without what the user manager needs (root, systemd, dbus-user-session) the tests that
 use it are skipped on a developer's machine but fail under CI (``CI=true``), where
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -18,6 +19,7 @@ from systemd_helpers import Raw, new_supervisor
 from usersystemd import UserSystemd, why_unusable
 
 from kibotos.backends import Supervisor
+from kibotos.testing.waiting import wait_until_sync
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 #: How long `netns_holder` waits for ``unshare --net`` to take effect.
@@ -25,7 +27,10 @@ NETNS_DEADLINE = 60
 
 
 @pytest.fixture
-def user_systemd() -> Iterator[UserSystemd]:
+def user_systemd(request: pytest.FixtureRequest) -> Iterator[UserSystemd]:
+    if request.node.get_closest_marker("systemd") is None:
+        pytest.fail("a test that starts a user systemd must be marked systemd (so "
+                    "-m 'not systemd' leaves it out)")
     why = why_unusable()
     if why is not None:
         if IN_CI:
@@ -59,10 +64,9 @@ def netns_holder() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(["unshare", "--net", "sleep", "1000"])
     try:
         own = os.stat("/proc/self/ns/net").st_ino
-        deadline = time.monotonic() + NETNS_DEADLINE
-        while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == own:
-            assert time.monotonic() < deadline, "unshare --net did not take effect"
-            time.sleep(0.02)
+        wait_until_sync(lambda: os.stat(f"/proc/{proc.pid}/ns/net").st_ino != own,
+                        "unshare --net to take effect", timeout=NETNS_DEADLINE,
+                        interval=0.02)
         yield proc
     finally:
         proc.kill()

@@ -32,7 +32,7 @@ from kibotos.node.dataplane.supervisor import (
     unit_name,
 )
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.systemd]
 
 FAST = DataplaneTiming(watch_interval=0.2, restart_initial=0.2, restart_cap=1.0,
                        metrics_interval=0.5)

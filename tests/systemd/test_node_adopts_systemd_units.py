@@ -41,7 +41,7 @@ from kibotos.node.instances.adoption import AdoptionRefused
 from kibotos.node.instances.contract import RUNNING
 from kibotos.node.instances.setup import build_instance_manager
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.systemd]
 
 UNIT = "kibotos-vmm-inst-1.service"
 

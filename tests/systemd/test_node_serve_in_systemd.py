@@ -18,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 from node_helpers import FakeCtrl, free_port, store_identity, write_config
 
 from kibotos.config import NodeConfig, load
+from kibotos.testing.waiting import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.systemd]
 
 UNIT = "kibotos-node.service"
 CONTRIB = Path(__file__).resolve().parents[2] / "contrib" / "systemd"
@@ -60,12 +62,8 @@ def install_unit(manager: UserSystemd, raw: Raw, toml: Path) -> None:
     raw.call(*MANAGER, "Reload")
 
 
-async def wait(predicate, what: str):
-    with trio.fail_after(DEADLINE):
-        while not (value := await trio.to_thread.run_sync(predicate)):
-            await trio.sleep(0.1)
-    assert value, what
-    return value
+#: The shared wait, with this file's deadline (a node unit starting in systemd).
+wait = partial(wait_until, timeout=DEADLINE, interval=0.1)
 
 
 def state(raw: Raw) -> str:
@@ -103,9 +101,7 @@ async def test_the_node_is_ready_when_its_first_session_is_established(
             assert check.returncode == 13
             assert f"a node process (pid {pid}) holds the owner lock" in check.stdout.decode()
             # Its data-plane process is a unit of its own.
-            planes = await wait(
-                lambda: trio.from_thread.run(sup.list, "kibotos-dataplane-"),
-                "the data-plane unit")
+            planes = await wait(lambda: sup.list("kibotos-dataplane-"), "the data-plane unit")
             plane = planes[0]
             assert plane.active
             assert plane.cgroup is not None

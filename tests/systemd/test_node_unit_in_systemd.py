@@ -26,11 +26,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import trio
 from systemd_helpers import Raw
 from usersystemd import UserSystemd
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from kibotos.testing.waiting import wait_until
+
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.systemd]
 
 DEADLINE = 90
 UNIT = "kibotos-node.service"
@@ -142,11 +143,7 @@ class NodeUnit:
         return sorted(found, key=lambda r: r["started"])
 
     async def wait(self, predicate, what: str):
-        with trio.fail_after(DEADLINE):
-            while not (value := await trio.to_thread.run_sync(predicate)):
-                await trio.sleep(0.05)
-        assert value, what
-        return value
+        return await wait_until(predicate, what, timeout=DEADLINE)
 
     async def run_number(self, n: int) -> dict:
         """The record of the n-th run (1-based, in the order they started)."""

@@ -122,6 +122,7 @@ async def run_check_as_unit(user_systemd, tmp_path: Path, name: str, shell: str)
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.systemd
 async def test_a_node_that_is_its_units_main_process_passes(user_systemd, tmp_path):
     answer = await run_check_as_unit(user_systemd, tmp_path, "kibotos-node.service",
                                      "exec $CHECK")
@@ -133,6 +134,7 @@ async def test_a_node_that_is_its_units_main_process_passes(user_systemd, tmp_pa
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.systemd
 async def test_leftover_processes_in_the_cgroup_are_named(user_systemd, tmp_path):
     # A helper of a "previous run", in its own session: still in the unit's cgroup.
     answer = await run_check_as_unit(user_systemd, tmp_path, "kibotos-node.service",
@@ -145,6 +147,7 @@ async def test_leftover_processes_in_the_cgroup_are_named(user_systemd, tmp_path
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.systemd
 async def test_a_node_behind_a_wrapper_is_not_the_main_pid(user_systemd, tmp_path):
     answer = await run_check_as_unit(user_systemd, tmp_path, "kibotos-node.service",
                                      "$CHECK; sleep 1000")
@@ -154,6 +157,7 @@ async def test_a_node_behind_a_wrapper_is_not_the_main_pid(user_systemd, tmp_pat
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.systemd
 def test_an_invocation_systemd_does_not_know_is_refused(user_systemd):
     env = {"INVOCATION_ID": secrets.token_hex(16), "DBUS_SYSTEM_BUS_ADDRESS": user_systemd.bus}
     with pytest.raises(FailedPrecondition, match="systemd knows no unit with INVOCATION_ID"):

@@ -50,8 +50,8 @@ def test_the_vmm_properties_get_systemds_types(tmp_path):
     assert props["WorkingDirectory"] == ("s", str(tmp_path))
     assert props["StandardOutputFileToAppend"] == ("s", str(tmp_path / "vmm.log"))
     assert props["StandardErrorFileToAppend"] == ("s", str(tmp_path / "vmm.log"))
-    assert props["ExecStart"] == ("a(sasb)", [
-        ("/usr/bin/qemu", ["/usr/bin/qemu", "-M", "microvm"], False)])
+    assert props["ExecStartEx"] == ("a(sasas)", [
+        ("/usr/bin/qemu", ["/usr/bin/qemu", "-M", "microvm"], ["no-env-expand"])])
     assert props["AddRef"] == ("b", True)
 
 

@@ -30,7 +30,7 @@ from systemd_helpers import Raw
 
 from kibotos.backends import Supervisor, UnitSpec
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.systemd]
 
 INFINITY = 2**64 - 1
 DEADLINE = 60

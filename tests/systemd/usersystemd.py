@@ -33,6 +33,8 @@ from pathlib import Path
 from jeepney import DBusAddress, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 
+from kibotos.testing.waiting import wait_until_sync
+
 SYSTEMD = Path("/lib/systemd/systemd")
 BOOT_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -128,22 +130,23 @@ class UserSystemd:
         return self.log_path.read_text(errors="replace")
 
     def _wait_running(self) -> None:
-        deadline = time.monotonic() + BOOT_TIMEOUT
-        last: Exception | None = None
-        while time.monotonic() < deadline:
+        def state() -> str | None:
+            """What the manager says (running or degraded once up); a manager that
+            exited is an error at once."""
             if self.proc.poll() is not None:
                 raise RuntimeError(f"user systemd exited with {self.proc.returncode}:\n"
                                    f"{self.log()}")
             try:
-                state = self.system_state()
-            except Exception as exc:  # not listening yet
-                last = exc
-            else:
-                if state in ("running", "degraded"):
-                    return
-                last = RuntimeError(f"SystemState={state}")
-            time.sleep(0.05)
-        raise RuntimeError(f"user systemd did not come up: {last}\n{self.log()}")
+                value = self.system_state()
+            except Exception:  # not on the bus yet
+                return None
+            return value if value in ("running", "degraded") else None
+
+        try:
+            wait_until_sync(state, "user systemd to come up", timeout=BOOT_TIMEOUT,
+                            interval=0.05)
+        except AssertionError as exc:
+            raise RuntimeError(f"{exc}\n{self.log()}") from None
 
     def system_state(self) -> str:
         addr = DBusAddress("/org/freedesktop/systemd1", bus_name="org.freedesktop.systemd1",

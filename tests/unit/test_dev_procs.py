@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from kibotos import config
 from kibotos.dev import layout as lay
 from kibotos.dev.procs import Service, Supervisor, is_ours, read_pid, tail
+from kibotos.testing.waiting import wait_until_sync
 
 # A stand-in service: a Python that sleeps, with `serve` and a config path in its argv
 # like `kibotos node serve --config X`; `ignore_term` makes it shrug off SIGTERM.
@@ -35,21 +35,14 @@ def _service(tmp_path: Path, name: str = "svc", ignore_term: bool = False) -> Se
     return Service(name, argv, cfg, tmp_path / f"{name}.log", tmp_path / f"{name}.pid")
 
 
-def _wait_for(pred, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_start_writes_pid_and_log_and_stop_removes_pid(tmp_path):
     sup = Supervisor()
     svc = _service(tmp_path)
     pid = sup.start(svc)
     assert read_pid(svc.pid_file) == pid
     assert sup.pid(svc) == pid
-    _wait_for(lambda: "sleeper started" in svc.log.read_text(), "the service's output in its log")
+    wait_until_sync(lambda: "sleeper started" in svc.log.read_text(),
+                    "the service's output in its log")
     assert os.getsid(pid) == pid  # its own session: a Ctrl-C of the starter misses it
     assert sup.stop([svc], grace=30.0) == ["svc"]
     assert sup.pid(svc) is None
@@ -61,7 +54,8 @@ def test_stop_escalates_to_sigkill(tmp_path):
     sup = Supervisor()
     svc = _service(tmp_path, ignore_term=True)
     sup.start(svc)
-    _wait_for(lambda: "sleeper started" in svc.log.read_text(), "the SIGTERM handler to be set")
+    wait_until_sync(lambda: "sleeper started" in svc.log.read_text(),
+                    "the SIGTERM handler to be set")
     assert sup.stop([svc], grace=0.5) == ["svc"]
     assert sup.exit_status("svc") == -signal.SIGKILL
 

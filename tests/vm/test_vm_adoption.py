@@ -24,7 +24,7 @@ from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.pools.marker import init_pool
 from kibotos.plugins import load_plugins
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 DEADLINE = 600
 
 

@@ -19,7 +19,7 @@ from kibotos.guest import open_guest_channel
 from kibotos.platform import build_template as bt
 from kibotos.platform.images import create_writable_layer, read_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
 BOOT_TIMEOUT = 180
 IMPORT_CLI = ("import sys; sys.path.insert(0, '/usr/lib/kibotos-guest'); "

@@ -2,7 +2,9 @@
 
 Each test boots the cached Platform and ``kibotos-base`` Template, talks to the real
 guest agent through `kibotos.guest`, and checks what the guest wrote by reading the
-block images with debugfs after QEMU has exited, without mounting anything.
+block images with debugfs after QEMU has exited, without mounting anything.  The guest
+checks of the VMM seam's conformance suite (`kibotos.testing.vmm_suite`) boot here too,
+their units run by the ``direct`` supervisor as on a node.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ from pathlib import Path
 
 import pytest
 import trio
+from kibotos_direct.supervisor import DirectSupervisor
 from kibotos_qemu.backend import QemuVmm
 from vm_harness import POWEROFF, launch_for, running_unit, wait_exit
 
 from kibotos.errors import FailedPrecondition
 from kibotos.guest import LaunchConfig, Volume, open_guest_channel
 from kibotos.platform.images import create_ext4, create_writable_layer, read_file
+from kibotos.testing.conformance import BackendFactory, check_id
+from kibotos.testing.vmm_suite import VMM_GUEST_CHECKS, VmmCase, VmmCheck
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
 BOOT_TIMEOUT = 180  # TCG on a busy 2-core machine; a normal boot takes 5-10 s
 
@@ -38,6 +43,16 @@ async def _backend() -> QemuVmm:
     facts = await vmm.probe()
     assert facts["accelerator"] == "tcg"
     return vmm
+
+
+@pytest.mark.parametrize("check", VMM_GUEST_CHECKS, ids=check_id)
+async def test_conformance(check: VmmCheck, platform_dir: Path, template_dir: Path,
+                           run_dir: Path) -> None:
+    create_writable_layer(run_dir / "rw.img", 1 << 30)
+    supervisor = DirectSupervisor({"state_dir": str(run_dir / "units")})
+    await check(VmmCase(BackendFactory(QemuVmm, {"accelerator": "tcg"}),
+                        launch_for(run_dir, platform_dir, template_dir),
+                        supervisor=supervisor, ready_timeout=BOOT_TIMEOUT))
 
 
 async def test_boot_exec_volume_poweroff_and_read_back(platform_dir: Path,

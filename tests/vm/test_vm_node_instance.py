@@ -30,7 +30,7 @@ from kibotos.node.storage.pools.marker import init_pool
 from kibotos.platform.images import read_file
 from kibotos.plugins import load_plugins
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 DEADLINE = 600
 
 

@@ -18,7 +18,7 @@ from vm_node_harness import template_blobs
 from kibotos.node.instances.contract import FAILED, RUNNING
 from kibotos.platform.images import read_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 MIB = 1 << 20
 
 

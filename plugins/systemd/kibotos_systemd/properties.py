@@ -50,8 +50,8 @@ SIGNATURES: Mapping[str, str] = {
     "LimitFSIZE": "t", "LimitAS": "t", "LimitSTACK": "t",
 }
 #: Set from `UnitSpec` fields; a property of the same name would contradict them.
-FROM_SPEC = frozenset({"ExecStart", "Environment", "WorkingDirectory", "StandardOutput",
-                       "StandardError", "StandardOutputFileToAppend",
+FROM_SPEC = frozenset({"ExecStart", "ExecStartEx", "Environment", "WorkingDirectory",
+                       "StandardOutput", "StandardError", "StandardOutputFileToAppend",
                        "StandardErrorFileToAppend", "StandardInput", "AddRef"})
 
 #: Linux capability numbers (linux/capability.h), for the capability-set properties.
@@ -150,7 +150,10 @@ def unit_properties(spec: UnitSpec, unit: str, argv: list[str],
     if log_path is not None:
         props.append(("StandardOutputFileToAppend", ("s", str(log_path))))
         props.append(("StandardErrorFileToAppend", ("s", str(log_path))))
-    props.append(("ExecStart", ("a(sasb)", [(argv[0], argv, False)])))
+    # ExecStartEx with no-env-expand: systemd would otherwise expand ``$VAR`` and turn
+    # ``$$`` into ``$`` in the arguments, which `UnitSpec.argv` does not ask for (and
+    # ``direct`` does not do); found by kibotos.testing.supervisor_suite.
+    props.append(("ExecStartEx", ("a(sasas)", [(argv[0], argv, ["no-env-expand"])])))
     # Keeps the unit loaded while our connection lives, even if it ends at once, so its
     # InvocationID and result can still be read after the start job.
     props.append(("AddRef", ("b", True)))
