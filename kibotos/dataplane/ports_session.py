@@ -42,7 +42,7 @@ log = EventLogger("kibotos.dataplane")
 PORTS_PREFIX = "/v1/ports/"
 #: The guest credit per direction of one connection: enough in flight to keep both hops
 #: busy, and the most the data plane holds for it.
-PORT_WINDOW = 512 * 1024
+PORT_WINDOW = 1024 * 1024
 #: How long the guest may take to answer the connect (it gives up itself after 10 s).
 OPEN_TIMEOUT = 20.0
 #: After both directions ended: how long the guest may take to say it closed.

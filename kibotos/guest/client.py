@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 
 #: How long stop_prepare waits past its deadline for the guest's sync and freeze.
 STOP_SYNC_TIMEOUT = 30.0
+#: How much the reader takes from the stream at a time: more than one largest frame
+#: (24 + 256 KiB), so a full frame needs one read, not two.
+RECEIVE_SIZE = 1 << 20
 
 
 async def connect_unix_with_retry(path: str | os.PathLike[str], deadline: float, *,
@@ -424,7 +427,7 @@ class GuestChannel:
         try:
             while True:
                 try:
-                    data = await self._stream.receive_some(256 * 1024)
+                    data = await self._stream.receive_some(RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
                 if not data:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from kibotos.errors import ERROR_CLASSES, InvalidArgument, KibotosError, Unavailable
-from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW, MAX_WINDOW
+from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW
 from kibotos.guest.streams import GuestInputStream, GuestOutputStream
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class GuestPort(trio.abc.HalfCloseableStream):
         self.port = port
         self.address = ""  #: the guest address it connected to, ``127.0.0.1:8080``
         self._out = GuestOutputStream(channel, stream_id, window)
-        self._in = GuestInputStream(channel, stream_id, False)
+        self._in = GuestInputStream(channel, stream_id, False, chunk=MAX_PAYLOAD)
         self._ended = trio.Event()
         self._error: KibotosError | None = None
         self._closed = False

@@ -23,7 +23,7 @@ import errno
 import socket
 
 from .errors import AgentError, field, int_field, invalid
-from .framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW, encode_data
+from .framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW, encode_data
 from .log import log
 from .loop import get_loop
 from .tasks import Future, wait_for
@@ -138,7 +138,9 @@ class PortStream:
     def _on_readable(self) -> None:
         assert self.sock is not None
         try:
-            data = self.sock.recv(min(self.out_credit, DATA_CHUNK))
+            # Frames as large as the protocol allows: a byte stream has no use for
+            # small ones, and every frame costs both ends a round of work.
+            data = self.sock.recv(min(self.out_credit, MAX_PAYLOAD))
         except BlockingIOError:
             return
         except OSError as e:
