@@ -19,13 +19,18 @@ interleaved run by run:
     round trip    100 bytes there and back on an open connection (median, p90)
     request       a new connection, 100 bytes there, 100 back, its end (median, p90)
 
-The ratios are plane ÷ direct (for latency > 1 means slower through the plane).
+The ratios are plane ÷ direct (for latency > 1 means slower through the plane).  For
+the throughput runs it also prints where the time goes: the CPU milliseconds per MiB
+each process spent (agent, data plane, client, server), which hold up on a busy
+machine better than the rates do.  On a machine with fewer cores than the pipeline has
+busy processes, the rate through the plane is bounded by all of them together.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import socket
@@ -90,6 +95,12 @@ while True:
     c, _ = srv.accept()
     threading.Thread(target=handle, args=(c,), daemon=True).start()
 """
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -254,15 +265,28 @@ async def _measure(args: argparse.Namespace, procs: Processes,
     results: dict[str, dict[str, list[float]]] = {
         name: {"direct": [], "plane": []}
         for name in ("download", "upload", "round_trip", "request")}
+    roles = ("agent", "plane", "server")
+    cpu: dict[str, dict[str, dict[str, float]]] = {
+        name: {way: dict.fromkeys((*roles, "client"), 0.0) for way in ("direct", "plane")}
+        for name in ("download", "upload")}
 
     async def both(name: str, run: Callable[[Opener], Awaitable[Any]]) -> None:
         for way, opener in (("direct", direct), ("plane", plane)):
+            before = [cpu_seconds(p.pid) for p in procs.procs]
+            mine = time.process_time()
             outcome = await run(opener)
+            if name in cpu:
+                spent = cpu[name][way]
+                spent["client"] += time.process_time() - mine
+                for role, proc, start in zip(roles, procs.procs, before, strict=True):
+                    spent[role] += cpu_seconds(proc.pid) - start
             results[name][way].extend(outcome if isinstance(outcome, list) else [outcome])
 
     await both("download", lambda o: download(o, 16 << 20))  # warm both paths up
     await both("request", lambda o: requests(o, 20))
     results = {name: {"direct": [], "plane": []} for name in results}
+    for name in cpu:
+        cpu[name] = {way: dict.fromkeys((*roles, "client"), 0.0) for way in cpu[name]}
     for _ in range(args.runs):
         await both("download", lambda o: download(o, size))
         await both("upload", lambda o: upload(o, size))
@@ -273,9 +297,14 @@ async def _measure(args: argparse.Namespace, procs: Processes,
     for name in ("download", "upload"):
         direct_rate = statistics.median(results[name]["direct"])
         plane_rate = statistics.median(results[name]["plane"])
+        moved = args.runs * args.mib
         summary[name] = {"direct_mib_s": round(direct_rate, 1),
                          "plane_mib_s": round(plane_rate, 1),
-                         "ratio": round(plane_rate / direct_rate, 2)}
+                         "ratio": round(plane_rate / direct_rate, 2),
+                         "cpu_ms_per_mib": {
+                             way: {role: round(spent * 1e3 / moved, 2)
+                                   for role, spent in cpu[name][way].items()}
+                             for way in ("direct", "plane")}}
     for name in ("round_trip", "request"):
         d, p = results[name]["direct"], results[name]["plane"]
         summary[name] = {
@@ -311,6 +340,12 @@ def main() -> None:
         row = summary[name]
         print(f"  {name:<11} direct {row['direct_mib_s']:>7.1f} MiB/s   plane "
               f"{row['plane_mib_s']:>7.1f} MiB/s   ratio {row['ratio']:.2f}  (target ≥ 0.8)")
+        for way in ("direct", "plane"):
+            spent = row["cpu_ms_per_mib"][way]
+            total = sum(spent.values())
+            parts = "  ".join(f"{role} {ms:.2f}" for role, ms in spent.items()
+                              if way == "plane" or role != "plane")
+            print(f"              CPU ms/MiB {way:<6} {parts}  (all {total:.2f})")
     for name in ("round_trip", "request"):
         row = summary[name]
         print(f"  {name:<11} direct {row['direct_ms']['median']:>7.3f} ms (p90 "
