@@ -201,6 +201,34 @@ async def test_a_client_that_goes_away_closes_the_guests_connection(tmp_path: Pa
             assert 'ports_closed_total{outcome="client_gone"} 1.0' in plane.server.metrics.text()
 
 
+async def test_a_stopping_data_plane_closes_its_connections(tmp_path: Path) -> None:
+    """What the drain's end does (`close_all`, after SIGTERM's 10 s): the client gets
+    1001, the guest's connection is closed."""
+    closed = trio.Event()
+
+    async def wait_for_close(stream: trio.SocketStream) -> None:
+        try:
+            await read_all(stream)
+        finally:
+            closed.set()
+
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path) as plane:
+            await plane.hand_state(target(agent))
+            assert plane.server is not None
+            async with tcp_server(wait_for_close) as port:
+                with trio.fail_after(TIMEOUT):
+                    async with open_port(plane.url, plane.credential(operations=PORTS),
+                                         port) as conn:
+                        await conn.send_all(b"hello")
+                        assert await plane.server.connections.close_all() == 1
+                        with pytest.raises(trio.BrokenResourceError,
+                                           match="1001 data plane stopping"):
+                            await conn.receive_some()
+                    await closed.wait()
+            assert 'ports_closed_total{outcome="stopping"} 1.0' in plane.server.metrics.text()
+
+
 def _kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
