@@ -64,8 +64,9 @@ from kibotos.logs import EventLogger
 log = EventLogger("kibotos.dataplane")
 
 DRAIN_TIMEOUT = 10.0
-#: How much a WebSocket connection reads from its socket at a time (trio-websocket's
-#: default of 4 KiB costs a port forward a third of its throughput).
+#: How much a WebSocket connection reads from its socket at a time: with trio-websocket's
+#: default of 4 KiB a port-forward upload cost the data plane 3x the CPU (9.5 against
+#: 2.9 ms per MiB) and ran at less than half the rate.
 RECEIVE_BUFFER = 256 * 1024
 
 
