@@ -37,8 +37,8 @@ from kibotos import atomicfile, ids
 from kibotos.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 
 #: What a session credential may grant: ``exec`` (and terminals), ``files`` (file
-#: transfer and the file operations), ``ports`` (port forwarding; reserved: no data
-#: plane serves it yet, so a credential that grants only ``ports`` opens nothing).
+#: transfer and the file operations), ``ports`` (TCP connections to ports on the
+#: guest's loopback: port forwarding).
 OPERATIONS = ("exec", "files", "ports")
 #: How long a credential is valid (docs/architecture.md: five minutes).
 LIFETIME = 300

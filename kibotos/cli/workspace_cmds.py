@@ -32,6 +32,7 @@ from kibotos.cli.options import (
     node_id_argument,
     parse_labels,
 )
+from kibotos.cli.port_forward_cmds import port_forward_command
 from kibotos.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -488,3 +489,4 @@ def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
 # ``kibo workspace exec``: in its own module, with the data plane's client.
 workspace_group.add_command(exec_command)
 workspace_group.add_command(cp_command)
+workspace_group.add_command(port_forward_command)

@@ -52,8 +52,10 @@ from kibotos.guest import ExitStatus
 
 #: stdin is sent in frames of at most this many bytes.
 STDIN_CHUNK = 64 * 1024
+#: The largest message accepted, and how much is read from the socket at a time.
+MAX_MESSAGE, RECEIVE_BUFFER = 4 << 20, 256 * 1024
 _STATUS_CODES = {401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-                 412: "failed_precondition", 503: "unavailable"}
+                 412: "failed_precondition", 502: "unavailable", 503: "unavailable"}
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,19 @@ class Output:
 Event = Started | Output | ExitStatus
 
 
-def exec_url(dataplane_url: str) -> str:
-    """``http://host:port`` (what ctrl returns) → ``ws://host:port/v1/exec``."""
+def ws_url(dataplane_url: str, path: str, query: str = "") -> str:
+    """``http://host:port`` (what ctrl returns) → ``ws://host:port<path>?<query>``."""
     parts = urllib.parse.urlsplit(dataplane_url)
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
     if scheme is None or not parts.hostname:
         raise InvalidArgument(f"data-plane URL {dataplane_url!r} must be http(s)://host:port")
     return str(urllib.parse.urlunsplit(
-        (scheme, parts.netloc, parts.path.rstrip("/") + EXEC_PATH, "", "")))
+        (scheme, parts.netloc, parts.path.rstrip("/") + path, query, "")))
+
+
+def exec_url(dataplane_url: str) -> str:
+    """``http://host:port`` → ``ws://host:port/v1/exec``."""
+    return ws_url(dataplane_url, EXEC_PATH)
 
 
 def _rejection(exc: ConnectionRejected, url: str) -> KibotosError:
@@ -193,13 +200,30 @@ async def open_exec(dataplane_url: str, credential: str | None, request: ExecReq
                     ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[ExecClient]:
     """Connect, authenticate, send the request; the process runs inside the block.
     (`credential` None sends no Authorization header: the data plane answers 401.)"""
-    url = exec_url(dataplane_url)
+    async with open_websocket(exec_url(dataplane_url), credential,
+                              connect_timeout=connect_timeout,
+                              ssl_context=ssl_context) as ws:
+        client = ExecClient(ws)
+        await client._send_json({
+            "argv": list(request.argv), "env": request.env, "cwd": request.cwd,
+            "tty": request.tty, "rows": request.rows, "cols": request.cols})
+        yield client
+
+
+@asynccontextmanager
+async def open_websocket(url: str, credential: str | None, *, connect_timeout: float = 30.0,
+                         ssl_context: ssl.SSLContext | None = None
+                         ) -> AsyncIterator[WebSocketConnection]:
+    """A WebSocket to the data plane at `url` (``ws://`` or ``wss://``) with the
+    credential as bearer, closed on every way out.  A refused upgrade is the
+    `KibotosError` its JSON body names."""
     headers = [] if credential is None else [
         (b"Authorization", f"Bearer {credential}".encode())]
     target = urllib.parse.urlsplit(url)
     host = target.hostname or ""
     tls = target.scheme == "wss"
     port = target.port or (443 if tls else 80)
+    resource = target.path + (f"?{target.query}" if target.query else "")
     stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
     try:
         with trio.fail_after(connect_timeout):
@@ -219,9 +243,9 @@ async def open_exec(dataplane_url: str, credential: str | None, request: ExecReq
             try:
                 with trio.fail_after(connect_timeout):
                     ws = await wrap_client_stream(
-                        nursery, stream, target.netloc, target.path,
-                        extra_headers=headers,
-                        max_message_size=4 << 20)
+                        nursery, stream, target.netloc, resource,
+                        extra_headers=headers, max_message_size=MAX_MESSAGE,
+                        receive_buffer_size=RECEIVE_BUFFER)
             except ConnectionRejected as exc:
                 raise _rejection(exc, url) from None
             except HandshakeError as exc:
@@ -229,12 +253,8 @@ async def open_exec(dataplane_url: str, credential: str | None, request: ExecReq
             except trio.TooSlowError:
                 raise DeadlineExceeded(f"the data plane at {url} did not answer the "
                                        f"upgrade within {connect_timeout:g}s") from None
-            client = ExecClient(ws)
             try:
-                await client._send_json({
-                    "argv": list(request.argv), "env": request.env, "cwd": request.cwd,
-                    "tty": request.tty, "rows": request.rows, "cols": request.cols})
-                yield client
+                yield ws
             finally:
                 with trio.move_on_after(2.0, shield=True):
                     await ws.aclose()

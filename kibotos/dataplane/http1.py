@@ -38,7 +38,7 @@ HEAD_TIMEOUT = 30.0
 #: After an early answer: how long, and how much, the server still reads and drops.
 LINGER_SECONDS, LINGER_BYTES = 5.0, 64 << 20
 RECEIVE_CHUNK = 256 * 1024
-_HTTP_STATUS_REASON = {507: b"Insufficient Storage"}
+_HTTP_STATUS_REASON = {502: b"Bad Gateway", 507: b"Insufficient Storage"}
 
 
 class ReplayStream(trio.abc.Stream):
@@ -257,9 +257,12 @@ class _Body:
 
 def error_status(exc: KibotosError) -> int:
     """The HTTP status of an error: the API's, except 507 for a full disk in the
-    guest (what HTTP has for it, and what E2B's envd answers)."""
+    guest (what HTTP has for it, and what E2B's envd answers) and 502 for a guest port
+    nothing listens on (what a proxy answers: a gateway can pass it on as it is)."""
     if exc.details.get("reason") == "no_space":
         return 507
+    if exc.details.get("reason") == "connection_refused":
+        return 502
     return exc.http_status
 
 

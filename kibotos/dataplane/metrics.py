@@ -52,6 +52,17 @@ class DataplaneMetrics:
         self.files_bytes = Counter(
             "kibotos_dataplane_files_bytes", "File bytes relayed, by direction",
             ["direction"], registry=r)
+        self.ports_bytes = Counter(
+            "kibotos_dataplane_ports_bytes", "Port-forward bytes relayed, by direction",
+            ["direction"], registry=r)
+        self.ports_connect_failed = Counter(
+            "kibotos_dataplane_ports_connect_failed",
+            "Port-forward connections the guest could not open, by reason "
+            "(connection_refused, timeout, failed)", ["reason"], registry=r)
+        self.ports_closed = Counter(
+            "kibotos_dataplane_ports_closed",
+            "Port-forward connections ended, by outcome (ended, guest_failed, "
+            "client_gone, protocol, stopping)", ["outcome"], registry=r)
         self.closed_on_stop = Counter(
             "kibotos_dataplane_connections_closed_on_stop",
             "Connections still open when the drain period of a stop ended", registry=r)

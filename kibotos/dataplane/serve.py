@@ -1,7 +1,8 @@
 """`serve_dataplane`: one data-plane process, from binding its sockets to its drain.
 
-It listens on the node's ``dataplane_listen`` address for WebSocket connections (exec)
-and plain HTTP requests (files, `files_api`) and on
+It listens on the node's ``dataplane_listen`` address for WebSocket connections (exec,
+`exec_session`, and port forwarding, `ports_session`) and plain HTTP requests (files,
+`files_api`) and on
 ``<socket_dir>/dataplane/control.sock`` for the node.  It starts with no state: until
 the node hands one over, every connection is refused with 503.  Afterwards it keeps
 serving with the last state it got, also while the node is stopped (spec:
@@ -39,8 +40,14 @@ from kibotos.dataplane.build import build_id
 from kibotos.dataplane.exec_session import EXEC_PATH, ExecSession
 from kibotos.dataplane.files_api import FilesRequest, route
 from kibotos.dataplane.guests import GuestPool
-from kibotos.dataplane.http1 import DataplaneListener, HttpExchange
+from kibotos.dataplane.http1 import DataplaneListener, HttpExchange, error_status
 from kibotos.dataplane.metrics import DataplaneMetrics
+from kibotos.dataplane.ports_session import (
+    PORTS_PREFIX,
+    PortSession,
+    open_guest_port,
+    parse_port_target,
+)
 from kibotos.dataplane.state import DataplaneState, parse_state
 from kibotos.errors import (
     InvalidArgument,
@@ -50,11 +57,17 @@ from kibotos.errors import (
     Unauthenticated,
     Unavailable,
 )
+from kibotos.guest import GuestChannel
+from kibotos.guest.ports import GuestPort
 from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 
 DRAIN_TIMEOUT = 10.0
+#: How much a WebSocket connection reads from its socket at a time: with trio-websocket's
+#: default of 4 KiB a port-forward upload cost the data plane 3x the CPU (9.5 against
+#: 2.9 ms per MiB) and ran at less than half the rate.
+RECEIVE_BUFFER = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,8 @@ class _Connections:
     """The open exec sessions, so a stop can wait for them and then close the rest."""
 
     def __init__(self) -> None:
-        self.sessions: dict[int, tuple[ExecSession | None, trio.CancelScope]] = {}
+        self.sessions: dict[int, tuple[ExecSession | PortSession | None,
+                                       trio.CancelScope]] = {}
         self._idle = trio.Event()
         self._idle.set()
         self._next = 0
@@ -102,7 +116,7 @@ class _Connections:
         self._idle = trio.Event()
         return self._next
 
-    def attach(self, key: int, session: ExecSession) -> None:
+    def attach(self, key: int, session: ExecSession | PortSession) -> None:
         self.sessions[key] = (session, self.sessions[key][1])
 
     def remove(self, key: int) -> None:
@@ -194,35 +208,56 @@ class DataplaneServer:
             logging.getLogger("kibotos.dataplane").debug("traceback", exc_info=True)
 
     async def _handle(self, request: WebSocketRequest) -> None:
-        path = request.path.partition("?")[0]
+        path, _, query = request.path.partition("?")
+        guest_port = None
         try:
-            if path != EXEC_PATH:
+            if path == EXEC_PATH:
+                operation, port_target = "exec", None
+            elif path.startswith(PORTS_PREFIX):
+                operation, port_target = "ports", parse_port_target(path, query)
+            else:
                 raise NotFound(f"no such data-plane endpoint: {path}")
-            claims, target = self.authorize(list(request.headers), "exec")
+            claims, target = self.authorize(list(request.headers), operation)
             channel = await self.guests.channel(claims.instance_id, target.agent_socket,
                                                 target.vsock_port)
+            if port_target is not None:
+                guest_port = await self._open_port(channel, *port_target)
         except KibotosError as exc:
             self.metrics.rejected.labels(exc.code).inc()
             log.info("connection refused", path=path, code=exc.code, error=exc.message,
                      remote=str(request.remote))
             body = json.dumps(exc.to_wire()).encode()
-            await request.reject(exc.http_status, body=body, extra_headers=[
+            await request.reject(error_status(exc), body=body, extra_headers=[
                 (b"Content-Type", b"application/json")])
             return
         with trio.CancelScope() as scope:
             key = self.connections.add(scope)
             try:
                 ws = await request.accept()
-                self.metrics.connections.labels("exec").inc()
+                self.metrics.connections.labels(operation).inc()
                 self.metrics.active.inc()
                 try:
-                    session = ExecSession(ws, channel, claims, self.metrics)
+                    session: ExecSession | PortSession = (
+                        ExecSession(ws, channel, claims, self.metrics) if guest_port is None
+                        else PortSession(ws, guest_port, claims, self.metrics))
                     self.connections.attach(key, session)
                     await session.run()
                 finally:
                     self.metrics.active.dec()
             finally:
                 self.connections.remove(key)
+                if guest_port is not None:
+                    await guest_port.aclose()  # (a no-op after the session's own end)
+
+    async def _open_port(self, channel: GuestChannel, port: int, host: str | None
+                         ) -> GuestPort:
+        try:
+            return await open_guest_port(channel, port, host)
+        except KibotosError as exc:
+            reason = exc.details.get("reason")
+            self.metrics.ports_connect_failed.labels(
+                reason if reason in ("connection_refused", "timeout") else "failed").inc()
+            raise
 
     async def handle_http(self, exchange: HttpExchange) -> None:
         """One plain HTTP request (the file endpoints); never raises."""
@@ -275,7 +310,8 @@ class DataplaneServer:
             await handlers.start(self.guests.run)
             async with trio.open_nursery() as accepting:
                 server = DataplaneListener(self.handle, self.handle_http, listeners,
-                                           handler_nursery=handlers, disconnect_timeout=5.0)
+                                           handler_nursery=handlers, disconnect_timeout=5.0,
+                                           receive_buffer_size=RECEIVE_BUFFER)
                 await accepting.start(server.run)
                 await handlers.start(control.serve_control, control_path, self.on_control)
                 if self.settings.handle_signals:

@@ -61,6 +61,7 @@ from kibotos.guest.model import (
     LaunchConfig,
     StopPrepareResult,
 )
+from kibotos.guest.ports import GuestPort, GuestPorts
 from kibotos.guest.streams import (
     GuestInputStream,
     GuestOutputStream,
@@ -72,6 +73,9 @@ log = logging.getLogger(__name__)
 
 #: How long stop_prepare waits past its deadline for the guest's sync and freeze.
 STOP_SYNC_TIMEOUT = 30.0
+#: How much the reader takes from the stream at a time: more than one largest frame
+#: (24 + 256 KiB), so a full frame needs one read, not two.
+RECEIVE_SIZE = 1 << 20
 
 
 async def connect_unix_with_retry(path: str | os.PathLike[str], deadline: float, *,
@@ -122,6 +126,7 @@ class GuestChannel:
         self._inputs: dict[int, GuestInputStream] = {}
         self._processes: dict[int, GuestProcess] = {}
         self._transfers: dict[int, Download | Upload] = {}
+        self._ports: dict[int, GuestPort] = {}
         self._hello: GuestInfo | None = None
         self._hello_event = trio.Event()
         self._error: KibotosError | None = None
@@ -157,6 +162,12 @@ class GuestChannel:
         """The guest's file operations (`kibotos.guest.files`); each call checks that
         the agent announced the ``files`` capability."""
         return GuestFiles(self)
+
+    @property
+    def ports(self) -> GuestPorts:
+        """TCP connections to ports on the guest's loopback (`kibotos.guest.ports`);
+        each open checks that the agent announced the ``ports`` capability."""
+        return GuestPorts(self)
 
     async def require(self, capability: str) -> None:
         """FailedPrecondition unless the guest's hello announces `capability`."""
@@ -328,6 +339,14 @@ class GuestChannel:
             self._frames_out += 1
             self._outbox.send_nowait(frame)
 
+    def _request_nowait(self, kind: str, fields: dict[str, Any],
+                        on_answer: Callable[[], None]) -> None:
+        """A request nobody waits for; `on_answer` runs when its result arrives."""
+        if self._error is None:
+            rid = self._take_id()
+            self._pending[rid] = _Pending(lambda body: on_answer())
+            self._send_nowait(encode_control({"type": kind, "id": rid, **fields}))
+
     async def _request(self, kind: str, fields: dict[str, Any], *, need_hello: bool = True,
                        on_result: Callable[[dict[str, Any], _Pending], Any] | None = None) -> (
         Any
@@ -381,7 +400,10 @@ class GuestChannel:
             inp._fail(error)
         for transfer in self._transfers.values():
             transfer._fail(error)
+        for port in self._ports.values():
+            port._fail(error)
         self._transfers.clear()
+        self._ports.clear()
         self._processes.clear()
         self._outputs.clear()
         self._inputs.clear()
@@ -405,7 +427,7 @@ class GuestChannel:
         try:
             while True:
                 try:
-                    data = await self._stream.receive_some(256 * 1024)
+                    data = await self._stream.receive_some(RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
                 if not data:
@@ -478,6 +500,10 @@ class GuestChannel:
             if transfer is not None:  # (none: one we cancelled and forgot)
                 transfer._end(msg)
             self._outputs.pop(msg.get("stream"), None)  # type: ignore[arg-type]
+        elif kind == "port_end":
+            port = self._ports.get(msg.get("stream"))  # type: ignore[arg-type]
+            if port is not None:
+                port._end(msg)
         elif kind == "stream_closed":
             inp = self._inputs.pop(msg.get("stream"), None)  # type: ignore[arg-type]
             if inp is not None:

@@ -120,10 +120,12 @@ class GuestOutputStream(trio.abc.ReceiveStream):
 class GuestInputStream(trio.abc.SendStream):
     """stdin of a guest process; sends wait for the guest's credit."""
 
-    def __init__(self, host: StreamHost, stream_id: int, is_tty: bool) -> None:
+    def __init__(self, host: StreamHost, stream_id: int, is_tty: bool, *,
+                 chunk: int = DATA_CHUNK) -> None:
         self._host = host
         self.stream_id = stream_id
         self.is_tty = is_tty
+        self._chunk = chunk  # the largest data frame it sends
         self._credit = 0
         self._closed = False
         self._error: BaseException | None = None
@@ -159,7 +161,7 @@ class GuestInputStream(trio.abc.SendStream):
                     self._changed = trio.Event()
                     await self._changed.wait()
                     self._check()
-                n = min(len(view), self._credit, DATA_CHUNK)
+                n = min(len(view), self._credit, self._chunk)
                 self._host._send_nowait(encode_data(self.stream_id, bytes(view[:n])))
                 self._credit -= n
                 view = view[n:]

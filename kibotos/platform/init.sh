@@ -6,7 +6,8 @@
 # 3. find the disks by their virtio serial (and link each as /dev/disk/by-id/virtio-<serial>,
 #    the name udev would give it): the Template image (read-only) and the writable
 #    layer (ext4; upper/ and work/ on it), and make the root an overlay of them
-# 4. move the mounts into the new root, start the reaping init (tini) with the agent
+# 4. move the mounts into the new root, bring the loopback interface up, start the
+#    reaping init (tini) with the agent
 #
 # Kernel command line parameters it reads (all optional):
 #   kibotos.port=NAME[,NAME…] virtio-serial ports the agent serves (org.kibotos.agent.0);
@@ -136,6 +137,10 @@ done
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o nosuid,noexec,gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
 mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /newroot/dev/shm
+
+# The loopback interface up (the kernel gives it 127.0.0.1 and ::1): servers in the
+# guest listen there, and port forwarding reaches them there, with a network or without.
+ip link set lo up || fail "bring the loopback interface up"
 
 [ -e "/newroot$AGENT" ] || fail "agent $AGENT not found in the Template"
 [ -L /newroot/usr/bin/python3 ] || [ -e /newroot/usr/bin/python3 ] \

@@ -46,7 +46,7 @@ def busybox_applets(busybox: Path) -> list[str]:
     if proc.returncode != 0:
         raise FailedPrecondition(f"{busybox} --list exited with {proc.returncode}")
     names = sorted({n.strip() for n in proc.stdout.split() if n.strip()})
-    for needed in ("sh", "mount", "insmod", "switch_root", "poweroff", "usleep", "cp"):
+    for needed in ("sh", "mount", "insmod", "switch_root", "poweroff", "usleep", "cp", "ip"):
         if needed not in names:
             raise FailedPrecondition(f"{busybox} lacks the {needed!r} applet")
     return names

@@ -231,6 +231,7 @@ async def test_exec_through_ctrl_node_and_data_plane(monkeypatch: pytest.MonkeyP
         done = await c.exec(workspace, "--env", "1BAD=x", "--", "true")
         assert done.returncode == 10
         await copy_in_and_out(c, workspace)
+        await port_forward(c, workspace)
 
         await c.call("POST", f"/v1/workspaces/{workspace}/stop", json={})
         await wait_state(c, workspace, "STOPPED")
@@ -242,6 +243,12 @@ async def test_exec_through_ctrl_node_and_data_plane(monkeypatch: pytest.MonkeyP
         assert done.returncode == 12
         done = await c.kibo("cp", str(c.base / "kibo.toml"), f"{workspace}:/tmp")
         assert done.returncode == 13, done.stderr
+        done = await c.kibo("port-forward", workspace, "8080")
+        assert done.returncode == 13, done.stderr
+        done = await c.kibo("port-forward", "ws-does-not-exist", "8080")
+        assert done.returncode == 12, done.stderr
+        done = await c.kibo("port-forward", workspace, "8080:x")
+        assert done.returncode == 10, done.stderr
 
 
 async def copy_in_and_out(c: Cluster, workspace: str) -> None:
@@ -276,6 +283,76 @@ async def copy_in_and_out(c: Cluster, workspace: str) -> None:
     assert done.returncode == 12, done.stderr
     done = await c.kibo("cp", str(local / "blob"), str(local / "other"))
     assert done.returncode == 2, done.stderr
+
+
+async def port_forward(c: Cluster, workspace: str) -> None:
+    """``kibo workspace port-forward`` as its own process with a credential for
+    ``ports`` from ctrl: two mappings, 50 concurrent connections with half-close, a
+    message on stderr for a port nothing listens on, and Ctrl-C ends it with 0 (the
+    testvmm guest's agent runs on this host, so its loopback is this one)."""
+    import signal
+    import subprocess
+
+    from kibotos.testing.tcp_servers import read_all, tcp_server, upper_after_eof
+
+    nothing = free_port()
+    async with tcp_server(upper_after_eof) as upper:
+        argv = [*KIBO, "workspace", "port-forward", "--config", str(c.kibo_config),
+                workspace, f":{upper}", f"0:{nothing}"]
+        proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        out, err = bytearray(), bytearray()
+
+        async def collect(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+            while chunk := await stream.receive_some():
+                into += chunk
+
+        async def ask(port: int, payload: bytes) -> bytes:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(payload)
+                await stream.send_eof()
+                return await read_all(stream)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(collect, proc.stdout, out)
+                nursery.start_soon(collect, proc.stderr, err)
+                with trio.fail_after(TIMEOUT):
+                    while out.count(b"Forwarding from") < 2:
+                        assert proc.poll() is None, bytes(err)
+                        await trio.sleep(0.05)
+                local = {}
+                for line in bytes(out).decode().splitlines():
+                    if line.startswith("Forwarding from 127.0.0.1:"):
+                        where, _, remote = line.removeprefix("Forwarding from ").partition(
+                            " -> ")
+                        local[int(remote)] = int(where.rpartition(":")[2])
+                answers: dict[int, bytes] = {}
+
+                async def one(i: int) -> None:
+                    answers[i] = await ask(local[upper], b"hi %d;" % i * (i + 1))
+
+                with trio.fail_after(TIMEOUT * 2):
+                    async with trio.open_nursery() as clients:
+                        for i in range(50):
+                            clients.start_soon(one, i)
+                assert answers == {i: b"HI %d;" % i * (i + 1) for i in range(50)}
+                with trio.fail_after(TIMEOUT):
+                    with pytest.raises(trio.BrokenResourceError):  # reset: nobody there
+                        await ask(local[nothing], b"anyone?")
+                    while b"nothing listens on port" not in err:
+                        await trio.sleep(0.05)
+                proc.send_signal(signal.SIGINT)
+                with trio.fail_after(TIMEOUT):
+                    assert await proc.wait() == 0, bytes(err)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    assert f"nothing listens on port {nothing} in the guest".encode() in err
+    assert out.count(b"Handling connection for") == 51
 
 
 async def wait_for_no_targets(c: Cluster) -> None:

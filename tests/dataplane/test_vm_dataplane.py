@@ -18,6 +18,7 @@ import trio
 from dp_harness import Plane, in_process_plane, run_exec
 
 from kibotos.backends import UnitSpec
+from kibotos.dataplane.client import ExecClient
 from kibotos.dataplane.state import Target
 from kibotos.guest import open_guest_channel
 
@@ -112,6 +113,69 @@ async def _copy_in_and_out(plane: Plane, tmp_path: Path) -> None:
     assert hashlib.sha256((tmp_path / "back/big.bin").read_bytes()).hexdigest() == digest
 
 
+async def _http_through_port_forward(plane: Plane) -> None:
+    """``python3 -m http.server`` in the guest (started by exec through the data plane),
+    and 50 concurrent HTTP requests to it through what ``kibo workspace port-forward``
+    runs (`Forwarder`): each on its own connection and guest stream."""
+    from datetime import UTC, datetime
+
+    import httpx
+
+    from kibotos.cli.port_forward_cmds import Forwarder, Mapping, SessionSource
+    from kibotos.dataplane.client import open_exec
+    from kibotos.dataplane.exec_session import ExecRequest
+    from kibotos.dataplane.ports_client import open_port
+    from kibotos.errors import Unavailable
+
+    def session() -> dict[str, object]:
+        credential, claims = plane.key.issue(workspace_id="ws-1", instance_id="inst-1",
+                                             node_id="node-a", operations=("ports",))
+        return {"dataplane_url": plane.url, "credential": credential,
+                "expires_at": datetime.fromtimestamp(claims.exp, UTC).isoformat()}
+
+    serve = ("mkdir -p /tmp/www && for i in $(seq 0 49); do echo page $i > /tmp/www/$i.txt;"
+             " done && exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp/www")
+    async with open_exec(plane.url, plane.credential(), ExecRequest(("sh", "-c", serve))
+                         ) as server, trio.open_nursery() as nursery:
+        nursery.start_soon(_drain_events, server)
+        with trio.fail_after(BOOT_TIMEOUT):  # until the server listens (TCG: seconds)
+            while True:
+                try:
+                    async with open_port(plane.url, session()["credential"], 8000):
+                        break
+                except Unavailable as exc:
+                    if exc.details.get("reason") != "connection_refused":
+                        raise
+                    await trio.sleep(0.5)
+        messages: list[str] = []
+        forwarder = Forwarder(SessionSource(session, session()), [Mapping(0, 8000)],
+                              ["127.0.0.1"], line=lambda text: None, message=messages.append)
+        bound = await nursery.start(forwarder.run)
+        port = bound[0][1]
+        pages: dict[int, bytes] = {}
+
+        async def get(http: httpx.AsyncClient, i: int) -> None:
+            resp = await http.get(f"http://127.0.0.1:{port}/{i}.txt")
+            assert resp.status_code == 200
+            pages[i] = resp.content
+
+        limits = httpx.Limits(max_connections=50, max_keepalive_connections=0)
+        with trio.fail_after(BOOT_TIMEOUT):
+            async with httpx.AsyncClient(timeout=BOOT_TIMEOUT, limits=limits) as http, \
+                    trio.open_nursery() as requests:
+                for i in range(50):
+                    requests.start_soon(get, http, i)
+        assert pages == {i: f"page {i}\n".encode() for i in range(50)}
+        assert messages == []
+        await server.signal("TERM")
+        nursery.cancel_scope.cancel()
+
+
+async def _drain_events(ex: ExecClient) -> None:
+    async for _ in ex.events():
+        pass
+
+
 async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
                                                    run_dir: Path, tmp_path: Path) -> None:
     from kibotos_qemu.backend import QemuVmm
@@ -144,6 +208,8 @@ async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
                 assert result.stdout == b"hi\nthrough org.kibotos.agent.1\n"
                 with trio.fail_after(BOOT_TIMEOUT * 2):
                     await _copy_in_and_out(plane, tmp_path)
+                with trio.fail_after(BOOT_TIMEOUT * 2):
+                    await _http_through_port_forward(plane)
                 # The node's session on the first port was not reset by the data plane's.
                 probe = await node_channel.run(["sh", "-c", f"kill -0 {sleeper.pid}"])
                 assert probe[0].exit_code == 0

@@ -122,7 +122,7 @@ def build_deb(tmp: Path, package: str, version: str, files: dict[str, tuple[byte
 #: A stand-in for busybox-static: answers ``--list`` like the real one.
 FAKE_BUSYBOX = b"""#!/bin/sh
 if [ "$1" = "--list" ]; then
-    printf '%s\\n' busybox sh mount insmod switch_root poweroff usleep cp cat mkdir ln
+    printf '%s\\n' busybox sh mount insmod switch_root poweroff usleep cp cat mkdir ln ip
     exit 0
 fi
 exit 1

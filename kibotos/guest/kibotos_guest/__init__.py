@@ -19,6 +19,8 @@ One module per job:
 * `configure`; `stop`: stop_prepare, sync, thaw; `sysio`: files, mounts, libc calls;
 * `transfers`, `fileops`, `fileinfo`, `bridge`, `tarstream`: the ``files`` requests
   (uploads and downloads in worker threads, directory trees as tar streams);
+* `ports`: the ``ports`` requests (a TCP connection to the guest's loopback as a
+  stream under credit, both ways, half-close kept);
 * `transport`: finding the port, opening devices, the test socket; `cli`: main.
 
 This file stays small: the host imports `framing` through it.
@@ -27,12 +29,12 @@ This file stays small: the host imports `framing` through it.
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-AGENT_VERSION = "0.2.0"
+AGENT_VERSION = "0.3.0"
 DEFAULT_PORT_NAME = "org.kibotos.agent.0"
 CAPABILITIES = (
     "configure.dns", "configure.env", "configure.hostname", "configure.volumes", "exec",
-    "exec.tty", "exec.user", "files", "flow_control", "freeze", "ping", "resize", "signal",
-    "stop_prepare", "sync", "thaw",
+    "exec.tty", "exec.user", "files", "flow_control", "freeze", "ping", "ports", "resize",
+    "signal", "stop_prepare", "sync", "thaw",
 )
 #: The requests of the ``files`` capability (`transfers`, loaded on the first one).
 FILE_REQUESTS = (

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .bridge import Inbound, Outbound, Transfer
     from .core import Agent
     from .loop import Handle
+    from .ports import PortStream
     from .streams import InputStream, OutputStream
 
 #: A host that reads nothing while this much is queued for it is dropped.
@@ -42,7 +43,8 @@ class Channel:
         self.connected = False
         self.closed = False
         self.session = 0
-        self.streams: dict[int, InputStream | OutputStream | Inbound | Outbound] = {}
+        self.streams: dict[int, InputStream | OutputStream | Inbound | Outbound
+                           | PortStream] = {}
         self.transfers: dict[int, Transfer] = {}  # file transfers by stream (`transfers`)
         self._writing = False
         self._timer: Handle | None = None

@@ -1,9 +1,9 @@
 """The agent's shared state (processes, configuration, frozen file systems) and the
 dispatch of requests to their handlers.
 
-Requests are answered by handlers in `processes`, `configure` and `stop`.  The last two
-are imported on their first request: nothing they need is on the way to the first
-hello, which is what a booting guest waits for.
+Requests are answered by handlers in `processes`, `configure`, `stop`, `transfers`
+(files) and `ports`.  All but the first are imported on their first request: nothing
+they need is on the way to the first hello, which is what a booting guest waits for.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class Agent:
         }
         for name in FILE_REQUESTS:
             self._handlers[name] = self._files
+        for name in ("port_open", "port_close"):
+            self._handlers[name] = self._ports
 
     def hello(self) -> dict[str, Any]:
         return {"protocol_version": self.protocol_version, "agent_version": AGENT_VERSION,
@@ -225,6 +227,14 @@ class Agent:
         from .transfers import REQUESTS
 
         return REQUESTS[msg["type"]](self, ch, msg)
+
+    def _ports(self, ch: Channel, msg: dict[str, Any]
+               ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+        from .ports import port_close, port_open
+
+        if msg["type"] == "port_close":
+            return port_close(self, ch, msg)
+        return port_open(self, ch, msg)
 
     def _thaw(self, ch: Channel, msg: dict[str, Any]) -> dict[str, Any]:
         from .stop import thaw_request

@@ -151,7 +151,10 @@ class FrameDecoder:
                 continue
             if len(buf) < HEADER_SIZE + length:
                 break
-            payload = bytes(buf[HEADER_SIZE : HEADER_SIZE + length])
+            # One copy through a view: slicing the bytearray first would copy twice
+            # (and allocate a second buffer as large as the payload).
+            with memoryview(buf) as view:
+                payload = bytes(view[HEADER_SIZE : HEADER_SIZE + length])
             del buf[: HEADER_SIZE + length]
             self._in_garbage = False
             if binascii.crc32(payload) != pcrc:
