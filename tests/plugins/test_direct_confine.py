@@ -70,22 +70,25 @@ async def test_root_with_an_empty_bounding_set_has_no_capabilities(sup):
         await sup.stop(name, timeout=5)
 
 
-async def test_a_unit_joins_its_network_namespace(sup):
-    netns = f"kbt-confine-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", netns], check=True)
+@pytest.fixture
+def netns():
+    name = f"kbt-confine-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield f"/run/netns/{name}"
+    subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+async def test_a_unit_joins_its_network_namespace(sup, netns):
+    name = f"kbt-confine-{uuid.uuid4().hex[:6]}"
+    await sup.start(UnitSpec(name=name, argv=["/bin/sleep", "60"], properties={
+        "NetworkNamespacePath": netns}))
     try:
-        name = f"kbt-confine-{uuid.uuid4().hex[:6]}"
-        info = await sup.start(UnitSpec(name=name, argv=["/bin/sleep", "60"], properties={
-            "NetworkNamespacePath": f"/run/netns/{netns}"}))
-        try:
-            await running_pid(sup, name)
-            info = await sup.describe(name)
-            assert info is not None
-            assert info.netns_inode == os.stat(f"/run/netns/{netns}").st_ino
-        finally:
-            await sup.stop(name, timeout=5)
+        await running_pid(sup, name)
+        info = await sup.describe(name)
+        assert info is not None
+        assert info.netns_inode == os.stat(netns).st_ino
     finally:
-        subprocess.run(["ip", "netns", "del", netns], check=True)
+        await sup.stop(name, timeout=5)
 
 
 @pytest.mark.parametrize(("properties", "message"), [
