@@ -32,7 +32,7 @@ def egress_group() -> None:
 @egress_group.command("serve")
 @click.option("--socket-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The egress socket directory (<node socket dir>-egress, mode 0700, owned "
-                   "by this process's user); the control socket is control.sock in it.")
+                   "by this process's user), where it binds control-<generation>.sock.")
 @click.option("--generation", required=True, type=click.IntRange(min=1),
               help="This process's generation, as the node numbered it.")
 def serve_command(socket_dir: Path, generation: int) -> None:
@@ -57,7 +57,7 @@ def serve_command(socket_dir: Path, generation: int) -> None:
 
 def _run_for_node(config_path: Path, action: str, timeout: float) -> None:
     from kibotos import config as config_mod
-    from kibotos.node.egress.supervisor import list_units, stop_units
+    from kibotos.node.egress.units import list_units, stop_units
     from kibotos.node.instances.setup import supervisor_options
     from kibotos.plugins import load_plugins
 

@@ -4,8 +4,8 @@ It starts with nothing: no state, no sockets.  The node hands over the routing s
 (``state``) and then each Instance's sockets (``sockets``, descriptors attached), and
 may take copies back for the next generation (``give-sockets``).  Requests:
 
-* ``{"type": "status"}`` → ``{generation, build, pid, draining, has_state, version,
-  tunnels, queries, sockets: {instance_id: [role, …]}, counters}``;
+* ``{"type": "status"}`` → ``{generation, build, pid, draining, drain_remaining,
+  has_state, version, tunnels, queries, sockets: {instance_id: [role, …]}, counters}``;
 * ``{"type": "state", generation, resolvers, instances}`` → ``{version}``: the whole
   routing state (`kibotos.egress.state`), replaced at once; sockets of Instances or
   roles it no longer lists are closed;
@@ -131,6 +131,7 @@ class EgressServer:
         self.counters = {"tunnels_opened": 0, "tunnels_refused": 0, "queries_answered": 0,
                          "queries_failed": 0, "queries_dropped": 0}
         self.draining = False
+        self.drain_until: float | None = None  # trio time
         self.version = 0
         self._nursery: trio.Nursery | None = None
         self._done = trio.Event()
@@ -155,6 +156,8 @@ class EgressServer:
     def status(self) -> dict[str, Any]:
         return {"generation": self.settings.generation, "build": build_id(),
                 "pid": os.getpid(), "draining": self.draining,
+                "drain_remaining": None if self.drain_until is None else
+                max(0.0, self.drain_until - trio.current_time()),
                 "has_state": self.state is not None, "version": self.version,
                 "tunnels": len(self.tunnels), "queries": len(self.queries),
                 "sockets": {i: sorted(s) for i, s in self.served.items()},
@@ -358,6 +361,7 @@ class EgressServer:
                                   f"{deadline!r}")
         now = trio.current_time()
         self.tunnels.set_deadline(now + deadline)
+        self.drain_until = min(self.drain_until or now + deadline, now + deadline)
         if not self.draining:
             self.draining = True
             if self.state is not None:
@@ -407,7 +411,7 @@ class EgressServer:
                     = trio.TASK_STATUS_IGNORED) -> None:
         directory = self.settings.socket_dir
         check_socket_dir(directory)
-        control = wire.control_path(directory)
+        control = wire.control_path(directory, self.settings.generation)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(wire.serve, control, self.on_control)

@@ -29,8 +29,8 @@ from kibotos.egress.endpoints import Endpoint, parse_endpoint
 from kibotos.egress.sockets import check_role
 from kibotos.errors import InvalidArgument
 
-#: RFC 1929: a username and a password are 1-255 bytes each.
-Secret = Annotated[StrictStr, Field(min_length=1, max_length=255, repr=False)]
+#: RFC 1929: a username and a password are 1-255 bytes each (and never in a ``repr``).
+Secret = Annotated[StrictStr, Field(min_length=1, max_length=255)]
 
 
 class _Strict(BaseModel):
@@ -43,8 +43,8 @@ class EgressRoute(_Strict):
     name: StrictStr
     revision: StrictInt
     address: StrictStr
-    username: Secret | None = None
-    password: Secret | None = None
+    username: Secret | None = Field(default=None, repr=False)
+    password: Secret | None = Field(default=None, repr=False)
 
     @field_validator("address")
     @classmethod

@@ -1,8 +1,9 @@
 """The egress process's control socket: JSON lines over a unix stream socket, with file
 descriptors (SCM_RIGHTS) beside a line, in both directions.
 
-``<socket dir>-egress/control.sock`` (the directory 0700 and owned by
-``kibotos-egress``, the socket 0600) is where the node talks to its egress process, as
+``<socket dir>-egress/control-<generation>.sock`` (the directory 0700 and owned by
+``kibotos-egress``, the socket 0600; one per generation, so the node reaches a draining
+generation beside the newest) is where the node talks to its egress process, as
 it talks to its data-plane process (`kibotos.dataplane.control`): each request is one
 JSON object on one line, each answer one line, ``{"ok": true, "result": {…}}`` or
 ``{"ok": false, "error": {code, message}}``.  What is new here are descriptors: a line
@@ -45,7 +46,7 @@ from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.egress")
 
-CONTROL_SOCKET = "control.sock"
+CONTROL_SOCKET = "control-{generation}.sock"
 SOCKET_DIR_SUFFIX = "-egress"
 MAX_LINE = 16 << 20
 MAX_SOCKET_PATH = 107
@@ -77,8 +78,8 @@ def socket_dir_of(node_socket_dir: Path) -> Path:
     return node_socket_dir.with_name(node_socket_dir.name + SOCKET_DIR_SUFFIX)
 
 
-def control_path(egress_dir: Path) -> Path:
-    path = egress_dir / CONTROL_SOCKET
+def control_path(egress_dir: Path, generation: int) -> Path:
+    path = egress_dir / CONTROL_SOCKET.format(generation=generation)
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise InvalidArgument(f"unix socket path {path} is longer than {MAX_SOCKET_PATH} "
                               "bytes: choose a shorter node.socket_dir")
@@ -168,8 +169,7 @@ def peer_uid(sock: trio.socket.SocketType) -> int:
 
 
 def _bind(path: Path) -> socket.socket:
-    """Bind at `path`, replacing a socket file a previous generation left (it keeps its
-    own open socket, so it is not disturbed)."""
+    """Bind at `path`, replacing a socket file a process of the same generation left."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             path.unlink()
@@ -190,7 +190,7 @@ def _bind(path: Path) -> socket.socket:
 async def serve(path: Path, handle: Handler, *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Answer requests on `path` until cancelled; the socket file goes on the way out
-    unless a newer generation has bound the path since."""
+    unless another process has bound the path since."""
     listener = trio.socket.from_stdlib_socket(_bind(path))
     inode = os.stat(path).st_ino
     allowed = {0, os.geteuid()}

@@ -37,7 +37,7 @@ async def handler(message: wire.Message) -> wire.Message:
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
-    return wire.control_path(tmp_path)
+    return wire.control_path(tmp_path, 1)
 
 
 async def test_lines_and_descriptors_both_ways(path: Path):
@@ -84,7 +84,7 @@ async def test_another_user_is_refused():
     # the peer check behind them
     base = Path(tempfile.mkdtemp(prefix="kbt-wire-", dir="/tmp"))
     os.chmod(base, 0o755)
-    path = wire.control_path(base)
+    path = wire.control_path(base, 1)
     async with trio.open_nursery() as nursery:
         await nursery.start(wire.serve, path, handler)
         os.chmod(path, 0o666)
