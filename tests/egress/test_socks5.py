@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import trio
-from conftest import banner, free_port
+from loopbed import banner, free_port
 
 from kibotos.egress import socks5
 from kibotos.egress.socks5 import SocksError
