@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pytest
 import trio
 from netbed import LIFETIME, Stopper, World, bound, dns_query, ip
 
@@ -83,7 +84,11 @@ class Socks5Server:
 
     def start(self) -> None:
         binary = shutil.which("microsocks")
-        assert binary is not None, "microsocks (packaging/apt-test-deps.txt)"
+        if binary is None:
+            msg = "the egress tests need microsocks (packaging/apt-test-deps.txt)"
+            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                pytest.fail(msg)
+            pytest.skip(msg)
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", self.world.inet.name, "timeout", str(int(LIFETIME)),
              binary, "-i", SOCKS_ADDRESS, "-p", str(SOCKS_PORT), "-u", self.username,
