@@ -157,9 +157,9 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                     paths: dict[str, Factory] = {
                         "host": lambda: ns.socket_in(world.host, socket.AF_INET,
                                                      socket.SOCK_STREAM),
-                        "direct": lambda: direct.guest.socket(),  # type: ignore[union-attr]
-                        "egress": lambda: egress_instance.guest.socket(),  # type: ignore
-                        "socks": lambda: SocksFromHost(world),  # type: ignore
+                        "direct": lambda: direct.guest.socket(),
+                        "egress": lambda: egress_instance.guest.socket(),
+                        "socks": lambda: SocksFromHost(world),
                     }
                     results = {}
                     for name, make in paths.items():
