@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,7 +138,8 @@ def throughput(make: Factory, mib: int) -> float:
 
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     world = World()
-    records = NetworkRecords(Path("/tmp") / f"kbe-bench-records-{time.time_ns()}")
+    records_dir = Path(tempfile.mkdtemp(prefix="kbe-bench-"))
+    records = NetworkRecords(records_dir)
     direct = egress_instance = None
     try:
         host_table.prepare_host(network_config(), SCOPE, host_netns=world.host)
@@ -178,6 +181,7 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             if instance is not None:
                 instance.close()
         world.close()
+        shutil.rmtree(records_dir, ignore_errors=True)
 
 
 def main() -> None:
