@@ -5,7 +5,8 @@ It starts with nothing: no state, no sockets.  The node hands over the routing s
 may take copies back for the next generation (``give-sockets``).  Requests:
 
 * ``{"type": "status"}`` → ``{generation, build, pid, draining, drain_remaining,
-  has_state, version, tunnels, queries, sockets: {instance_id: [role, …]}, counters}``;
+  has_state, version, credentials (how many routes hold some), tunnels, queries,
+  sockets: {instance_id: [role, …]}, counters}``;
 * ``{"type": "state", generation, resolvers, instances}`` → ``{version}``: the whole
   routing state (`kibotos.egress.state`), replaced at once; sockets of Instances or
   roles it no longer lists are closed;
@@ -159,6 +160,8 @@ class EgressServer:
                 "drain_remaining": None if self.drain_until is None else
                 max(0.0, self.drain_until - trio.current_time()),
                 "has_state": self.state is not None, "version": self.version,
+                "credentials": sum(1 for r in self.routes.values()
+                                   if r.egress is not None and r.egress.authenticated),
                 "tunnels": len(self.tunnels), "queries": len(self.queries),
                 "sockets": {i: sorted(s) for i, s in self.served.items()},
                 "counters": dict(self.counters)}

@@ -135,7 +135,9 @@ async def test_two_build_changes_in_a_row_keep_at_most_two_generations(
         old = await status(node, 1)
         assert old["draining"] is True
         assert old["sockets"] == {}  # it accepts nothing new
+        assert old["credentials"] == 0  # and holds no secret any more
         assert old["tunnels"] == 1
+        assert (await status(node, 2))["credentials"] == 1
         assert (await status(node, 2))["sockets"] == {"inst-gen": ["tcp4", "tcp6"]}
         assert await check(one.works)  # the draining generation keeps it
         two = await check(Echo, instance)  # a new one goes through generation 2
