@@ -20,6 +20,7 @@ _KIBOTOS_GROUPS = {
     "node": "kibotos.cli.node_role_cmds:node_role_group",
     "dev": "kibotos.cli.dev_cmds:dev_group",
     "dataplane": "kibotos.cli.dataplane_cmds:dataplane_group",
+    "egress": "kibotos.cli.egress_cmds:egress_group",
     "plugins": "kibotos.cli.plugins_cmds:plugins_group",
 }
 _KIBO_GROUPS = {

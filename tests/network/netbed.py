@@ -43,7 +43,9 @@ from kibotos.node.network.tap import TAP_FLAGS, create_tap, open_tap
 LIFETIME = 300.0
 HOSTS_80 = ("198.18.0.1", "198.18.1.1", "198.18.1.2", "169.254.169.254", "2001:2::1")
 #: The names the test DNS responder knows.
-DNS_NAMES = {"files.test.": "198.18.1.1", "www.test.": "198.18.0.1"}
+DNS_NAMES = {"files.test.": "198.18.1.1", "www.test.": "198.18.0.1",
+             # the egress tests' SOCKS5 server and Resolver upstream (egressbed)
+             "socks.test.": "198.18.1.2", "upstream.test.": "198.18.1.2"}
 TEST_NETNS_DIR = Path("/run/netns")
 
 

@@ -111,8 +111,19 @@ def test_a_policy_is_strict_and_canonical():
         parse_policy({"allow_out": ["10.0.0.1/8"]})
     with pytest.raises(InvalidArgument, match="public_egress: Input should be a valid boolean"):
         parse_policy({"public_egress": "true"})
-    with pytest.raises(InvalidArgument, match="egress: unknown key"):
+    with pytest.raises(InvalidArgument, match="proxy: unknown key"):
+        parse_policy({"proxy": "socks.test:1080"})
+    with pytest.raises(InvalidArgument, match="egress: Input should be a valid dictionary"):
         parse_policy({"egress": "proxy"})
+    with pytest.raises(InvalidArgument, match="a resolver via the egress needs the policy's "
+                                              "egress"):
+        parse_policy({"resolver": {"name": "r", "revision": 1, "upstream": "192.0.2.9",
+                                   "via_egress": True}})
+    # a policy without them is recorded as before they existed
+    assert set(NetworkPolicy().to_record()) == {"public_egress", "allow_out", "deny_out"}
+    referencing = parse_policy({"egress": {"name": "corp", "revision": 3,
+                                           "address": "socks.test:1080"}})
+    assert parse_policy(referencing.to_record()) == referencing
 
 
 def test_what_this_node_cannot_enforce():
@@ -217,6 +228,28 @@ def test_the_table_names_every_rule_and_fills_the_sets(tmp_path: Path):
     assert "kibotos/1:no-public-egress" in closed
     script = slot_table.replace_script(table)
     assert script.startswith("table inet kibotos\ndelete table inet kibotos\ntable inet")
+    assert "redirect" not in text
+    assert "th dport 15001" not in text
+
+
+def test_the_table_steers_to_the_egress_process_only_when_the_policy_says(tmp_path: Path):
+    egress = {"name": "corp", "revision": 1, "address": "198.18.1.2:1080"}
+    resolver = {"name": "r", "revision": 1, "upstream": "192.0.2.9"}
+    both = slot_table.render(inputs(NetworkPolicy(egress=egress, resolver=resolver),
+                                    tmp_path))
+    ids = re.findall(r"kibotos/1:([a-z0-9-]+)", both)
+    # the never-reachable destinations skip the redirect (the forward chain rejects
+    # them), allowed ones are redirected before denied ones skip it
+    assert ids.index("egress-skip-reserved4") < ids.index("egress-allow4") < ids.index(
+        "egress-skip-deny4") < ids.index("egress4")
+    assert "redirect to :15001" in both
+    assert "ct status dnat meta l4proto tcp th dport 15001 accept" in both
+    assert "dnat ip to 192.0.2.53" not in both  # a Resolver: no DNAT to the deployment's
+    assert "kibotos/1:resolver4" in both
+    assert "kibotos/1:resolver6" in both
+    only_resolver = slot_table.render(inputs(NetworkPolicy(resolver=resolver),
+                                             tmp_path / "r"))
+    assert "redirect" not in only_resolver
 
 
 def _listing(*extra: dict) -> list[dict]:
@@ -261,3 +294,7 @@ def test_what_the_guest_is_told_to_configure(tmp_path: Path):
             {"family": "ipv6", "address": "fd00:6b69::3", "prefix": 127,
              "gateway": "fd00:6b69::2"}],
         "resolvers": ["10.200.0.2"]}  # the gateway, for the family a resolver has
+    own = NetworkPolicy(resolver={"name": "r", "revision": 1, "upstream": "192.0.2.9"})
+    record = NetworkRecords(tmp_path).allocate("inst-r", SCOPE, section(), own, [])
+    # with a Resolver the egress process answers on both gateways
+    assert guest_interface_config(record)["resolvers"] == ["10.200.0.6", "fd00:6b69::6"]

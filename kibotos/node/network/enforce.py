@@ -20,7 +20,7 @@ from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
 from kibotos.node.network import nft
 from kibotos.node.network.names import NETNS_DIR
-from kibotos.node.network.policy import NetworkPolicy, why_not_enforceable
+from kibotos.node.network.policy import NetworkPolicy, parse_policy, why_not_enforceable
 from kibotos.node.network.records import NetworkFacts, NetworkRecord, NetworkRecords
 from kibotos.node.network.slot_table import TableInputs, isolation_script, replace_script
 from kibotos.node.network.table_check import TableReport, check
@@ -146,10 +146,13 @@ def guest_interface_config(record: NetworkRecord) -> dict[str, Any]:
     families = [{"family": "ipv4" if link.guest.version == 4 else "ipv6",
                  "address": str(link.guest), "prefix": link.prefix,
                  "gateway": str(link.gateway)} for link in record.slot.families()]
+    # with a Resolver the egress process answers on every family's gateway; without
+    # one a gateway answers only where the kernel has a deployment resolver to DNAT to
+    own_resolver = parse_policy(record.policy).resolver is not None
     return {"addresses": families,
             "resolvers": [str(link.gateway) for link in record.slot.families()
-                          if any(_family(r) == link.guest.version
-                                 for r in record.facts.resolvers)]}
+                          if own_resolver or any(_family(r) == link.guest.version
+                                                 for r in record.facts.resolvers)]}
 
 
 def _family(address: str) -> int:

@@ -30,6 +30,11 @@ NS_VETH = "veth0"
 #: The node's slot table in each Instance namespace.
 TABLE_FAMILY = "inet"
 TABLE = "kibotos"
+#: Inside an Instance namespace with an Egress: the port of the egress process's
+#: listener on the gateway address, where the slot table redirects the guest's TCP.
+EGRESS_PORT = 15001
+#: A Resolver's DNS sockets: the gateway's own port 53 (what the guest asks anyway).
+DNS_PORT = 53
 
 _SCOPE = re.compile(r"[0-9a-f]{8}")
 

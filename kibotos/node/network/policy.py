@@ -10,17 +10,33 @@ nothing to act on.
 Whatever the policy says, a guest never reaches the management CIDRs, the host's own
 addresses, the other Instances (the pools), and the ranges in `cidrs.NEVER_REACHABLE_4`
 and ``_6``: those drops come before the allow list.
+
+An `egress` (a caller's SOCKS5 server, by name and revision) takes the guest's TCP:
+the slot table redirects it to the egress process, which tunnels it through the
+SOCKS5 server, whatever `public_egress` says (the lists and the never-reachable
+ranges still apply to the destination).  A `resolver` takes the guest's DNS: the
+egress process answers on the gateway's port 53 instead of the kernel forwarding to
+the deployment resolver.  The references carry no secret (`kibotos.protocol`'s
+`EgressRef` and `ResolverRef`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kibotos import cidrs
 from kibotos.errors import InvalidArgument
 from kibotos.network_config import NetworkSection
+from kibotos.protocol.commands.network import EgressRef, ResolverRef
 
 #: The largest allow_out/deny_out list accepted (a set element each; kept small so a
 #: table stays quick to write and read back).
@@ -33,11 +49,19 @@ class NetworkPolicy(BaseModel):
     public_egress: bool = True
     allow_out: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES)
     deny_out: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    egress: EgressRef | None = None
+    resolver: ResolverRef | None = None
 
     @field_validator("allow_out", "deny_out")
     @classmethod
     def _cidrs(cls, v: list[str]) -> list[str]:
         return [str(cidrs.parse_network(c, f"entry {i}")) for i, c in enumerate(v)]
+
+    @model_validator(mode="after")
+    def _resolver_egress(self) -> NetworkPolicy:
+        if self.resolver is not None and self.resolver.via_egress and self.egress is None:
+            raise ValueError("a resolver via the egress needs the policy's egress")
+        return self
 
     def allowed(self, family: cidrs.Family) -> list[cidrs.Network]:
         return cidrs.of_family((_net(c) for c in self.allow_out), family)
@@ -46,7 +70,13 @@ class NetworkPolicy(BaseModel):
         return cidrs.of_family((_net(c) for c in self.deny_out), family)
 
     def to_record(self) -> dict[str, Any]:
-        return self.model_dump()
+        """The record's form; a policy without an egress or resolver is written as
+        before they existed, so its record (and what reads it) does not change."""
+        value = self.model_dump()
+        for key in ("egress", "resolver"):
+            if value[key] is None:
+                del value[key]
+        return value
 
 
 def _net(value: str) -> cidrs.Network:

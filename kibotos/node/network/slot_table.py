@@ -26,6 +26,19 @@ What the chains do, in order (forward, the guest's traffic):
 The namespace itself (input, output) accepts only loopback, replies, neighbour discovery
 and pings of the gateway.  The postrouting chain masquerades the guest to the
 namespace's veth address.
+
+Steering to the egress process (`kibotos.egress`), whose sockets the node opens in the
+namespace on the gateway address:
+
+* with an Egress, the prerouting chain redirects the guest's TCP to ``EGRESS_PORT``,
+  except to the never-reachable destinations (reserved, other Instances, management,
+  the uplink's own) and, unless allowed, to ``deny``: those go on to the forward chain,
+  which rejects them as before.  The input chain accepts only redirected connections
+  from the guest's own address there.  No TCP of the guest leaves directly, whatever
+  ``public_egress`` says; when the egress process is down, nothing listens and the
+  guest's connection is refused (fail closed);
+* with a Resolver, DNS to the gateway is not DNAT'd to the deployment resolver: the
+  input chain accepts it for the egress process's sockets on the gateway's port 53.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from dataclasses import dataclass
 
 from kibotos import cidrs
 from kibotos.network_config import NetworkSection
-from kibotos.node.network.names import NS_VETH, TABLE, TABLE_FAMILY, TAP
+from kibotos.node.network.names import DNS_PORT, EGRESS_PORT, NS_VETH, TABLE, TABLE_FAMILY, TAP
 from kibotos.node.network.policy import NetworkPolicy, parse_policy
 from kibotos.node.network.records import NetworkFacts, NetworkRecord
 from kibotos.node.network.slots import SlotAddresses
@@ -137,15 +150,24 @@ def chains(inputs: TableInputs) -> dict[str, tuple[str, list[tuple[str, str]]]]:
            ("outbound", f"oifname != {veth} drop"),
            ("spoof4", "meta nfproto ipv4 ip saddr != @guest4 drop"),
            ("spoof6", "meta nfproto ipv6 ip6 saddr != @guest6 drop")]
+    policy = inputs.policy
     for link in inputs.slot.families():
         v, ip = (4, "ip") if link.guest.version == 4 else (6, "ip6")
         icmp = "icmp" if v == 4 else "icmpv6"
         resolver = _first(inputs.facts.resolvers, v)
-        if resolver is not None:
+        if policy.resolver is not None:
+            inp.append((f"resolver{v}", f"iifname {tap} {ip} saddr @guest{v} {ip} daddr "
+                                        f"{link.gateway} meta l4proto {{ tcp, udp }} th dport "
+                                        f"{DNS_PORT} accept"))
+        elif resolver is not None:
             pre.append((f"dns{v}", f"iifname {tap} {ip} daddr {link.gateway} meta l4proto "
                                    f"{{ tcp, udp }} th dport 53 dnat {ip} to {resolver}"))
             fwd.append((f"dns{v}", f"ct status dnat {ip} daddr @resolver{v} meta l4proto "
                                    "{ tcp, udp } th dport 53 accept"))
+        if policy.egress is not None:
+            pre += _egress_steering(tap, v, ip)
+            inp.append((f"egress{v}", f"iifname {tap} {ip} saddr @guest{v} ct status dnat "
+                                      f"meta l4proto tcp th dport {EGRESS_PORT} accept"))
         post.append((f"masquerade{v}", f"oifname {veth} {ip} saddr @guest{v} masquerade"))
         inp.append((f"ping{v}", f"iifname {tap} {ip} daddr {link.gateway} {icmp} type "
                                 "echo-request accept"))
@@ -165,6 +187,19 @@ def chains(inputs: TableInputs) -> dict[str, tuple[str, list[tuple[str, str]]]]:
             "postrouting": (nat.format("postrouting", "srcnat"), post),
             "input": (flt.format("input"), inp), "output": (flt.format("output"), out),
             "forward": (flt.format("forward"), fwd)}
+
+
+def _egress_steering(tap: str, v: int, ip: str) -> list[tuple[str, str]]:
+    """Prerouting rules that redirect the guest's TCP of one family to the egress
+    process; destinations it must never reach, and denied ones, are left for the
+    forward chain to reject."""
+    skip = [(f"egress-skip-{name}{v}", f"iifname {tap} {ip} daddr @{name}{v} return")
+            for name in ("reserved", "instances", "management", "uplink")]
+    redirect = f"meta l4proto tcp redirect to :{EGRESS_PORT}"
+    return [*skip,
+            (f"egress-allow{v}", f"iifname {tap} {ip} daddr @allow{v} {redirect}"),
+            (f"egress-skip-deny{v}", f"iifname {tap} {ip} daddr @deny{v} return"),
+            (f"egress{v}", f"iifname {tap} meta nfproto ipv{v} {redirect}")]
 
 
 def render(inputs: TableInputs) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kibotos.sdk import atomicfile, procfs
+from kibotos_direct import confine
 
 
 def _reset_signals() -> None:
@@ -61,6 +62,10 @@ def launch(request: dict[str, Any]) -> dict[str, Any]:
     log_path = Path(request["log_path"])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _reset_signals()
+    try:
+        confinement = confine.plan(request["properties"])
+    except ValueError as exc:
+        return {"error": f"unit property: {exc}"}
     with open(log_path, "ab") as log:
         try:
             proc = subprocess.Popen(
@@ -72,8 +77,10 @@ def launch(request: dict[str, Any]) -> dict[str, Any]:
                 env=request["env"],
                 start_new_session=True,
                 close_fds=True,
+                # the launcher is single-threaded, so a pre-exec function is safe here
+                preexec_fn=lambda: confine.apply(confinement),
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
     record: dict[str, Any] = {
         "name": request["name"],

@@ -13,9 +13,14 @@ lives in the state directory, so a new supervisor object (a restarted node) sees
 same units.  Blocking work (/proc scans, the launcher, file writes) runs in a worker
 thread (`trio.to_thread.run_sync`) so the node's event loop never stalls.
 
-What it cannot do, unlike systemd: resource properties (no cgroups of its own; they
-are recorded, not applied), the exit status of a unit (it is not the parent; ``result``
-is ``gone``), and processes of the unit that leave its process group escape `stop`.
+Identity properties are applied as systemd applies them (`kibotos_direct.confine`:
+``User``, ``Group``, ``SupplementaryGroups``, ``NoNewPrivileges``,
+``CapabilityBoundingSet``, ``NetworkNamespacePath``), so a unit meant to run without
+privileges runs without them here too.  What it cannot do, unlike systemd: resource
+and sandbox properties (no cgroups or mount namespaces of its own: ``MemoryMax``,
+``ProtectSystem``, ``ReadWritePaths`` … are recorded, not applied), the exit status
+of a unit (it is not the parent; ``result`` is ``gone``), and processes of the unit
+that leave its process group escape `stop`.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from kibotos.sdk import (
     backend_options,
     procfs,
 )
+from kibotos_direct import confine
 
 _NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}")
 #: systemd's default PATH for services; the node's own environment is not inherited.
@@ -101,6 +107,10 @@ class DirectSupervisor(Supervisor):
         argv = [str(a) for a in spec.argv]
         if not argv:
             raise InvalidArgument(f"unit {name}: argv is empty")
+        try:
+            confine.plan(spec.properties)
+        except ValueError as exc:
+            raise InvalidArgument(f"unit {name}: {exc}") from None
         async with self._lock(name):
             previous = await trio.to_thread.run_sync(self._read_record, name)
             if previous is not None:
