@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from kibotos.errors import FailedPrecondition
 from kibotos.node.instances.contract import CommandHandler
 from kibotos.protocol import (
     CreateSpec,
@@ -23,11 +24,22 @@ from kibotos.protocol import (
     ObjectExpandArgs,
     ObjectExportArgs,
     ObjectImportArgs,
+    SetNetworkArgs,
     StopArgs,
     VolumeCreateArgs,
     VolumeDeleteArgs,
     parse_args,
 )
+
+
+def _no_network(instance_id: str) -> FailedPrecondition:
+    """This node version starts Instances without a network interface: a create that
+    asks for one, or a network switch, is refused before anything is written, never
+    accepted and silently ignored (ctrl shows the refusal; docs/network.md)."""
+    return FailedPrecondition(
+        f"instance {instance_id}: this node starts Instances without a network "
+        "(Workspace networking is not yet wired into the node's Instance lifecycle)",
+        details={"reason": "no_network", "instance_id": instance_id})
 
 
 class StorageTarget(Protocol):
@@ -69,7 +81,13 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
     storage: StorageTarget | None = getattr(target, "storage", None)
 
     async def create(args: dict[str, Any]) -> dict[str, Any]:
-        return await target.create(parse_args(CreateSpec, args))
+        spec = parse_args(CreateSpec, args)
+        if spec.network is not None:
+            raise _no_network(spec.instance_id)
+        return await target.create(spec)
+
+    async def set_network(args: dict[str, Any]) -> dict[str, Any]:
+        raise _no_network(parse_args(SetNetworkArgs, args).instance_id)
 
     async def stop(args: dict[str, Any]) -> dict[str, Any]:
         parsed = parse_args(StopArgs, args)
@@ -89,6 +107,7 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
 
     return {CreateSpec.KIND: create, StopArgs.KIND: stop, DestroyArgs.KIND: destroy,
             LayerDeleteArgs.KIND: layer_delete, DrainArgs.KIND: drain,
+            SetNetworkArgs.KIND: set_network,
             **(storage_handlers(storage) if storage is not None else {})}
 
 
