@@ -5,8 +5,9 @@ renderer prints rich's ``ASCII2`` box with no colour and no wrapping.  That text
 simple enough to write directly, and rich's import (about 0.05 s) was a fifth of a
 ``kibo node list``.  So the plain path writes it here, byte for byte what rich prints,
 and rich is imported only for a terminal, or for text this module does not claim to
-lay out as rich would: anything but printable ASCII (wide characters, control
-characters), or a title longer than its table (rich wraps it).  Then it returns None
+lay out as rich would: characters outside a few ranges known to be one cell wide
+(wide characters, combining marks, control characters), or a title longer than its
+table (rich wraps it).  Then it returns None
 and the caller asks rich.  tests/cli/test_cli_plain_text.py compares the two on
 generated tables.
 """
@@ -16,8 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def _narrow(char: str) -> bool:
+    code = ord(char)
+    return ((code < 0x300 and code != 0xAD)  # Latin, IPA; no soft hyphen, no combining
+            or 0x2010 <= code <= 0x2027      # dashes, quotes, bullets, the ellipsis
+            or 0x2190 <= code <= 0x21FF)     # arrows
+
+
 def _plain(text: str) -> bool:
-    return text.isascii() and text.isprintable()
+    """Printable text whose every character takes one cell in rich as in a terminal
+    (printable ASCII, and the few other ranges kibo prints, such as ``±`` and ``×``);
+    anything else is rich's to measure."""
+    if text.isascii():
+        return text.isprintable()
+    return text.isprintable() and all(_narrow(c) for c in text)
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[str]],

@@ -20,8 +20,12 @@ from kibotos.cli.output import Section, rich_sections, rich_table
 
 # Printable ASCII with spaces (rich keeps them inside cells) and the characters the
 # renderers care about: the box's own ``|+-`` and the label's ``:``.
-CELL = st.text(alphabet=string.ascii_letters + string.digits + " -_|+:./=", max_size=12)
-TITLE = st.text(alphabet=string.ascii_letters + " -", min_size=1, max_size=40)
+# Beyond ASCII: the one-cell characters the plain writer claims (kibo prints ``±`` and
+# ``×``), checked against rich's own widths below.
+NARROW = "±×éß·…–→ŝ"
+CELL = st.text(alphabet=string.ascii_letters + string.digits + " -_|+:./=" + NARROW,
+               max_size=12)
+TITLE = st.text(alphabet=string.ascii_letters + " -" + NARROW, min_size=1, max_size=40)
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +77,17 @@ def test_a_snapshot_table_and_an_empty_one() -> None:
         ["A"], [], None)
 
 
-@pytest.mark.parametrize("cell", ["naïve", "wide 表", "tab\there", "new\nline", "\x1b[31m"])
+def test_every_character_claimed_is_one_cell_for_rich() -> None:
+    from rich.cells import cell_len
+
+    claimed = [chr(c) for c in range(0x20, 0x2200) if plain_text.table([chr(c)], [], None)]
+    assert len(claimed) > 600
+    assert [c for c in claimed if cell_len(c) != 1] == []
+    assert not {"\xad", "\u0301", "\u200b"} & set(claimed)
+
+
+@pytest.mark.parametrize("cell", ["wide 表", "e\u0301", "zero\u200bwidth", "tab\there",
+                                  "new\nline", "\x1b[31m", "\xa0nbsp", "soft\xadhyphen"])
 def test_text_beyond_printable_ascii_is_left_to_rich(cell: str) -> None:
     assert plain_text.table(["A"], [[cell]], None) is None
     assert plain_text.table([cell], [], None) is None
