@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long a whole ``kibo`` process takes, beside the Python start-up floor.
 
-    .venv/bin/python bench/cli.py [--runs 15] [--json]
+    .venv/bin/python bench/cli.py [--runs 15] [--baseline DIR] [--json]
 
 A one-node dev cluster on loopback (``kibotos.dev.cluster.DevCluster``) whose node runs
 the light test VMM (``testvmm``, tests/testplugins: the real node path with the guest
@@ -16,10 +16,16 @@ from elsewhere on the machine falls on all of them alike):
     kibo workspace exec WS -- true   the exec handshake with the node's data plane, a
                                      process run in the guest, its exit status
 
-Each is the whole process, start to exit, as a person at a terminal waits for it: wall
-time (median and min of the runs) and CPU (user + system of the child), and the wall
-time's ratio to the floor.  Target (issue 14, item 3): each ``kibo`` command within
-0.25 s of wall time on the 2-core test machine.
+Each is the whole process, start to exit, as a person at a terminal waits for it (its
+output read through pipes, as a script reads it): wall time (median and min of the
+runs) and CPU (user + system of the child), and the wall time's ratio to the floor.
+Target (issue 14, item 3): each ``kibo`` command within 0.25 s of wall time on the
+2-core test machine.
+
+``--baseline DIR`` also times the three commands of another checkout (say
+``git worktree add /tmp/kibo-before <rev>``) in the same rounds, against the same
+cluster, with DIR first on ``PYTHONPATH`` (``python -c "from kibotos.cli.main import
+kibo_main; kibo_main()"``): a before/after under the same load.
 
 Measured on the 2-core test machine, shared with other runs (load average given), 15
 rounds, medians of wall time:
@@ -97,11 +103,12 @@ def create_workspace(cluster: DevCluster) -> str:
 
 def time_process(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall and CPU seconds of one process, its output read through pipes (as a script
-    or a test sees it) and checked: a failing command is no timing."""
+    or a test sees it) and checked: a failing command is no timing.  It runs in / so
+    that no checkout in the working directory shadows the kibotos it should import."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,
-                          check=False, timeout=60)
+                          cwd="/", check=False, timeout=60)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -111,24 +118,38 @@ def time_process(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def measure(cluster: DevCluster, workspace: str, runs: int) -> list[Timing]:
+KIBO_ARGS = {
+    "kibo workspace list": ["workspace", "list"],
+    "kibo node list": ["node", "list"],
+    "kibo workspace exec WS -- true": ["workspace", "exec", "WS", "--", "true"],
+}
+
+
+def measure(cluster: DevCluster, workspace: str, runs: int,
+            baseline: Path | None) -> list[Timing]:
     env = {**os.environ, "KIBO_CONFIG": str(cluster.layout.kibo_config)}
     env.pop("COLUMNS", None)
-    kibo = script("kibo")
-    commands = {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        "python -c 'import kibotos'": [sys.executable, "-c", "import kibotos"],
-        "kibo workspace list": [kibo, "workspace", "list"],
-        "kibo node list": [kibo, "node", "list"],
-        "kibo workspace exec WS -- true": [kibo, "workspace", "exec", workspace, "--",
-                                           "true"],
+    env.pop("KIBO_ASCII", None)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {
+        "python -c pass": ([sys.executable, "-c", "pass"], env),
+        "python -c 'import kibotos'": ([sys.executable, "-c", "import kibotos"], env),
     }
+    for name, args in KIBO_ARGS.items():
+        args = [workspace if a == "WS" else a for a in args]
+        commands[name] = ([script("kibo"), *args], env)
+    if baseline is not None:
+        old_env = {**env, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(baseline), env.get("PYTHONPATH")]))}
+        entry = [sys.executable, "-c", "from kibotos.cli.main import kibo_main; kibo_main()"]
+        for name, args in KIBO_ARGS.items():
+            args = [workspace if a == "WS" else a for a in args]
+            commands[f"{name} (baseline)"] = ([*entry, *args], old_env)
     timings = {name: Timing(name, [], []) for name in commands}
-    for argv in commands.values():  # one unmeasured round: page cache, .pyc files
-        time_process(argv, env)
+    for argv, cmd_env in commands.values():  # one unmeasured round: page cache, .pyc
+        time_process(argv, cmd_env)
     for _ in range(runs):
-        for name, argv in commands.items():
-            wall, cpu = time_process(argv, env)
+        for name, (argv, cmd_env) in commands.items():
+            wall, cpu = time_process(argv, cmd_env)
             timings[name].wall.append(wall)
             timings[name].cpu.append(cpu)
     return list(timings.values())
@@ -144,20 +165,26 @@ def report(timings: list[Timing], as_json: bool) -> None:
         return
     print(f"load average {load:.2f}; {len(timings[0].wall)} runs each; "
           f"target for kibo: <= {TARGET:.2f} s wall")
-    print(f"{'process':<32} {'wall median':>12} {'wall min':>9} {'cpu median':>11} "
+    width = max(len(row["name"]) for row in rows)
+    print(f"{'process':<{width}} {'wall median':>12} {'wall min':>9} {'cpu median':>11} "
           f"{'x floor':>8}")
     for row in rows:
-        print(f"{row['name']:<32} {row['wall_median_s']:>10.3f} s {row['wall_min_s']:>7.3f} s"
-              f" {row['cpu_median_s']:>9.3f} s {row['ratio_to_floor']:>7.2f}x")
+        print(f"{row['name']:<{width}} {row['wall_median_s']:>10.3f} s "
+              f"{row['wall_min_s']:>7.3f} s {row['cpu_median_s']:>9.3f} s "
+              f"{row['ratio_to_floor']:>7.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="a checkout of another revision whose kibo is timed beside")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.baseline is not None and not (args.baseline / "kibotos/cli/main.py").is_file():
+        parser.error(f"--baseline {args.baseline} is not a kibotos checkout")
     # A short directory: the guest agent's unix socket lives in the Instance directory.
     base = Path(tempfile.mkdtemp(prefix="kbc", dir="/tmp"))
     cluster = DevCluster(base / "c", timeout=120)
@@ -167,7 +194,7 @@ def main() -> None:
                    node_env=NODE_ENV)
         workspace = create_workspace(cluster)
         print(f"timing against Workspace {workspace} ...", file=sys.stderr)
-        timings = measure(cluster, workspace, args.runs)
+        timings = measure(cluster, workspace, args.runs, args.baseline)
     finally:
         cluster.down(grace=10)
         shutil.rmtree(base, ignore_errors=True)
