@@ -3,7 +3,7 @@
 One place translates everything foreign into `kibotos.errors`: an ``{"error": …}``
 response becomes the class its code names (`error_from_wire`), a refused or dropped
 connection becomes `Unavailable` naming the URL, a timeout `DeadlineExceeded`.  Nothing
-above this module sees a socket or `http.client` exception.  The connection itself
+above this module sees a socket or protocol exception.  The connection itself
 (TLS verification, proxies, keep-alive) is `kibotos.cli.http_transport`: the standard
 library, because httpx's import alone cost every command a quarter of a second.
 
@@ -15,7 +15,6 @@ few times (reads are safe, writes are replays); HTTP errors are not.
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -168,21 +167,21 @@ class Client:
         while True:
             timeout = self._timeout()
             try:
-                answer, data = self._http.request(
+                answer = self._http.request(
                     method, target, body=encoded if content is None else content(),
                     headers=sent, timeout=timeout)
             except TimeoutError:
                 raise DeadlineExceeded(
                     f"ctrl at {self.base_url} did not answer {method} {path} "
                     f"within {timeout:g}s") from None
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:
                 if attempt < len(RETRY_PAUSES) and not self._would_overrun(attempt):
                     time.sleep(RETRY_PAUSES[attempt])
                     attempt += 1
                     continue
                 raise Unavailable(f"cannot reach ctrl at {self.base_url}: "
                                   f"{_describe_transport_error(exc)}") from None
-            return Response(answer.status, answer.reason, data)
+            return Response(answer.status, answer.reason, answer.content)
 
     def _would_overrun(self, attempt: int) -> bool:
         remaining = self.deadline.remaining()

@@ -34,12 +34,8 @@ from typing import Any
 import click
 
 from kibotos import ids
-from kibotos.cli.exec_relay import FORWARDED_SIGNALS, INTERRUPTS_TO_LEAVE, GlobalDeadline, relay
 from kibotos.cli.options import Invocation, kibo_options
 from kibotos.errors import DeadlineExceeded, InvalidArgument
-
-__all__ = ["FORWARDED_SIGNALS", "INTERRUPTS_TO_LEAVE", "exec_command", "parse_env",
-           "raw_terminal"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -93,6 +89,8 @@ def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty:
         raise InvalidArgument(f"--cwd {cwd!r} must be an absolute path")
     if tty and "TERM" not in env and os.environ.get("TERM"):
         env["TERM"] = os.environ["TERM"]
+    from kibotos.cli.exec_relay import GlobalDeadline, relay  # not for the rest of `workspace`
+
     session: dict[str, Any] = inv.client().post(
         f"/v1/workspaces/{workspace}/sessions", {"operations": ["exec"]}, write=False)
     raw = tty and os.isatty(0)

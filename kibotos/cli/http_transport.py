@@ -1,10 +1,12 @@
-"""The operator CLI's HTTP/1.1 connection to ctrl, on the standard library.
+"""The operator CLI's HTTP/1.1 connection to ctrl: a socket and h11.
 
 ``kibo`` used httpx, whose import (with httpcore, which imports trio, anyio and h2 when
 they are installed, as they are here) cost about 0.25 s of every command.  A CLI
-command sends a handful of requests to one address, so `http.client` with one
-keep-alive connection does the whole job in a few milliseconds of import.  What httpx
-did for kibo, this module keeps:
+command sends a handful of requests to one address, so one kept-alive socket with h11
+(the sans-I/O HTTP/1.1 state machine under httpcore itself, and under wsproto, which
+``kibo workspace exec`` needs anyway) does the whole job; `http.client` would cost
+twice h11's import (its email parser, and ssl even for ``http://``).  What httpx did
+for kibo, this module keeps:
 
 * **certificate verification** as httpx does it: a default TLS context (hostname
   checked, certificate required) trusting ``$SSL_CERT_FILE``, else ``$SSL_CERT_DIR``,
@@ -18,14 +20,14 @@ did for kibo, this module keeps:
 * a kept-alive connection that the server closed meanwhile is not used for the next
   request (httpx's pool checks the same), so an idle close costs no retry.
 
-Errors stay foreign here (`OSError`, `http.client.HTTPException`, `TimeoutError`):
-`kibotos.cli.client` is the one place that translates them.
+Errors stay low-level here: `TimeoutError`, `ConnectError` (the connection could not
+be made), other `OSError` (including `ProtocolError`); `kibotos.cli.client` is the one
+place that translates them.
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import os
 import select
 import socket
@@ -33,6 +35,8 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import h11
 
 from kibotos.errors import InvalidArgument
 
@@ -150,83 +154,150 @@ def proxy_for(target: Target) -> Proxy | None:
     return Proxy(parts.hostname, parts.port or 80, authorization)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What the server answered: status line and the whole body."""
+
+    status: int
+    reason: str
+    content: bytes
+
+
+class ProtocolError(OSError):
+    """The answer broke HTTP/1.1, or the connection ended in the middle of it (a
+    transport failure to the caller, like a reset)."""
+
+
 class Connection:
     """One kept-alive connection to `target` (through its proxy, if any), opened on
-    first use and again after it broke."""
+    first use and again after it broke.  HTTP/1.1 is h11's (the sans-I/O parser the
+    data plane and wsproto already use), on a plain or TLS socket."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.proxy = proxy_for(target)
-        self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
+        self._http: h11.Connection | None = None
         self._tls: ssl.SSLContext | None = None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._http = None
 
     def request(self, method: str, path: str, *, body: bytes | Iterable[bytes] | None,
-                headers: Mapping[str, str], timeout: float) -> tuple[
-                    http.client.HTTPResponse, bytes]:
+                headers: Mapping[str, str], timeout: float) -> Answer:
         """Send one request and read the whole answer; any failure closes the
         connection (the next request opens a new one) and propagates."""
-        conn = self._connection(timeout)
         target = path
+        sent = {"Host": self.target.netloc, **headers}
         if self.proxy is not None and self.target.scheme == "http":
             target = f"http://{self.target.netloc}{path}"  # absolute form for the proxy
-        sent = dict(headers)
-        if self.proxy is not None and self.proxy.authorization and \
-                self.target.scheme == "http":
-            sent["Proxy-Authorization"] = self.proxy.authorization
+            if self.proxy.authorization:
+                sent["Proxy-Authorization"] = self.proxy.authorization
+        if isinstance(body, bytes):
+            sent["Content-Length"] = str(len(body))
+        elif body is None and method in ("POST", "PUT", "PATCH"):
+            sent["Content-Length"] = "0"
+        sock, conn = self._connection(timeout)
         try:
-            conn.request(method, target, body=body, headers=sent)
-            response = conn.getresponse()
-            data = response.read()
+            sock.sendall(conn.send(h11.Request(method=method, target=target,
+                                               headers=list(sent.items()))))
+            for chunk in [body] if isinstance(body, bytes) else body or ():
+                if chunk:
+                    sock.sendall(conn.send(h11.Data(data=chunk)))
+            sock.sendall(conn.send(h11.EndOfMessage()))
+            answer = _read_answer(sock, conn)
+        except h11.ProtocolError as exc:
+            self.close()
+            raise ProtocolError(str(exc) or type(exc).__name__) from None
         except BaseException:
             self.close()
             raise
-        if response.will_close:
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+        else:
             self.close()
-        return response, data
+        return answer
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        conn = self._conn
-        if conn is not None and (conn.sock is None or _readable(conn.sock)):
+    def _connection(self, timeout: float) -> tuple[socket.socket, h11.Connection]:
+        if self._sock is not None and _readable(self._sock):
             # The server closed it while idle (or sent something unasked): start afresh.
             self.close()
-            conn = None
-        if conn is None:
-            conn = self._open(timeout)
-            try:
-                conn.connect()
-            except TimeoutError:
-                conn.close()
-                raise
-            except OSError as exc:
-                conn.close()
-                raise ConnectError(str(exc) or type(exc).__name__) from exc
-            self._conn = conn
-        else:
-            conn.timeout = timeout
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
-        return conn
+        if self._sock is None or self._http is None:
+            self._sock = self._open(timeout)
+            self._http = h11.Connection(h11.CLIENT)
+        self._sock.settimeout(timeout)
+        return self._sock, self._http
 
-    def _open(self, timeout: float) -> http.client.HTTPConnection:
+    def _open(self, timeout: float) -> socket.socket:
+        """A connected socket (tunnelled and with TLS as the target needs)."""
         t, proxy = self.target, self.proxy
         host, port = (t.host, t.port) if proxy is None else (proxy.host, proxy.port)
-        if t.scheme == "http":
-            return http.client.HTTPConnection(host, port, timeout=timeout)
-        if self._tls is None:
-            self._tls = tls_context()
-        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._tls)
-        if proxy is not None:
-            tunnel_headers = ({"Proxy-Authorization": proxy.authorization}
-                              if proxy.authorization else None)
-            conn.set_tunnel(t.host, t.port, headers=tunnel_headers)
-        return conn
+        sock: socket.socket | None = None
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if t.scheme == "https":
+                if proxy is not None:
+                    _tunnel(sock, t, proxy)
+                if self._tls is None:
+                    self._tls = tls_context()
+                sock = self._tls.wrap_socket(sock, server_hostname=t.host)
+            return sock
+        except TimeoutError:
+            if sock is not None:
+                sock.close()
+            raise
+        except (OSError, h11.ProtocolError) as exc:
+            if sock is not None:
+                sock.close()
+            raise ConnectError(str(exc) or type(exc).__name__) from exc
 
 
+def _read_answer(sock: socket.socket, conn: h11.Connection) -> Answer:
+    response: h11.Response | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(1 << 16))
+        elif isinstance(event, h11.Response):
+            response = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            assert response is not None
+            return Answer(response.status_code, response.reason.decode("latin-1"),
+                          bytes(body))
+        elif isinstance(event, h11.ConnectionClosed):
+            raise ProtocolError("the server closed the connection without an answer")
+        # InformationalResponse (1xx) and the like: wait for the final answer.
+
+
+def _tunnel(sock: socket.socket, target: Target, proxy: Proxy) -> None:
+    """``CONNECT host:port`` through the proxy on `sock`; afterwards the socket is the
+    tunnel (TLS to the target goes inside it)."""
+    authority = f"[{target.host}]:{target.port}" if ":" in target.host else \
+        f"{target.host}:{target.port}"
+    headers = [("Host", authority)]
+    if proxy.authorization:
+        headers.append(("Proxy-Authorization", proxy.authorization))
+    conn = h11.Connection(h11.CLIENT)
+    sock.sendall(conn.send(h11.Request(method="CONNECT", target=authority,
+                                       headers=headers)))
+    sock.sendall(conn.send(h11.EndOfMessage()))
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(1 << 16))
+        elif isinstance(event, h11.Response):
+            if not 200 <= event.status_code < 300:
+                raise OSError(f"the proxy refused the tunnel: {event.status_code} "
+                              f"{event.reason.decode('latin-1')}")
+            return
+        elif isinstance(event, h11.ConnectionClosed):
+            raise OSError("the proxy closed the connection instead of a tunnel")
 def _readable(sock: socket.socket) -> bool:
     """Whether an idle kept-alive socket has something to read: the server's close
     (or bytes nobody asked for), so it must not carry the next request."""

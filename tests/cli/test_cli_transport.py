@@ -177,10 +177,8 @@ def test_a_connection_closed_while_idle_is_not_reused(fake_ctrl, monkeypatch):
     fake_ctrl.route("GET", "/v1/nodes/node-a", (200, {"result": node()}))
     with Client(fake_ctrl.url, None) as client:
         client.get("/v1/nodes/node-a")
-        conn = client._http._conn
-        assert conn is not None
-        assert conn.sock is not None
-        sock: socket.socket = conn.sock
+        sock = client._http._sock
+        assert sock is not None
         sock.shutdown(socket.SHUT_WR)  # the server sees the end and closes its side
         ready, _, _ = select.select([sock], [], [], 30)
         assert ready  # the close has arrived: the connection is dead and idle
