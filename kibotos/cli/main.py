@@ -1,8 +1,9 @@
 """The three console scripts: ``kibotos`` (roles), ``kibo`` (operator CLI) and
 ``kibotos-node`` (the node role's group).
 
-Groups are imported lazily so ``kibo --help`` stays instant; each group lives in its own
-module and exposes one click group object named in `_LAZY`.  A command imports only
+Groups are imported lazily (`kibotos.cli.lazy_group`) so ``kibo --help`` stays instant;
+each group lives in its own module and exposes one click group object named in
+`_KIBO_GROUPS` or `_KIBOTOS_GROUPS`.  A command imports only
 what it uses (issue 14: each ``kibo`` command within 0.25 s; bench/cli.py measures it),
 so nothing heavy (pydantic, httpx, rich, trio, cryptography) may be imported at the top
 of a ``kibo`` command module: tests/cli/test_cli_imports.py checks it.
@@ -10,12 +11,10 @@ of a ``kibo`` command module: tests/cli/test_cli_imports.py checks it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 import click
 
 from kibotos._version import __version__
+from kibotos.cli.lazy_group import LazyGroup
 
 # command name -> "module:attribute" of a click command or group
 _KIBOTOS_GROUPS = {
@@ -35,23 +34,6 @@ _KIBO_GROUPS = {
     "volume": "kibotos.cli.volume_cmds:volume_group",
     "transfer": "kibotos.cli.transfer_cmds:transfer_group",
 }
-
-
-class LazyGroup(click.Group):
-    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lazy = lazy
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self._lazy))
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self._lazy:
-            module, _, attr = self._lazy[cmd_name].partition(":")
-            cmd = getattr(importlib.import_module(module), attr)
-            assert isinstance(cmd, click.Command)
-            return cmd
-        return super().get_command(ctx, cmd_name)
 
 
 @click.group(cls=LazyGroup, lazy=_KIBOTOS_GROUPS)

@@ -21,8 +21,7 @@ import click
 from kibotos import ids
 from kibotos.cli import volume_cmds, waiting
 from kibotos.cli import workspace_render as render
-from kibotos.cli.cp_cmds import cp_command
-from kibotos.cli.exec_cmds import exec_command
+from kibotos.cli.lazy_group import LazyGroup
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -44,7 +43,9 @@ SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 
 
-@click.group("workspace")
+# exec and cp need the data plane's clients: imported only when one of them runs.
+@click.group("workspace", cls=LazyGroup, lazy={"exec": "kibotos.cli.exec_cmds:exec_command",
+                                               "cp": "kibotos.cli.cp_cmds:cp_command"})
 def workspace_group() -> None:
     """Create, start, stop, delete, find and move Workspaces."""
 
@@ -459,7 +460,3 @@ def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
                                volume_cmds.move_body(pool_id, command_id, expected_version))
     _layer_done(inv, workspace_id, status, "move", not no_wait)
 
-
-# ``kibo workspace exec``: in its own module, with the data plane's client.
-workspace_group.add_command(exec_command)
-workspace_group.add_command(cp_command)

@@ -39,8 +39,8 @@ from kibotos.dataplane import exec_wire
 from kibotos.dataplane.exec_wire import (
     MAX_MESSAGE,
     STDIN_CHUNK,
-    Event,
     ExecRequest,
+    Exited,
     Output,
     Started,
     exec_url,
@@ -50,6 +50,8 @@ from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable
 from kibotos.guest import ExitStatus
 
 __all__ = ["STDIN_CHUNK", "Event", "ExecClient", "Output", "Started", "exec_url", "open_exec"]
+
+Event = Started | Output | ExitStatus
 
 
 def _rejection(exc: ConnectionRejected, url: str) -> KibotosError:
@@ -95,13 +97,14 @@ class ExecClient:
                     if reason is not None else ""
                 raise Unavailable("the data-plane connection closed before the process "
                                   "exited" + detail) from None
-            event = exec_wire.decode(message)
-            if isinstance(event, Started):
-                self.pid = event.pid or None
-            elif isinstance(event, ExitStatus):
-                self.exit = event
-            if event is not None:  # None: a control message of a newer data plane
-                return event
+            decoded = exec_wire.decode(message)
+            if isinstance(decoded, Exited):
+                self.exit = ExitStatus.from_wire(decoded.as_wire())
+                return self.exit
+            if isinstance(decoded, Started):
+                self.pid = decoded.pid or None
+            if decoded is not None:  # None: a control message of a newer data plane
+                return decoded
         return None
 
     async def _send(self, data: bytes | str) -> None:

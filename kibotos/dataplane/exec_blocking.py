@@ -19,11 +19,11 @@ reading its stdin while the data plane is not taking it.
 from __future__ import annotations
 
 import socket
-import ssl
 import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
@@ -41,9 +41,11 @@ from wsproto.events import (
 from wsproto.utilities import RemoteProtocolError
 
 from kibotos.dataplane import exec_wire
-from kibotos.dataplane.exec_wire import MAX_MESSAGE, ExecRequest, Started
+from kibotos.dataplane.exec_wire import MAX_MESSAGE, ExecRequest, Exited, Started
 from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable
-from kibotos.guest.model import ExitStatus
+
+if TYPE_CHECKING:  # ssl is imported for a wss:// data plane only
+    import ssl
 
 _READ = 64 * 1024
 #: Close code for a message over MAX_MESSAGE (RFC 6455 "message too big").
@@ -61,7 +63,14 @@ class BlockingExec:
         self._ws = ws
         self.url = url
         self.pid: int | None = None
-        self.exit: ExitStatus | None = None
+        self.exit: Exited | None = None
+        #: What a non-blocking call raises when it would block (TLS has two more).
+        self._would_block: tuple[type[OSError], ...] = (BlockingIOError,)
+        self._tls = type(sock).__name__ == "SSLSocket"
+        if self._tls:
+            import ssl
+
+            self._would_block += (ssl.SSLWantReadError, ssl.SSLWantWriteError)
         #: Set once the connection is over: the close code and reason, for messages.
         self.ended: tuple[int, str] | None = None
         self._out = bytearray()
@@ -107,7 +116,7 @@ class BlockingExec:
         while self._out:
             try:
                 sent = self._sock.send(self._out)
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            except self._would_block:
                 return
             except OSError:
                 self._out.clear()
@@ -125,7 +134,7 @@ class BlockingExec:
         while self.ended is None:
             try:
                 data = self._sock.recv(_READ)
-            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            except self._would_block:
                 break
             except OSError:
                 self._end(_CLOSE_ABNORMAL, "")
@@ -140,7 +149,7 @@ class BlockingExec:
                 self._end(_CLOSE_ABNORMAL, f"protocol error: {exc}")
             if not data:
                 self._end(_CLOSE_ABNORMAL, "")
-            tls_pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()
+            tls_pending = self._tls and self._sock.pending()  # type: ignore[attr-defined]
             if len(data) < _READ and not tls_pending:
                 break
         return events
@@ -163,7 +172,7 @@ class BlockingExec:
             decoded = exec_wire.decode(message)
             if isinstance(decoded, Started):
                 self.pid = decoded.pid or None
-            elif isinstance(decoded, ExitStatus):
+            elif isinstance(decoded, Exited):
                 self.exit = decoded
             return decoded
         if isinstance(event, Ping):
@@ -247,6 +256,8 @@ def connect(dataplane_url: str, credential: str | None, request: ExecRequest, *,
         with _connect_errors(url, connect_timeout, "accept a connection"):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls:
+                import ssl
+
                 sock = (ssl_context or ssl.create_default_context()).wrap_socket(
                     sock, server_hostname=host)
         ws = WSConnection(ConnectionType.CLIENT)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kibotos.errors import Internal, InvalidArgument, KibotosError, error_from_wire
-from kibotos.guest.model import ExitStatus
 
 EXEC_PATH = "/v1/exec"
 STDIN, STDOUT, STDERR = 0, 1, 2
@@ -49,7 +48,35 @@ class Output:
     data: bytes
 
 
-Event = Started | Output | ExitStatus
+class Exited:
+    """The ``exit`` frame: an exit code, or the signal that ended the process.  (Not the
+    guest model's `ExitStatus`, which the trio client makes from it with `as_wire`:
+    importing that model costs ``kibo workspace exec`` more than this whole module.)"""
+
+    __slots__ = ("exit_code", "signal", "signal_name")
+
+    def __init__(self, exit_code: int | None, signal: int | None = None,
+                 signal_name: str | None = None) -> None:
+        self.exit_code = exit_code
+        self.signal = signal
+        self.signal_name = signal_name
+
+    @property
+    def returncode(self) -> int:
+        """The shell's convention: the exit code, or 128 + the signal number."""
+        return self.exit_code if self.exit_code is not None else 128 + (self.signal or 0)
+
+    def as_wire(self) -> dict[str, Any]:
+        """The guest protocol's exit fields (`kibotos.guest.ExitStatus.from_wire`)."""
+        return {"exit_code": self.exit_code, "signal": self.signal,
+                "signal_name": self.signal_name}
+
+    def __repr__(self) -> str:
+        return (f"Exited(exit_code={self.exit_code!r}, signal={self.signal!r}, "
+                f"signal_name={self.signal_name!r})")
+
+
+Event = Started | Output | Exited
 
 
 def exec_url(dataplane_url: str) -> str:
@@ -104,9 +131,13 @@ def decode(message: str | bytes) -> Event | None:
         pid = body.get("pid")
         return Started(pid if isinstance(pid, int) else 0)
     if kind == "exit":
-        return ExitStatus.from_wire({"exit_code": body.get("code"),
-                                     "signal": body.get("signal"),
-                                     "signal_name": body.get("signal_name")})
+        code, sig, name = body.get("code"), body.get("signal"), body.get("signal_name")
+        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        sig = sig if isinstance(sig, int) and not isinstance(sig, bool) else None
+        if code is None and sig is None:
+            raise Internal(f"the data plane's exit frame has neither code nor signal: "
+                           f"{body!r}")
+        return Exited(code, sig, name if isinstance(name, str) else None)
     if kind == "error":
         raise error_from_wire({"error": body})
     return None
