@@ -3,11 +3,11 @@ Workspace, streaming its input and output; exit with its exit code.
 
 It asks ctrl for a session credential (``POST /v1/workspaces/{id}/sessions``), then
 connects to the Workspace node's data plane and runs the command there
-(docs/dataplane.md).  The client end is `kibotos.dataplane.exec_blocking` (a socket and
-wsproto) driven by the one-thread poll loop of `kibotos.cli.exec_relay`, not the trio
-client the data plane's tests and services use: trio's import alone took longer than a
-whole ``kibo`` command may (issue 14: 0.25 s).  Both clients read the protocol through
-`kibotos.dataplane.exec_wire`.
+(docs/dataplane.md).  The client end is `kibotos.dataplane.exec_blocking` (a socket
+and `kibotos.dataplane.ws_client`) driven by the one-thread poll loop of
+`kibotos.cli.exec_relay`, not the trio client the data plane's tests and services use:
+trio's import alone took longer than a whole ``kibo`` command may (issue 14: 0.25 s).
+Both clients read the protocol through `kibotos.dataplane.exec_wire`.
 
 Exit status: the command's exit code, ``128 + N`` when it was killed by signal N (the
 shell's convention), or the kibo error codes of docs/cli.md when it did not run to the

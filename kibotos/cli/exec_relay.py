@@ -129,7 +129,10 @@ def _loop(ex: exec_blocking.BlockingExec, deadline: float | None, signals: int,
             if left <= 0:
                 raise GlobalDeadline("")
             wait = max(1, int(left * 1000))
-        for fd, flags in poller.poll(wait):
+        ready = poller.poll(0 if ex.has_pending else wait)
+        if ex.has_pending and not any(fd == sock for fd, _ in ready):
+            ready.append((sock, select.POLLIN))
+        for fd, flags in ready:
             if fd == sock:
                 if flags & select.POLLOUT:
                     ex.flush()

@@ -3,8 +3,8 @@
 ``kibo`` used httpx, whose import (with httpcore, which imports trio, anyio and h2 when
 they are installed, as they are here) cost about 0.25 s of every command.  A CLI
 command sends a handful of requests to one address, so one kept-alive socket with h11
-(the sans-I/O HTTP/1.1 state machine under httpcore itself, and under wsproto, which
-``kibo workspace exec`` needs anyway) does the whole job; `http.client` would cost
+(the sans-I/O HTTP/1.1 state machine under httpcore itself, which ``kibo workspace
+exec``'s WebSocket upgrade uses too) does the whole job; `http.client` would cost
 twice h11's import (its email parser, and ssl even for ``http://``).  What httpx did
 for kibo, this module keeps:
 
@@ -171,7 +171,7 @@ class ProtocolError(OSError):
 class Connection:
     """One kept-alive connection to `target` (through its proxy, if any), opened on
     first use and again after it broke.  HTTP/1.1 is h11's (the sans-I/O parser the
-    data plane and wsproto already use), on a plain or TLS socket."""
+    data plane already uses), on a plain or TLS socket."""
 
     def __init__(self, target: Target) -> None:
         self.target = target

@@ -1,7 +1,7 @@
 """A click group whose commands are imported when they are used.
 
 ``kibo`` runs one command per process, and each command's module may need libraries
-the others do not (exec needs wsproto, cp the data plane's file client), so a group
+the others do not (exec its WebSocket client, cp the data plane's file client), so a group
 names its commands as ``"module:attribute"`` and imports only the one click asks for.
 Listing the group (``--help``, completion) imports them all, which is fine there.
 """

@@ -10,9 +10,9 @@ it the state over a local control socket.  Operator documentation: docs/dataplan
 Modules: `state` (what the node hands over), `control` (the control socket, both ends),
 `guests` (one guest channel per Instance), `exec_session` (one exec over a WebSocket),
 `http1` (plain HTTP beside WebSocket on the listener), `files_api` (the file endpoints),
-`exec_wire` (what each exec message means, for both exec clients), `client` (exec on
-trio) and `exec_blocking` (exec on a socket and wsproto, for kibo) and `files_client`
-(the client ends),
+`exec_wire` (what each exec message means, for both exec clients), the client ends:
+`client` (exec on trio), `exec_blocking` (exec on a socket, for kibo) with `ws_client`
+(its WebSocket protocol), and `files_client`;
 `metrics` (counters, and the node's sum over generations), `build` (what counts as the
 same build for adoption), `serve` (the process).
 """

@@ -1,11 +1,10 @@
-"""The client end of exec for ``kibo workspace exec``: a socket and wsproto, no trio.
+"""The client end of exec for ``kibo workspace exec``: a socket, no trio.
 
 `kibotos.dataplane.client` is the same client on trio and trio-websocket; importing
 those two costs about 0.15 s of CPU, more than the rest of a ``kibo`` command, so the
-CLI speaks the protocol from one thread over a plain socket instead.  wsproto (the
-WebSocket state machine trio-websocket itself runs on) does the framing and the
-handshake; `kibotos.dataplane.exec_wire` says what each message means, for both
-clients alike.
+CLI speaks the protocol from one thread over a plain socket instead:
+`kibotos.dataplane.ws_client` does the WebSocket protocol, `kibotos.dataplane.exec_wire`
+says what each message means, for both exec clients alike.
 
 `connect` blocks until the upgrade is accepted and the request frame is sent; then the
 socket is non-blocking and the caller runs the loop (`kibotos.cli.exec_relay`): it
@@ -25,31 +24,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Event,
-    Ping,
-    RejectConnection,
-    RejectData,
-    Request,
-    TextMessage,
-)
-from wsproto.utilities import RemoteProtocolError
-
-from kibotos.dataplane import exec_wire
+from kibotos.dataplane import exec_wire, ws_client
 from kibotos.dataplane.exec_wire import MAX_MESSAGE, ExecRequest, Exited, Started
+from kibotos.dataplane.ws_client import (
+    Accepted,
+    Closed,
+    HandshakeError,
+    Message,
+    Rejected,
+    WsClient,
+)
 from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable
 
 if TYPE_CHECKING:  # ssl is imported for a wss:// data plane only
     import ssl
 
 _READ = 64 * 1024
-#: Close code for a message over MAX_MESSAGE (RFC 6455 "message too big").
-_CLOSE_TOO_BIG = 1009
 #: Close code of a connection that ended without a close frame.
 _CLOSE_ABNORMAL = 1006
 
@@ -57,8 +47,7 @@ _CLOSE_ABNORMAL = 1006
 class BlockingExec:
     """One running exec; made by `connect`."""
 
-    def __init__(self, sock: socket.socket, ws: WSConnection, url: str,
-                 early: list[Event]) -> None:
+    def __init__(self, sock: socket.socket, ws: WsClient, url: str) -> None:
         self._sock = sock
         self._ws = ws
         self.url = url
@@ -74,9 +63,13 @@ class BlockingExec:
         #: Set once the connection is over: the close code and reason, for messages.
         self.ended: tuple[int, str] | None = None
         self._out = bytearray()
-        self._parts: list[bytes | bytearray | str] = []
-        self._size = 0
-        self._early = early
+        #: Events already read (with the upgrade's answer) that `receive` hands out.
+        self._pending: list[exec_wire.Event] = []
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether `receive` has events even if the socket is not readable."""
+        return bool(self._pending)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -93,26 +86,36 @@ class BlockingExec:
         return bool(self._out)
 
     def send_stdin(self, data: bytes) -> None:
+        self._check_sendable()
         for frame in exec_wire.stdin_frames(data):
-            self._queue(BytesMessage(data=frame))
+            self._ws.send_bytes(frame)
+        self._take()
 
     def close_stdin(self) -> None:
-        self._queue(TextMessage(data=exec_wire.eof_frame()))
+        self._send_text(exec_wire.eof_frame())
 
     def resize(self, rows: int, cols: int) -> None:
-        self._queue(TextMessage(data=exec_wire.resize_frame(rows, cols)))
+        self._send_text(exec_wire.resize_frame(rows, cols))
 
     def signal(self, sig: str | int, *, group: bool = True) -> None:
-        self._queue(TextMessage(data=exec_wire.signal_frame(sig, group)))
+        self._send_text(exec_wire.signal_frame(sig, group))
 
-    def _queue(self, event: Event) -> None:
-        if self.ended is not None or self._ws.state is not ConnectionState.OPEN:
+    def _send_text(self, text: str) -> None:
+        self._check_sendable()
+        self._ws.send_text(text)
+        self._take()
+
+    def _check_sendable(self) -> None:
+        if self.ended is not None or not self._ws.open:
             raise Unavailable("the data-plane connection is closed")
-        self._out += self._ws.send(event)
+
+    def _take(self) -> None:
+        self._out += self._ws.data_to_send()
 
     def flush(self) -> None:
         """Write what the socket takes now; a broken connection ends it (the reader
         then says so)."""
+        self._take()
         while self._out:
             try:
                 sent = self._sock.send(self._out)
@@ -129,8 +132,7 @@ class BlockingExec:
     def receive(self) -> list[exec_wire.Event]:
         """The events of what the socket holds now (it must be readable, or the call
         returns nothing); raises the data plane's ``error`` frame as its error."""
-        events = [e for e in (self._on(event) for event in self._early) if e is not None]
-        self._early = []
+        events, self._pending = self._pending, []
         while self.ended is None:
             try:
                 data = self._sock.recv(_READ)
@@ -139,50 +141,28 @@ class BlockingExec:
             except OSError:
                 self._end(_CLOSE_ABNORMAL, "")
                 break
-            try:
-                self._ws.receive_data(data or None)
-                for event in self._ws.events():
-                    decoded = self._on(event)
-                    if decoded is not None:
-                        events.append(decoded)
-            except RemoteProtocolError as exc:
-                self._end(_CLOSE_ABNORMAL, f"protocol error: {exc}")
-            if not data:
-                self._end(_CLOSE_ABNORMAL, "")
+            self._ws.receive_data(data)
+            events += self._decode(self._ws.events())
             tls_pending = self._tls and self._sock.pending()  # type: ignore[attr-defined]
             if len(data) < _READ and not tls_pending:
                 break
+        self.flush()  # pongs and the answer to a close
         return events
 
-    def _on(self, event: Event) -> exec_wire.Event | None:
-        if isinstance(event, TextMessage | BytesMessage):
-            self._size += len(event.data)
-            if self._size > MAX_MESSAGE:
-                self._out += self._ws.send(CloseConnection(_CLOSE_TOO_BIG, "message too big"))
-                self.flush()
-                self._end(_CLOSE_TOO_BIG, "message too big")
-                return None
-            self._parts.append(event.data)
-            if not event.message_finished:
-                return None
-            parts, self._parts, self._size = self._parts, [], 0
-            message: bytes | str = (b"".join(p for p in parts if not isinstance(p, str))
-                                    if isinstance(event, BytesMessage)
-                                    else "".join(p for p in parts if isinstance(p, str)))
-            decoded = exec_wire.decode(message)
-            if isinstance(decoded, Started):
-                self.pid = decoded.pid or None
-            elif isinstance(decoded, Exited):
-                self.exit = decoded
-            return decoded
-        if isinstance(event, Ping):
-            self._out += self._ws.send(event.response())
-        elif isinstance(event, CloseConnection):
-            if self._ws.state is ConnectionState.REMOTE_CLOSING:
-                self._out += self._ws.send(event.response())
-                self.flush()
-            self._end(event.code, event.reason or "")
-        return None
+    def _decode(self, found: list[ws_client.Event]) -> list[exec_wire.Event]:
+        events = []
+        for event in found:
+            if isinstance(event, Closed):
+                self._end(event.code, event.reason)
+            elif isinstance(event, Message):
+                decoded = exec_wire.decode(event.data)
+                if isinstance(decoded, Started):
+                    self.pid = decoded.pid or None
+                elif isinstance(decoded, Exited):
+                    self.exit = decoded
+                if decoded is not None:
+                    events.append(decoded)
+        return events
 
     def _end(self, code: int, reason: str) -> None:
         if self.ended is None:
@@ -202,8 +182,9 @@ class BlockingExec:
         """Close the WebSocket (waiting up to `timeout` for the data plane's answer)
         and the socket, whatever state they are in."""
         try:
-            if self.ended is None and self._ws.state is ConnectionState.OPEN:
-                self._out += self._ws.send(CloseConnection(1000))
+            if self.ended is None:
+                self._ws.close()
+            self._take()
             self._sock.setblocking(True)
             self._sock.settimeout(timeout)
             deadline = time.monotonic() + timeout
@@ -213,13 +194,11 @@ class BlockingExec:
             while self.ended is None and time.monotonic() < deadline:
                 self._sock.settimeout(max(0.01, deadline - time.monotonic()))
                 data = self._sock.recv(_READ)
-                self._ws.receive_data(data or None)
+                self._ws.receive_data(data)
                 for event in self._ws.events():
-                    if isinstance(event, CloseConnection):
-                        self._end(event.code, event.reason or "")
-                if not data:
-                    break
-        except (OSError, RemoteProtocolError, KibotosError):
+                    if isinstance(event, Closed):
+                        self._end(event.code, event.reason)
+        except (OSError, KibotosError):
             pass
         finally:
             self._sock.close()
@@ -232,7 +211,7 @@ def _connect_errors(url: str, timeout: float, what: str) -> Iterator[None]:
     except TimeoutError:
         raise DeadlineExceeded(f"the data plane at {url} did not {what} within "
                                f"{timeout:g}s") from None
-    except RemoteProtocolError as exc:
+    except HandshakeError as exc:
         raise Unavailable(f"WebSocket handshake with {url} failed: {exc}") from None
     except OSError as exc:
         raise Unavailable(f"cannot reach the data plane at {url}: {exc}") from None
@@ -260,44 +239,35 @@ def connect(dataplane_url: str, credential: str | None, request: ExecRequest, *,
 
                 sock = (ssl_context or ssl.create_default_context()).wrap_socket(
                     sock, server_hostname=host)
-        ws = WSConnection(ConnectionType.CLIENT)
-        headers = [] if credential is None else [
-            (b"Authorization", f"Bearer {credential}".encode())]
+        headers = [] if credential is None else [("Authorization", f"Bearer {credential}")]
+        ws = WsClient(target.netloc, target.path, headers, max_message=MAX_MESSAGE)
         with _connect_errors(url, connect_timeout, "answer the upgrade"):
-            sock.sendall(ws.send(Request(host=target.netloc, target=target.path,
-                                         extra_headers=headers)))
+            sock.sendall(ws.request())
+            client = BlockingExec(sock, ws, url)
             early = _handshake(sock, ws, url, deadline)
-            client = BlockingExec(sock, ws, url, early)
-            sock.sendall(ws.send(TextMessage(data=exec_wire.request_frame(request))))
+            ws.send_text(exec_wire.request_frame(request))
+            sock.sendall(ws.data_to_send())
         sock.setblocking(False)
+        client._pending = client._decode(early)
         return client
     except BaseException:
         sock.close()
         raise
 
 
-def _handshake(sock: socket.socket, ws: WSConnection, url: str,
-               deadline: float) -> list[Event]:
+def _handshake(sock: socket.socket, ws: WsClient, url: str,
+               deadline: float) -> list[ws_client.Event]:
     """Read until the upgrade is accepted; returns the events that came after it in
     the same reads.  A rejection raises the error it stands for."""
-    status: int | None = None
-    body = bytearray()
     while True:
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         data = sock.recv(_READ)
-        ws.receive_data(data or None)
-        events = list(ws.events())
+        ws.receive_data(data)
+        events = ws.events()
         for i, event in enumerate(events):
-            if isinstance(event, AcceptConnection):
-                return events[i + 1:]
-            if isinstance(event, RejectConnection):
-                status = event.status_code
-                if not event.has_body:
-                    raise exec_wire.rejection(status, b"", url)
-            elif isinstance(event, RejectData):
-                body += event.data
-                if event.body_finished and status is not None:
-                    raise exec_wire.rejection(status, bytes(body), url)
+            if isinstance(event, Accepted):
+                return list(events[i + 1:])
+            if isinstance(event, Rejected):
+                raise exec_wire.rejection(event.status_code, event.body, url)
         if not data:
-            raise Unavailable(f"WebSocket handshake with {url} failed: the connection "
-                              "closed before the upgrade was answered")
+            raise HandshakeError("the connection closed before the upgrade was answered")

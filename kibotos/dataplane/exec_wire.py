@@ -2,7 +2,8 @@
 
 Both client ends share this: `kibotos.dataplane.client` (trio and trio-websocket, for
 tests and services that already run trio) and `kibotos.dataplane.exec_blocking` (a
-socket and wsproto, for ``kibo workspace exec``, which must not pay trio's import).
+socket and `kibotos.dataplane.ws_client`, for ``kibo workspace exec``, which must not
+pay trio's import).
 What a frame means is decided here once, so the two cannot drift.  The protocol is
 described in `kibotos.dataplane.exec_session` and docs/dataplane.md.
 """
