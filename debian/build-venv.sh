@@ -114,3 +114,13 @@ for cmd in kibotos kibo kibotos-node; do
     ln -sfn "../lib/kibotos/venv/bin/$cmd" "$DEST/usr/bin/$cmd"
 done
 ln -sfn "venv/$SITE" "$DEST/usr/lib/kibotos/node"
+
+# Shell completion (docs/cli.md): the scripts the kibo just built prints, where
+# bash-completion and zsh look for them.  No byte code may be left in the venv.
+mkdir -p "$DEST/usr/share/bash-completion/completions" "$DEST/usr/share/zsh/vendor-completions"
+PYTHONDONTWRITEBYTECODE=1 "$DEST$VENV/bin/kibo" completion bash \
+    > "$DEST/usr/share/bash-completion/completions/kibo"
+PYTHONDONTWRITEBYTECODE=1 "$DEST$VENV/bin/kibo" completion zsh \
+    > "$DEST/usr/share/zsh/vendor-completions/_kibo"
+grep -q '_kibo_completion' "$DEST/usr/share/bash-completion/completions/kibo"
+head -n 1 "$DEST/usr/share/zsh/vendor-completions/_kibo" | grep -qx '#compdef kibo'

@@ -1,7 +1,8 @@
 """Configuration files of every role: TOML, validated so a bad file names the bad key.
 
 Unknown keys are errors (a typo must not silently become a default).  Loading never
-writes anything.
+writes anything.  The operator CLI's ``kibo.toml`` is not here: it is
+`kibotos.cli.kibo_config`, without pydantic, so that ``kibo`` starts fast.
 """
 
 from __future__ import annotations
@@ -308,15 +309,6 @@ class NodeConfig(_Strict):
     testing: TestingSection = Field(default_factory=TestingSection)
 
 
-# ---------------------------------------------------------------------------- kibo
-
-
-class KiboConfig(_Strict):
-    ctrl_url: str
-    credential: str | None = None
-    timeout: float = 30.0
-
-
 # ---------------------------------------------------------------------------- loading
 
 
@@ -350,13 +342,3 @@ def load(model: type[M], path: Path | str) -> M:
     except OSError as exc:
         raise InvalidArgument(f"cannot read configuration file {path}: {exc}") from None
     return parse(model, data, str(path))
-
-
-def kibo_config_path(explicit: str | None) -> Path:
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get("KIBO_CONFIG")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "kibotos" / "kibo.toml"

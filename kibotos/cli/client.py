@@ -3,7 +3,9 @@
 One place translates everything foreign into `kibotos.errors`: an ``{"error": …}``
 response becomes the class its code names (`error_from_wire`), a refused or dropped
 connection becomes `Unavailable` naming the URL, a timeout `DeadlineExceeded`.  Nothing
-above this module sees an httpx exception.
+above this module sees a socket or protocol exception.  The connection itself
+(TLS verification, proxies, keep-alive) is `kibotos.cli.http_transport`: the standard
+library, because httpx's import alone cost every command a quarter of a second.
 
 Every write carries a ``command_id``: the caller's, or one generated per write call and
 reused by the retries of that call, so a request that reached ctrl but whose answer was
@@ -13,14 +15,15 @@ few times (reads are safe, writes are replays); HTTP errors are not.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-import httpx
-
+from kibotos.cli.http_transport import ConnectError, Connection, Target
 from kibotos.errors import (
     ERROR_CLASSES,
     Aborted,
@@ -64,16 +67,15 @@ class Client:
     """
 
     def __init__(self, base_url: str, credential: str | None, *,
-                 request_timeout: float = 30.0, deadline: Deadline | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 request_timeout: float = 30.0, deadline: Deadline | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.request_timeout = request_timeout
         self.deadline = deadline or Deadline(None)
-        headers = {"User-Agent": "kibo"}
+        self._headers = {"User-Agent": "kibo", "Accept": "*/*"}
         if credential:
-            headers["Authorization"] = f"Bearer {credential}"
-        self._http = httpx.Client(base_url=self.base_url, headers=headers,
-                                  transport=transport, follow_redirects=False)
+            self._headers["Authorization"] = f"Bearer {credential}"
+        self._target = Target.parse(self.base_url)
+        self._http = Connection(self._target)
 
     def close(self) -> None:
         self._http.close()
@@ -148,28 +150,38 @@ class Client:
 
     def _send(self, method: str, path: str, *, params: dict[str, Any] | None,
               body: dict[str, Any] | None, content: Callable[[], Iterator[bytes]] | None,
-              headers: dict[str, str] | None = None) -> httpx.Response:
+              headers: dict[str, str] | None = None) -> Response:
         """One request, retried after transport failures; `content` makes a fresh body
         stream for each attempt."""
+        target = self._target.prefix + path
+        if params:
+            target += "?" + urlencode({k: _query_value(v) for k, v in params.items()})
+        sent = {**self._headers, **(headers or {})}
+        encoded: bytes | None = None
+        if body is not None:
+            # As httpx encodes ``json=``: compact, UTF-8, no NaN.
+            encoded = json.dumps(body, ensure_ascii=False, separators=(",", ":"),
+                                 allow_nan=False).encode()
+            sent["Content-Type"] = "application/json"
         attempt = 0
         while True:
             timeout = self._timeout()
             try:
-                response = self._http.request(
-                    method, path, params=params, json=body, timeout=timeout,
-                    content=None if content is None else content(), headers=headers)
-            except httpx.TimeoutException:
+                answer = self._http.request(
+                    method, target, body=encoded if content is None else content(),
+                    headers=sent, timeout=timeout)
+            except TimeoutError:
                 raise DeadlineExceeded(
                     f"ctrl at {self.base_url} did not answer {method} {path} "
                     f"within {timeout:g}s") from None
-            except httpx.TransportError as exc:
+            except OSError as exc:
                 if attempt < len(RETRY_PAUSES) and not self._would_overrun(attempt):
                     time.sleep(RETRY_PAUSES[attempt])
                     attempt += 1
                     continue
                 raise Unavailable(f"cannot reach ctrl at {self.base_url}: "
                                   f"{_describe_transport_error(exc)}") from None
-            return response
+            return Response(answer.status, answer.reason, answer.content)
 
     def _would_overrun(self, attempt: int) -> bool:
         remaining = self.deadline.remaining()
@@ -183,14 +195,41 @@ def resource_path(collection: str, resource_id: str, action: str = "") -> str:
     return f"{path}/{action}" if action else path
 
 
-def _describe_transport_error(exc: httpx.TransportError) -> str:
+@dataclass(frozen=True)
+class Response:
+    """What ctrl answered: the status line and the whole body."""
+
+    status_code: int
+    reason_phrase: str
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def _query_value(value: Any) -> str:
+    """A query parameter as httpx writes it: booleans lower case."""
+    if value is True or value is False:
+        return "true" if value else "false"
+    return str(value)
+
+
+def _describe_transport_error(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.ConnectError):
+    if isinstance(exc, ConnectError):
         return f"connection failed ({text})"
     return text
 
 
-def _result(response: httpx.Response, method: str, url: str) -> Any:
+def _result(response: Response, method: str, url: str) -> Any:
     """The ``result`` of a success, or the error the response stands for, raised."""
     try:
         body = response.json()

@@ -13,19 +13,20 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kibotos import atomicfile, ids
-from kibotos import config as config_mod
+from kibotos.cli import kibo_config
 from kibotos.cli.client import Client
 from kibotos.cli.options import Invocation, check_command_id, command_id_option, kibo_options
 from kibotos.cli.output import dash
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.units import parse_duration
+
+if TYPE_CHECKING:  # cryptography is imported by `kibo enroll` alone: the others stay fast
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 EXCHANGE_PATH = "/v1/enrollment/exchange"
 
@@ -37,6 +38,8 @@ def key_path(config_path: Path) -> Path:
 
 def public_key_b64(key: Ed25519PrivateKey) -> str:
     """The raw 32-byte public key in standard base64, as ctrl stores it."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = key.public_key().public_bytes(serialization.Encoding.Raw,
                                         serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode()
@@ -77,6 +80,9 @@ def enroll_command(inv: Invocation, ctrl_url: str, token: str, force: bool) -> N
     if path.exists() and not force:
         raise FailedPrecondition(f"{path} already exists: add --force to replace it "
                                  "(the grant was not used)")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     with Client(url, None, deadline=inv.deadline) as client:
         result = client.post(EXCHANGE_PATH, {"token": token, "public_key": public_key_b64(key)},
@@ -98,7 +104,7 @@ def enroll_command(inv: Invocation, ctrl_url: str, token: str, force: bool) -> N
         inv.out.json_result(summary)  # never the credential: it stays in the file
     else:
         inv.out.line(f"enrolled as {result.get('identity_id')}; wrote {path}")
-        if config_mod.kibo_config_path(None) != path:
+        if kibo_config.kibo_config_path(None) != path:
             inv.out.message(f"use it with --config {path} or export KIBO_CONFIG={path}")
 
 

@@ -3,10 +3,11 @@ Workspace, streaming its input and output; exit with its exit code.
 
 It asks ctrl for a session credential (``POST /v1/workspaces/{id}/sessions``), then
 connects to the Workspace node's data plane and runs the command there
-(`kibotos.dataplane.client`, docs/dataplane.md).  The WebSocket client is trio-websocket,
-the library the node's control session already uses: httpx has no WebSocket support,
-and trio lets the three flows (stdin up, output down, signals and window changes) run
-as tasks with one cancellation story instead of threads.
+(docs/dataplane.md).  The client end is `kibotos.dataplane.exec_blocking` (a socket
+and `kibotos.dataplane.ws_client`) driven by the one-thread poll loop of
+`kibotos.cli.exec_relay`, not the trio client the data plane's tests and services use:
+trio's import alone took longer than a whole ``kibo`` command may (issue 14: 0.25 s).
+Both clients read the protocol through `kibotos.dataplane.exec_wire`.
 
 Exit status: the command's exit code, ``128 + N`` when it was killed by signal N (the
 shell's convention), or the kibo error codes of docs/cli.md when it did not run to the
@@ -26,24 +27,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from kibotos import ids
 from kibotos.cli.options import Invocation, kibo_options
-from kibotos.errors import DeadlineExceeded, InvalidArgument, Unavailable
-
-if TYPE_CHECKING:  # trio is imported when a command runs: `kibo workspace --help` stays fast
-    import trio
+from kibotos.errors import DeadlineExceeded, InvalidArgument
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-#: Ctrl-C this many times and kibo stops waiting for a process that ignores it.
-INTERRUPTS_TO_LEAVE = 3
 
 
 def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -55,15 +49,6 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
                                   "of letters, digits and underscores")
         env[name] = value
     return env
-
-
-def _window_size(fds: tuple[int, ...]) -> tuple[int, int]:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            size = os.get_terminal_size(fd)
-            if size.lines > 0 and size.columns > 0:
-                return size.lines, size.columns
-    return 24, 80
 
 
 @contextlib.contextmanager
@@ -78,67 +63,6 @@ def raw_terminal(fd: int) -> Iterator[None]:
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-async def relay(url: str, credential: str, argv: tuple[str, ...], *, env: dict[str, str],
-                cwd: str | None, tty: bool, stdin_fd: int = 0, stdout_fd: int = 1,
-                stderr_fd: int = 2, handle_signals: bool = True) -> int:
-    """Run `argv` through the data plane at `url`, wired to the given descriptors;
-    returns the exit status the shell would report (code, or 128 + signal)."""
-    import trio
-
-    from kibotos.dataplane.client import ExecClient, Output, open_exec
-    from kibotos.dataplane.exec_session import ExecRequest
-
-    rows, cols = _window_size((stdout_fd, stdin_fd)) if tty else (24, 80)
-    request = ExecRequest(argv, env, cwd, tty, rows, cols)
-
-    async def pump_stdin(ex: ExecClient) -> None:
-        # A send that finds the connection closed is not this task's to report: the
-        # process may have exited first (the exit is on its way), and if the connection
-        # broke, reading the events says so.
-        with contextlib.suppress(Unavailable):
-            while True:
-                data = await trio.to_thread.run_sync(os.read, stdin_fd, 65536,
-                                                     abandon_on_cancel=True)
-                if not data:
-                    await ex.close_stdin()
-                    return
-                await ex.send_stdin(data)
-
-    async def watch_signals(ex: ExecClient, leave: trio.CancelScope) -> None:
-        wanted = (signal.SIGWINCH,) if tty else FORWARDED_SIGNALS
-        interrupts = 0
-        with trio.open_signal_receiver(*wanted) as received, \
-                contextlib.suppress(Unavailable):
-            async for signum in received:
-                if signum == signal.SIGWINCH:
-                    await ex.resize(*_window_size((stdout_fd, stdin_fd)))
-                    continue
-                await ex.signal(signal.Signals(signum).name.removeprefix("SIG"))
-                interrupts += signum == signal.SIGINT
-                if interrupts >= INTERRUPTS_TO_LEAVE:
-                    leave.cancel()
-
-    async with open_exec(url, credential, request) as ex:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump_stdin, ex)
-            if handle_signals:
-                nursery.start_soon(watch_signals, ex, nursery.cancel_scope)
-            async for event in ex.events():
-                if isinstance(event, Output):
-                    fd = stderr_fd if event.stream == 2 else stdout_fd
-                    await trio.to_thread.run_sync(_write_all, fd, event.data)
-            nursery.cancel_scope.cancel()
-        if ex.exit is None:  # left after repeated interrupts: the process is hung up
-            return 128 + signal.SIGINT
-        return ex.exit.returncode
 
 
 @click.command("exec")
@@ -165,36 +89,17 @@ def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty:
         raise InvalidArgument(f"--cwd {cwd!r} must be an absolute path")
     if tty and "TERM" not in env and os.environ.get("TERM"):
         env["TERM"] = os.environ["TERM"]
+    from kibotos.cli.exec_relay import GlobalDeadline, relay  # not for the rest of `workspace`
+
     session: dict[str, Any] = inv.client().post(
         f"/v1/workspaces/{workspace}/sessions", {"operations": ["exec"]}, write=False)
     raw = tty and os.isatty(0)
-    remaining = inv.deadline.remaining()
-
-    import trio
-
-    async def main() -> int:
-        with trio.move_on_after(remaining if remaining is not None else float("inf")):
-            return await relay(session["dataplane_url"], session["credential"], command,
-                               env=env, cwd=cwd, tty=tty)
+    try:
+        with raw_terminal(0) if raw else contextlib.nullcontext():
+            code = relay(session["dataplane_url"], session["credential"], command,
+                         env=env, cwd=cwd, tty=tty, timeout=inv.deadline.remaining())
+    except GlobalDeadline:
         raise DeadlineExceeded(f"the global --timeout of {inv.deadline.seconds:g}s passed; "
-                               "the command was hung up")
-
-    with raw_terminal(0) if raw else contextlib.nullcontext():
-        code = _run(main)
+                               "the command was hung up") from None
     sys.stdout.flush()
     raise click.exceptions.Exit(code)
-
-
-def _run(main: Any) -> int:
-    """trio.run, with the one error of a failed exec taken out of trio's groups."""
-    import trio
-
-    from kibotos.dataplane.groups import sole_error
-
-    try:
-        return int(trio.run(main))
-    except BaseExceptionGroup as group:
-        leaf = sole_error(group)
-        if leaf is None:
-            raise
-        raise leaf from None

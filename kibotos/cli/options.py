@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from kibotos import config as config_mod
 from kibotos import ids
+from kibotos.cli import kibo_config
 from kibotos.cli.client import Client, Deadline
 from kibotos.cli.output import Output
 from kibotos.errors import InvalidArgument, KibotosError
@@ -41,15 +41,15 @@ class Invocation:
 
     @property
     def config_path(self) -> Path:
-        return config_mod.kibo_config_path(self.explicit_config)
+        return kibo_config.kibo_config_path(self.explicit_config)
 
-    def load_config(self) -> config_mod.KiboConfig:
+    def load_config(self) -> kibo_config.KiboConfig:
         path = self.config_path
         if not path.exists():
             raise InvalidArgument(
                 f"configuration file {path} does not exist: run `kibo enroll` first, or "
                 "point --config or KIBO_CONFIG at one")
-        return config_mod.load(config_mod.KiboConfig, path)
+        return kibo_config.load(path)
 
     def client(self) -> Client:
         """The client for ctrl, built on first use (so bad arguments never load config)."""

@@ -10,6 +10,10 @@ Rules every command follows through this module, so they hold everywhere at once
 * when stdout is not a terminal, or ``KIBO_ASCII=1``, tables use an ASCII box and no
   colour, so snapshots and ``awk`` see stable text; ``COLUMNS`` sets the width, and a
   pipe without ``COLUMNS`` gets a width wide enough never to wrap a row.
+
+That plain text is written by `kibotos.cli.plain_text` exactly as rich would print it;
+rich itself is imported only to draw for a terminal (or the rare text the plain writer
+leaves to it), so a ``kibo`` in a pipe or a script does not pay for its import.
 """
 
 from __future__ import annotations
@@ -19,15 +23,15 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
+from kibotos.cli import plain_text
 from kibotos.errors import KibotosError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: A table row or a section line; every cell is already a display string.
 Row = Sequence[str]
@@ -54,11 +58,22 @@ def _ascii_mode(stream: IO[str]) -> bool:
     return not (callable(isatty) and isatty())
 
 
-def _console(stream: IO[str], width: int | None = None) -> Console:
-    ascii_mode = _ascii_mode(stream)
+def _columns() -> int | None:
     columns = os.environ.get("COLUMNS", "")
-    if width is None and columns.isdigit() and int(columns) > 0:
-        width = int(columns)
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+
+
+def _write(stream: IO[str], text: str) -> None:
+    stream.write(text)
+    stream.flush()
+
+
+def _console(stream: IO[str], width: int | None = None) -> Console:
+    from rich.console import Console
+
+    ascii_mode = _ascii_mode(stream)
+    if width is None:
+        width = _columns()
     if width is None and ascii_mode:
         width = _PIPE_WIDTH
     return Console(
@@ -71,6 +86,50 @@ def _console(stream: IO[str], width: int | None = None) -> Console:
         markup=False,
         emoji=False,
     )
+
+
+def rich_table(stream: IO[str], columns: Sequence[str], rows: Sequence[Row],
+               title: str | None) -> None:
+    """A table drawn by rich: rounded and bold on a terminal, ASCII2 otherwise."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    ascii_mode = _ascii_mode(stream)
+    table = Table(
+        box=box.ASCII2 if ascii_mode else box.ROUNDED,
+        title=Text(title) if title else None,
+        title_justify="left",
+        header_style="" if ascii_mode else "bold",
+        show_edge=True,
+        pad_edge=True,
+    )
+    # Cells never wrap and are never cut: a table wider than COLUMNS is printed whole
+    # and the terminal wraps its lines (as kubectl does), so no value is lost.
+    widths = [max([len(name)] + [len(row[i]) for row in rows])
+              for i, name in enumerate(columns)]
+    for name in columns:
+        table.add_column(Text(name), no_wrap=True)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    console = _console(stream)
+    needed = sum(widths) + 3 * len(columns) + 1
+    if needed > console.width:
+        console = _console(stream, width=needed)
+    console.print(table)
+
+
+def rich_sections(stream: IO[str], sections: Sequence[Section]) -> None:
+    from rich.text import Text
+
+    console = _console(stream)
+    for i, section in enumerate(sections):
+        if i:
+            console.print()
+        console.print(Text(section.title, style="" if _ascii_mode(stream) else "bold"))
+        width = max((len(label) for label, _ in section.lines), default=0)
+        for label, value in section.lines:
+            console.print(Text(f"  {label + ':':<{width + 1}} {value}"), soft_wrap=True)
 
 
 class Output:
@@ -91,40 +150,23 @@ class Output:
     def table(self, columns: Sequence[str], rows: Sequence[Row], *,
               title: str | None = None) -> None:
         stream = sys.stdout
-        ascii_mode = _ascii_mode(stream)
-        table = Table(
-            box=box.ASCII2 if ascii_mode else box.ROUNDED,
-            title=Text(title) if title else None,
-            title_justify="left",
-            header_style="" if ascii_mode else "bold",
-            show_edge=True,
-            pad_edge=True,
-        )
-        # Cells never wrap and are never cut: a table wider than COLUMNS is printed whole
-        # and the terminal wraps its lines (as kubectl does), so no value is lost.
-        widths = [max([len(name)] + [len(row[i]) for row in rows])
-                  for i, name in enumerate(columns)]
-        for name in columns:
-            table.add_column(Text(name), no_wrap=True)
-        for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
-        console = _console(stream)
-        needed = sum(widths) + 3 * len(columns) + 1
-        if needed > console.width:
-            console = _console(stream, width=needed)
-        console.print(table)
+        plain = plain_text.table(columns, rows, title) if _ascii_mode(stream) else None
+        if plain is None:
+            rich_table(stream, columns, rows, title)
+        else:
+            _write(stream, plain)
 
     def sections(self, sections: Sequence[Section]) -> None:
         """Sections separated by a blank line; labels aligned within each section."""
         stream = sys.stdout
-        console = _console(stream)
-        for i, section in enumerate(sections):
-            if i:
-                console.print()
-            console.print(Text(section.title, style="" if _ascii_mode(stream) else "bold"))
-            width = max((len(label) for label, _ in section.lines), default=0)
-            for label, value in section.lines:
-                console.print(Text(f"  {label + ':':<{width + 1}} {value}"), soft_wrap=True)
+        plain = None
+        if _ascii_mode(stream):
+            plain = plain_text.sections([(s.title, s.lines) for s in sections],
+                                        _columns() or _PIPE_WIDTH)
+        if plain is None:
+            rich_sections(stream, sections)
+        else:
+            _write(stream, plain)
 
     # ------------------------------------------------------------- messages (stderr)
 

@@ -21,8 +21,7 @@ from kibotos import ids
 from kibotos.cli import network_cmds as network
 from kibotos.cli import volume_cmds, waiting
 from kibotos.cli import workspace_render as render
-from kibotos.cli.cp_cmds import cp_command
-from kibotos.cli.exec_cmds import exec_command
+from kibotos.cli.lazy_group import LazyGroup
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -32,7 +31,6 @@ from kibotos.cli.options import (
     node_id_argument,
     parse_labels,
 )
-from kibotos.cli.port_forward_cmds import port_forward_command
 from kibotos.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -45,7 +43,12 @@ from kibotos.units import format_bytes, parse_size
 SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
 
 
-@click.group("workspace")
+# exec, cp and port-forward need the data plane's clients: imported only when one of
+# them runs.
+@click.group("workspace", cls=LazyGroup, lazy={
+    "exec": "kibotos.cli.exec_cmds:exec_command",
+    "cp": "kibotos.cli.cp_cmds:cp_command",
+    "port-forward": "kibotos.cli.port_forward_cmds:port_forward_command"})
 def workspace_group() -> None:
     """Create, start, stop, delete, find and move Workspaces."""
 
@@ -485,8 +488,3 @@ def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
                                volume_cmds.move_body(pool_id, command_id, expected_version))
     _layer_done(inv, workspace_id, status, "move", not no_wait)
 
-
-# ``kibo workspace exec``: in its own module, with the data plane's client.
-workspace_group.add_command(exec_command)
-workspace_group.add_command(cp_command)
-workspace_group.add_command(port_forward_command)

@@ -21,13 +21,10 @@ is raised from `events`; a connection that ends without an ``exit`` frame is
 
 from __future__ import annotations
 
-import json
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import trio
 from trio_websocket import (
@@ -38,65 +35,32 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from kibotos.dataplane.exec_session import EXEC_PATH, STDIN, ExecRequest
-from kibotos.dataplane.groups import sole_error
-from kibotos.errors import (
-    DeadlineExceeded,
-    Internal,
-    InvalidArgument,
-    KibotosError,
-    Unavailable,
-    error_from_wire,
+from kibotos.dataplane import exec_wire
+from kibotos.dataplane.exec_wire import (
+    MAX_MESSAGE,
+    STDIN_CHUNK,
+    ExecRequest,
+    Exited,
+    Output,
+    Started,
+    exec_url,
 )
+from kibotos.dataplane.groups import sole_error
+from kibotos.errors import DeadlineExceeded, InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus
 
-#: stdin is sent in frames of at most this many bytes.
-STDIN_CHUNK = 64 * 1024
-#: The largest message accepted, and how much is read from the socket at a time.
-MAX_MESSAGE, RECEIVE_BUFFER = 4 << 20, 256 * 1024
-_STATUS_CODES = {401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-                 412: "failed_precondition", 502: "unavailable", 503: "unavailable"}
+__all__ = ["STDIN_CHUNK", "Event", "ExecClient", "Output", "Started", "exec_url", "open_exec",
+           "open_websocket", "ws_url"]
 
-
-@dataclass(frozen=True)
-class Started:
-    pid: int
-
-
-@dataclass(frozen=True)
-class Output:
-    stream: int  # 1 stdout, 2 stderr
-    data: bytes
-
+#: How much is read from the socket at a time (trio-websocket's 4 KiB default cost the
+#: data plane's peers three times the CPU per MiB; docs/dataplane.md).
+RECEIVE_BUFFER = 256 * 1024
 
 Event = Started | Output | ExitStatus
 
 
-def ws_url(dataplane_url: str, path: str, query: str = "") -> str:
-    """``http://host:port`` (what ctrl returns) → ``ws://host:port<path>?<query>``."""
-    parts = urllib.parse.urlsplit(dataplane_url)
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
-    if scheme is None or not parts.hostname:
-        raise InvalidArgument(f"data-plane URL {dataplane_url!r} must be http(s)://host:port")
-    return str(urllib.parse.urlunsplit(
-        (scheme, parts.netloc, parts.path.rstrip("/") + path, query, "")))
-
-
-def exec_url(dataplane_url: str) -> str:
-    """``http://host:port`` → ``ws://host:port/v1/exec``."""
-    return ws_url(dataplane_url, EXEC_PATH)
-
-
 def _rejection(exc: ConnectionRejected, url: str) -> KibotosError:
-    try:
-        body = json.loads(exc.body or b"")
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return error_from_wire(body)
-    code = _STATUS_CODES.get(exc.status_code, "internal")
-    return error_from_wire({"error": {"code": code, "message": f"the data plane at {url} "
-                                      f"refused the connection with HTTP {exc.status_code}"}})
+    return exec_wire.rejection(exc.status_code, exc.body, url)
 
 
 class ExecClient:
@@ -108,19 +72,17 @@ class ExecClient:
         self.exit: ExitStatus | None = None
 
     async def send_stdin(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            chunk, view = view[:STDIN_CHUNK], view[STDIN_CHUNK:]
-            await self._send(bytes((STDIN,)) + bytes(chunk))
+        for frame in exec_wire.stdin_frames(data):
+            await self._send(frame)
 
     async def close_stdin(self) -> None:
-        await self._send_json({"type": "eof"})
+        await self._send(exec_wire.eof_frame())
 
     async def resize(self, rows: int, cols: int) -> None:
-        await self._send_json({"type": "resize", "rows": rows, "cols": cols})
+        await self._send(exec_wire.resize_frame(rows, cols))
 
     async def signal(self, sig: str | int, *, group: bool = True) -> None:
-        await self._send_json({"type": "signal", "signal": sig, "group": group})
+        await self._send(exec_wire.signal_frame(sig, group))
 
     def events(self) -> _Events:
         """Started, then Output until the streams end, then the ExitStatus (also kept
@@ -140,24 +102,14 @@ class ExecClient:
                     if reason is not None else ""
                 raise Unavailable("the data-plane connection closed before the process "
                                   "exited" + detail) from None
-            if isinstance(message, bytes):
-                if len(message) < 1 or message[0] not in (1, 2):
-                    raise Internal(f"the data plane sent a frame for stream "
-                                   f"{message[:1]!r}")
-                return Output(message[0], message[1:])
-            body = _parse(message)
-            kind = body.get("type")
-            if kind == "started":
-                self.pid = body.get("pid") if isinstance(body.get("pid"), int) else None
-                return Started(self.pid or 0)
-            if kind == "exit":
-                self.exit = ExitStatus.from_wire({"exit_code": body.get("code"),
-                                                  "signal": body.get("signal"),
-                                                  "signal_name": body.get("signal_name")})
+            decoded = exec_wire.decode(message)
+            if isinstance(decoded, Exited):
+                self.exit = ExitStatus.from_wire(decoded.as_wire())
                 return self.exit
-            if kind == "error":
-                raise error_from_wire({"error": body})
-            # Unknown control messages are from a newer data plane: ignored.
+            if isinstance(decoded, Started):
+                self.pid = decoded.pid or None
+            if decoded is not None:  # None: a control message of a newer data plane
+                return decoded
         return None
 
     async def _send(self, data: bytes | str) -> None:
@@ -166,8 +118,6 @@ class ExecClient:
         except ConnectionClosed:
             raise Unavailable("the data-plane connection is closed") from None
 
-    async def _send_json(self, body: dict[str, Any]) -> None:
-        await self._send(json.dumps(body, separators=(",", ":")))
 
 
 class _Events:
@@ -184,16 +134,6 @@ class _Events:
         return event
 
 
-def _parse(message: str) -> dict[str, Any]:
-    try:
-        body = json.loads(message)
-    except ValueError:
-        raise Internal(f"the data plane sent a non-JSON text frame: {message[:80]!r}") from None
-    if not isinstance(body, dict):
-        raise Internal(f"the data plane sent {body!r}")
-    return body
-
-
 @asynccontextmanager
 async def open_exec(dataplane_url: str, credential: str | None, request: ExecRequest, *,
                     connect_timeout: float = 30.0,
@@ -204,10 +144,18 @@ async def open_exec(dataplane_url: str, credential: str | None, request: ExecReq
                               connect_timeout=connect_timeout,
                               ssl_context=ssl_context) as ws:
         client = ExecClient(ws)
-        await client._send_json({
-            "argv": list(request.argv), "env": request.env, "cwd": request.cwd,
-            "tty": request.tty, "rows": request.rows, "cols": request.cols})
+        await client._send(exec_wire.request_frame(request))
         yield client
+
+
+def ws_url(dataplane_url: str, path: str, query: str = "") -> str:
+    """``http://host:port`` (what ctrl returns) → ``ws://host:port<path>?<query>``."""
+    parts = urllib.parse.urlsplit(dataplane_url)
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.hostname:
+        raise InvalidArgument(f"data-plane URL {dataplane_url!r} must be http(s)://host:port")
+    return str(urllib.parse.urlunsplit(
+        (scheme, parts.netloc, parts.path.rstrip("/") + path, query, "")))
 
 
 @asynccontextmanager

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from kibotos.credentials import SessionClaims
+from kibotos.dataplane.exec_wire import STDERR, STDIN, STDOUT, ExecRequest
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus, GuestChannel, GuestOutputStream, GuestProcess
@@ -38,8 +38,6 @@ from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 
-EXEC_PATH = "/v1/exec"
-STDIN, STDOUT, STDERR = 0, 1, 2
 #: How long a client has to send its request frame after the upgrade.
 REQUEST_TIMEOUT = 30.0
 #: How long the guest may take to start the process (a stuck guest must not hold the
@@ -52,16 +50,6 @@ _SIGNAL = re.compile(r"(SIG)?[A-Z][A-Z0-9+]{0,15}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MAX_ARGV = 4096
 _MAX_TEXT = 1 << 16
-
-
-@dataclass(frozen=True)
-class ExecRequest:
-    argv: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    tty: bool = False
-    rows: int = 24
-    cols: int = 80
 
 
 def _size(body: dict[str, Any], key: str, default: int) -> int:

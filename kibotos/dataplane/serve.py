@@ -37,7 +37,8 @@ from trio_websocket import ConnectionClosed, WebSocketRequest
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane import control
 from kibotos.dataplane.build import build_id
-from kibotos.dataplane.exec_session import EXEC_PATH, ExecSession
+from kibotos.dataplane.exec_session import ExecSession
+from kibotos.dataplane.exec_wire import EXEC_PATH
 from kibotos.dataplane.files_api import FilesRequest, route
 from kibotos.dataplane.guests import GuestPool
 from kibotos.dataplane.http1 import DataplaneListener, HttpExchange, error_status

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import httpx
 
 from kibotos import atomicfile, config, errors
+from kibotos.cli import kibo_config
 from kibotos.dev import layout as lay
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 from kibotos.dev.units import stop_vmm_units
@@ -201,7 +202,7 @@ class DevCluster:
 
     @property
     def ctrl_url(self) -> str:
-        return config.load(config.KiboConfig, self.layout.kibo_config).ctrl_url
+        return kibo_config.load(self.layout.kibo_config).ctrl_url
 
     def start_ctrl(self, *, deadline: float | None = None,
                    env: Mapping[str, str] | None = None) -> str:
@@ -360,7 +361,7 @@ class DevCluster:
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
         """One operator request to ctrl with the credential in DIR/kibo.toml; the
         ``result``, or the `KibotosError` ctrl answered with."""
-        cfg = config.load(config.KiboConfig, self.layout.kibo_config)
+        cfg = kibo_config.load(self.layout.kibo_config)
         headers = {"Authorization": f"Bearer {cfg.credential}"} if cfg.credential else {}
         r = httpx.request(method, cfg.ctrl_url.rstrip("/") + path, headers=headers,
                           timeout=30.0, **kwargs)

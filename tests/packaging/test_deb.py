@@ -6,11 +6,12 @@ packaging/deb/build.sh, then checked from the outside.
   guest agent files the node's runtime installations need, every unit and slice of
   contrib/systemd (byte for byte), the example configs, nothing naming the build tree;
 * the package extracted into a temporary directory (`dpkg-deb -x`, as docs/upgrades.md
-  does with the next version) runs: `kibo --version`, `kibotos plugins list`, the
-  compiled dependencies import, the example configs load, and the runtime directory
-  `/usr/lib/kibotos/node` is complete for `check-upgrade --runtime-dir`, and the
-  extracted `kibotos-node check-upgrade [--preview]` passes on a fresh node, as
-  docs/upgrades.md runs it;
+  does with the next version) runs: `kibo --version`, `kibotos plugins list`, the bash
+  and zsh completion scripts it installs are what its `kibo completion` prints (and
+  bash completes through them), the compiled dependencies import, the example configs
+  load, and the runtime directory `/usr/lib/kibotos/node` is complete for
+  `check-upgrade --runtime-dir`, and the extracted `kibotos-node check-upgrade
+  [--preview]` passes on a fresh node, as docs/upgrades.md runs it;
 * no byte code in the package, and every module compiles (postinst compiles them);
 * the maintainer scripts: the real postinst, run as `postinst configure` in a private
   mount namespace over a copy of /etc (the host's accounts are never touched), creates
@@ -223,6 +224,25 @@ def test_extracted_commands_run(root: Path) -> None:
     proc = _run([str(root / "usr/bin/kibotos-node"), "--help"])
     assert proc.returncode == 0, proc.stderr
     assert "check-upgrade" in proc.stdout
+
+
+def test_shell_completion_is_installed_as_kibo_prints_it(root: Path) -> None:
+    """docs/cli.md: bash-completion loads completions/kibo on the first TAB after
+    ``kibo``, zsh finds _kibo in vendor-completions; both are what the packaged kibo
+    prints, and the bash one completes through the extracted kibo."""
+    paths = {"bash": root / "usr/share/bash-completion/completions/kibo",
+             "zsh": root / "usr/share/zsh/vendor-completions/_kibo"}
+    for shell, path in paths.items():
+        proc = _run([str(root / "usr/bin/kibo"), "completion", shell])
+        assert proc.returncode == 0, proc.stderr
+        assert path.read_text() == proc.stdout, shell
+    assert paths["zsh"].read_text().startswith("#compdef kibo\n")
+    script = (f"source {paths['bash']}\nCOMP_WORDS=(kibo node l)\nCOMP_CWORD=2\n"
+              "_kibo_completion kibo l node\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n")
+    env = {**CLEAN_ENV, "PATH": f"{root / 'usr/bin'}:{CLEAN_ENV['PATH']}"}
+    proc = subprocess.run(["bash", "-c", script], cwd="/", env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert (proc.returncode, proc.stdout) == (0, "list\n"), proc.stderr
 
 
 def test_extracted_venv_is_self_contained(root: Path, revision: str) -> None:
