@@ -16,7 +16,13 @@ from kibotos.errors import FailedPrecondition, InvalidArgument, ResourceExhauste
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import slot_table
 from kibotos.node.network.names import NetworkNames
-from kibotos.node.network.policy import NetworkPolicy, parse_policy, why_not_enforceable
+from kibotos.node.network.policy import (
+    NetworkPolicy,
+    allowed,
+    parse_policy,
+    to_record,
+    why_not_enforceable,
+)
 from kibotos.node.network.records import NetworkRecords
 from kibotos.node.network.slots import lowest_free, slot_addresses
 from kibotos.node.network.table_check import compare, set_contents
@@ -102,26 +108,31 @@ def test_a_bad_value_is_an_error_that_names_the_key(changes, message):
 def test_a_policy_is_strict_and_canonical():
     policy = parse_policy({"allow_out": ["198.18.1.1", "2001:2::/64"], "deny_out": []})
     assert policy.allow_out == ["198.18.1.1/32", "2001:2::/64"]
-    assert [str(n) for n in policy.allowed(4)] == ["198.18.1.1/32"]
-    assert [str(n) for n in policy.allowed(6)] == ["2001:2::/64"]
+    assert [str(n) for n in allowed(policy, 4)] == ["198.18.1.1/32"]
+    assert [str(n) for n in allowed(policy, 6)] == ["2001:2::/64"]
     assert parse_policy({}) == NetworkPolicy()  # public egress, nothing listed
-    with pytest.raises(InvalidArgument, match=r"allow_out: entry 0: '10.0.0.1/8' has host "
+    with pytest.raises(InvalidArgument, match=r"allow_out.0: '10.0.0.1/8' has host "
                                               r"bits set \(did you mean 10.0.0.0/8 or "
                                               r"10.0.0.1/32\?\)"):
         parse_policy({"allow_out": ["10.0.0.1/8"]})
     with pytest.raises(InvalidArgument, match="public_egress: Input should be a valid boolean"):
         parse_policy({"public_egress": "true"})
-    with pytest.raises(InvalidArgument, match="egress: unknown key"):
+    with pytest.raises(InvalidArgument, match="egress: Input should be"):
         parse_policy({"egress": "proxy"})
 
 
 def test_what_this_node_cannot_enforce():
-    assert why_not_enforceable(NetworkPolicy().to_record(), section()) is None
+    assert why_not_enforceable(to_record(NetworkPolicy()), section()) is None
     assert "no longer provides" in str(why_not_enforceable(
-        NetworkPolicy().to_record(), section(public_egress=False)))
-    assert why_not_enforceable(NetworkPolicy(public_egress=False).to_record(),
+        to_record(NetworkPolicy()), section(public_egress=False)))
+    assert why_not_enforceable(to_record(NetworkPolicy(public_egress=False)),
                                section(public_egress=False)) is None
     assert "cannot read" in str(why_not_enforceable({"resolver": "r1"}, section()))
+    # an Egress or a Resolver needs the egress process: refused, never sent direct
+    egress = {"name": "corp", "revision": 1, "address": "proxy.test:1080"}
+    assert "no egress process" in str(why_not_enforceable({"egress": egress}, section()))
+    resolver = {"name": "dns", "revision": 1, "upstream": "198.18.0.1"}
+    assert "no egress process" in str(why_not_enforceable({"resolver": resolver}, section()))
 
 
 # ---------------------------------------------------------------------------- slots

@@ -20,7 +20,7 @@ from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
 from kibotos.node.network import nft
 from kibotos.node.network.names import NETNS_DIR
-from kibotos.node.network.policy import NetworkPolicy, why_not_enforceable
+from kibotos.node.network.policy import NetworkPolicy, to_record, why_not_enforceable
 from kibotos.node.network.records import NetworkFacts, NetworkRecord, NetworkRecords
 from kibotos.node.network.slot_table import TableInputs, isolation_script, replace_script
 from kibotos.node.network.table_check import TableReport, check
@@ -74,7 +74,7 @@ def switch_policy(records: NetworkRecords, record: NetworkRecord, policy: Networ
                   netns_dir: Path = NETNS_DIR) -> NetworkRecord:
     """A network switch of a running Instance: in force when this returns, with no
     restart and established connections kept."""
-    wanted = policy.to_record()
+    wanted = to_record(policy)
     problem = why_not_enforceable(wanted, config)
     if problem is not None:
         raise FailedPrecondition(f"network switch of {record.instance_id}: {problem}")

@@ -31,7 +31,7 @@ from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.network_config import NetworkSection
 from kibotos.node.network.names import NetworkNames
-from kibotos.node.network.policy import NetworkPolicy
+from kibotos.node.network.policy import NetworkPolicy, to_record
 from kibotos.node.network.slots import SlotAddresses, lowest_free, slot_addresses
 
 FORMAT = 1
@@ -160,7 +160,7 @@ class NetworkRecords:
             taken = [r.slot.index for r in self.all()]
             slot = slot_addresses(config, lowest_free(taken, config.slot_count))
             record = NetworkRecord(instance_id=instance_id, scope=scope, slot=slot,
-                                   policy=policy.to_record(),
+                                   policy=to_record(policy),
                                    facts=NetworkFacts.current(config, uplink_addresses))
             self.write(record)
             return record
