@@ -15,6 +15,10 @@ refuses too, with the same ``invalid_argument`` naming the field.
 * ``instance.stop`` → STOPPING, STOPPED, ``{confirmed_on_disk: not force}``;
 * ``instance.destroy`` → DESTROYED, the Instance forgotten;
 * ``layer.delete`` and ``node.drain`` are recorded;
+* ``instance.set_network`` switches a RUNNING Instance that has a network as the node
+  does: an older revision than the one in force, or the same revision with another
+  policy, is refused (``failed_precondition``, reason ``stale``), a repeat answers
+  ``changed: false``; the policy in force is the Instance's `network`;
 * the pool object commands (``volume.create``, ``volume.delete``, ``object.expand``,
   ``object.copy``) work on `objects`, a simulated pool content keyed by (kind, pool,
   object ID) with each object's capacity and holder epoch; an older epoch than the
@@ -63,9 +67,11 @@ from kibotos.protocol import (
     InstanceState,
     LayerDeleteArgs,
     LayerRef,
+    NetworkPolicy,
     ObjectCopyArgs,
     ObjectExpandArgs,
     Report,
+    SetNetworkArgs,
     StopArgs,
     VolumeCreateArgs,
     VolumeDeleteArgs,
@@ -96,6 +102,9 @@ class SimInstance:
     reason: str | None = None
     #: ``{kind, pool_id, object_id, epoch, released_cleanly}`` as the node reports them.
     objects: list[dict[str, Any]] = field(default_factory=list)
+    #: The network policy in force and its revision (from the create or a switch).
+    network: NetworkPolicy | None = None
+    network_revision: int | None = None
 
 
 @dataclass
@@ -206,7 +215,7 @@ class SimInstances:
     #: The commands it answers; their arguments' types.
     ARGS: ClassVar[dict[str, type[Args]]] = {cls.KIND: cls for cls in (
         CreateSpec, StopArgs, DestroyArgs, LayerDeleteArgs, DrainArgs, VolumeCreateArgs,
-        VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs)}
+        VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs, SetNetworkArgs)}
     KINDS: ClassVar[tuple[str, ...]] = tuple(ARGS)
 
     def handles(self, kind: str) -> bool:
@@ -234,6 +243,8 @@ class SimInstances:
             return await self._volume_delete(parsed)
         if isinstance(parsed, ObjectExpandArgs):
             return await self._expand(parsed)
+        if isinstance(parsed, SetNetworkArgs):
+            return self._set_network(parsed)
         assert isinstance(parsed, ObjectCopyArgs)
         return await self._copy(parsed)
 
@@ -258,7 +269,8 @@ class SimInstances:
                 raise FailedPrecondition(f"retained layer {layer.ref} is in use by "
                                          f"Instance {other.instance_id}")
         inst = SimInstance(instance_id, spec.workspace_id, spec.cpu_millis,
-                           spec.memory_bytes, layer, spec)
+                           spec.memory_bytes, layer, spec, network=spec.network,
+                           network_revision=spec.network_revision)
         key = ("retained_layer", layer.pool_id, layer.ref)
         if layer.create and key not in self.objects:
             self.objects[key] = SimObject(layer.capacity_bytes, layer.epoch, released=False)
@@ -269,6 +281,26 @@ class SimInstances:
         if self._nursery is not None:
             self._nursery.start_soon(self._boot, inst)
         return {"accepted": True}
+
+    def _set_network(self, args: SetNetworkArgs) -> dict[str, Any]:
+        inst = self.instances.get(args.instance_id)
+        if inst is None:
+            raise NotFound(f"Instance {args.instance_id} is not on this node")
+        if inst.network is None:
+            raise FailedPrecondition(f"Instance {args.instance_id} was created without a "
+                                     "network", details={"reason": "no_network"})
+        if inst.state != "RUNNING":
+            raise FailedPrecondition(f"Instance {args.instance_id} is {inst.state}: a network "
+                                     "switch needs it RUNNING", details={"reason": "not_running"})
+        current = inst.network_revision
+        if current is not None and (args.revision < current or (
+                args.revision == current and args.network != inst.network)):
+            raise FailedPrecondition(f"network revision {args.revision} of Instance "
+                                     f"{args.instance_id} is stale (revision {current} is in "
+                                     "force)", details={"reason": "stale"})
+        changed = args.revision != current
+        inst.network, inst.network_revision = args.network, args.revision
+        return {"network_revision": args.revision, "changed": changed}
 
     async def _boot(self, inst: SimInstance) -> None:
         await self._set(inst, "CREATING")

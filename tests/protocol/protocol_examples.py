@@ -39,6 +39,10 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
                       "artifact_digest": f"sha256:{HEX}", "epoch": 1},
     "registry.list": {"limit": 100},
     "registry.delete": {"instance_ids": ["inst-1", "inst-2"]},
+    "instance.set_network": {
+        "instance_id": "inst-1", "revision": 2,
+        "network": {"public_egress": True, "allow_out": ["198.18.1.1/32"],
+                    "deny_out": ["0.0.0.0/0", "::/0"], "egress": None, "resolver": None}},
 }
 
 

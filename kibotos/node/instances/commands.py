@@ -19,10 +19,12 @@ from kibotos.protocol import (
     DestroyArgs,
     DrainArgs,
     LayerDeleteArgs,
+    NetworkPolicy,
     ObjectCopyArgs,
     ObjectExpandArgs,
     ObjectExportArgs,
     ObjectImportArgs,
+    SetNetworkArgs,
     StopArgs,
     VolumeCreateArgs,
     VolumeDeleteArgs,
@@ -60,6 +62,9 @@ class CommandTarget(Protocol):
 
     async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]: ...
 
+    async def set_network(self, instance_id: str, network: NetworkPolicy, revision: int
+                          ) -> dict[str, Any]: ...
+
     def set_drain_requested(self, requested: bool) -> None: ...
 
 
@@ -83,12 +88,17 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
         parsed = parse_args(LayerDeleteArgs, args)
         return await target.delete_layer(parsed.pool_id, parsed.ref, parsed.epoch)
 
+    async def set_network(args: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_args(SetNetworkArgs, args)
+        return await target.set_network(parsed.instance_id, parsed.network, parsed.revision)
+
     async def drain(args: dict[str, Any]) -> dict[str, Any]:
         target.set_drain_requested(parse_args(DrainArgs, args).requested)
         return {"drain_requested": target.drain_requested}
 
     return {CreateSpec.KIND: create, StopArgs.KIND: stop, DestroyArgs.KIND: destroy,
             LayerDeleteArgs.KIND: layer_delete, DrainArgs.KIND: drain,
+            SetNetworkArgs.KIND: set_network,
             **(storage_handlers(storage) if storage is not None else {})}
 
 

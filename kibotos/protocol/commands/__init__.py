@@ -37,7 +37,7 @@ from kibotos.protocol.commands.storage import (
 COMMANDS: dict[str, type[Args]] = {cls.KIND: cls for cls in (
     CreateSpec, StopArgs, DestroyArgs, DrainArgs, LayerDeleteArgs, VolumeCreateArgs,
     VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs, ObjectExportArgs, ObjectImportArgs,
-    RegistryListArgs, RegistryDeleteArgs)}
+    RegistryListArgs, RegistryDeleteArgs, SetNetworkArgs)}
 
 
 def parse_command(kind: str, args: Any) -> Args:

@@ -42,10 +42,34 @@ def _reset_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
+#: setns(2)'s namespace type for a network namespace.
+CLONE_NEWNET = 0x40000000
+
+
+def _join_netns(path: str) -> None:
+    """``NetworkNamespacePath=``, as systemd applies it: the launcher joins the
+    namespace before it starts the unit, so the unit's processes are born in it."""
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"setns {path}: {os.strerror(code)}")
+    finally:
+        os.close(fd)
+
+
 def launch(request: dict[str, Any]) -> dict[str, Any]:
     log_path = Path(request["log_path"])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _reset_signals()
+    netns = (request.get("properties") or {}).get("NetworkNamespacePath")
+    if netns:
+        try:
+            _join_netns(str(netns))
+        except OSError as exc:
+            return {"error": f"NetworkNamespacePath={netns}: {exc.strerror or exc}"}
     with open(log_path, "ab") as log:
         try:
             proc = subprocess.Popen(

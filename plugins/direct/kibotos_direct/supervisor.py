@@ -13,7 +13,9 @@ lives in the state directory, so a new supervisor object (a restarted node) sees
 same units.  Blocking work (/proc scans, the launcher, file writes) runs in a worker
 thread (`trio.to_thread.run_sync`) so the node's event loop never stalls.
 
-What it cannot do, unlike systemd: resource properties (no cgroups of its own; they
+Of the unit properties it applies one, ``NetworkNamespacePath`` (the launcher joins
+that namespace with ``setns`` before it starts the unit, as systemd does).  What it
+cannot do, unlike systemd: the other resource properties (no cgroups of its own; they
 are recorded, not applied), the exit status of a unit (it is not the parent; ``result``
 is ``gone``), and processes of the unit that leave its process group escape `stop`.
 """
