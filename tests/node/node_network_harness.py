@@ -17,8 +17,8 @@ import ctypes.util
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ NETWORK_TESTS = Path(__file__).resolve().parents[1] / "network"
 if str(NETWORK_TESTS) not in sys.path:
     sys.path.insert(0, str(NETWORK_TESTS))
 
+from instance_harness import Node  # noqa: E402
 from netbed import DNS_NAMES, World  # noqa: E402
 
 from kibotos import atomicfile  # noqa: E402
@@ -80,10 +81,14 @@ def socket_dir(base: Path) -> Path:
     return base / "sock"
 
 
-def config_parts(base: Path, bed: World) -> dict[str, str]:
+def config_parts(base: Path, bed: World, **changes: str) -> dict[str, str]:
     """``extra`` and ``node_extra`` of `instance_harness.node_config` for a node with
-    [network] in `bed`, named by a scope of its own."""
-    return {"extra": NETWORK + f'[testing]\nnetwork_host_netns = "{bed.host}"\n',
+    [network] in `bed`, named by a scope of its own; `changes` replace lines of
+    `NETWORK` by key (``public_egress="false"``)."""
+    lines = [f"{line.split(' = ')[0]} = {changes[line.split(' = ')[0]]}"
+             if line.split(" = ")[0] in changes else line for line in NETWORK.splitlines()]
+    network = "\n".join(lines) + "\n"
+    return {"extra": network + f'[testing]\nnetwork_host_netns = "{bed.host}"\n',
             "node_extra": f'socket_dir = "{socket_dir(base)}"'}
 
 
@@ -161,3 +166,55 @@ if kind == "fetch":
 else:
     print(resolve(arg, sys.argv[3]))
 """
+
+
+class Bed:
+    """A storage root for a node with [network] in a world of its own."""
+
+    def __init__(self, base: Path, bed: World) -> None:
+        self.base, self.world = base, bed
+        self.parts = config_parts(base, bed)
+
+
+@asynccontextmanager
+async def network_bed(prefix: str) -> AsyncIterator[Bed]:
+    """A `Bed`; at the end the units are stopped, the Instance namespaces a test left
+    (an Instance left running keeps its own) removed and the world closed."""
+    from adoption_harness import node_root
+
+    with world() as w:
+        async with node_root(prefix) as base:
+            try:
+                yield Bed(base, w)
+            finally:
+                for name in plumbing.node_namespaces(scope(base)):
+                    ns.remove_netns(Path("/run/netns") / name)
+
+
+async def guest(node: Node, instance_id: str, *args: str) -> str:
+    """`GUEST_TOOL` run in the Instance's guest: its one line of output."""
+    inst = node.manager.get(instance_id)
+    assert inst is not None
+    argv = [sys.executable, "-I", "-c", GUEST_TOOL, *args]
+    if args[0] == "resolve":
+        argv.append(str(inst.dir / "guestroot" / "etc" / "resolv.conf"))
+    async with node.manager.launcher.guest(inst, timeout=30) as channel:
+        status, out, err = await channel.run(argv)
+    assert status.exit_code == 0, err
+    return out.decode().strip()
+
+
+async def create(node: Node, instance_id: str = "inst-n1",
+                 network: dict[str, Any] | None = None, revision: int = 1) -> dict[str, Any]:
+    """Create an Instance with a network (default policy); its RUNNING or FAILED frame."""
+    args = node.create_args(instance_id, workspace_id=f"ws-{instance_id}",
+                            network=network if network is not None else {},
+                            network_revision=revision)
+    assert await node.command("instance.create", args) == {"accepted": True}
+    return await node.wait_state(instance_id, "RUNNING", "FAILED")
+
+
+async def switch(node: Node, network: dict[str, Any], revision: int,
+                 instance_id: str = "inst-n1") -> dict[str, Any]:
+    return await node.command("instance.set_network", {
+        "instance_id": instance_id, "network": network, "revision": revision})

@@ -8,78 +8,35 @@ anything is written where the node cannot give it."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from adoption_harness import node_at, node_root
-from instance_harness import Node, running_node
+from adoption_harness import node_at
+from instance_harness import running_node
 from node_network_harness import (
-    GUEST_TOOL,
-    World,
-    config_parts,
+    Bed,
+    create,
+    guest,
     host_table_present,
     launch_network,
     leftovers,
-    scope,
-    world,
+    network_bed,
+    switch,
 )
 
 from kibotos.errors import FailedPrecondition
 from kibotos.node.instances.contract import RUNNING
-from kibotos.node.network import netns as ns
 from kibotos.node.network import plumbing
 
 pytestmark = pytest.mark.root
 ID = "inst-n1"
 
 
-class Bed:
-    def __init__(self, base: Path, bed: World) -> None:
-        self.base, self.world = base, bed
-        self.parts = config_parts(base, bed)
-
-
 @pytest.fixture
 async def bed() -> AsyncIterator[Bed]:
-    with world() as w:
-        async with node_root("kn-net-") as base:
-            try:
-                yield Bed(base, w)
-            finally:  # an Instance left running keeps its namespace: removed here
-                for name in plumbing.node_namespaces(scope(base)):
-                    ns.remove_netns(Path("/run/netns") / name)
-
-
-async def guest(node: Node, instance_id: str, *args: str) -> str:
-    """`GUEST_TOOL` run in the Instance's guest: its one line of output."""
-    inst = node.manager.get(instance_id)
-    assert inst is not None
-    resolv = str(inst.dir / "guestroot" / "etc" / "resolv.conf")
-    argv = [sys.executable, "-I", "-c", GUEST_TOOL, *args]
-    if args[0] == "resolve":
-        argv.append(resolv)
-    async with node.manager.launcher.guest(inst, timeout=30) as channel:
-        status, out, err = await channel.run(argv)
-    assert status.exit_code == 0, err
-    return out.decode().strip()
-
-
-async def create(node: Node, instance_id: str = ID, network: dict[str, Any] | None = None,
-                 revision: int = 1) -> dict[str, Any]:
-    args = node.create_args(instance_id, workspace_id=f"ws-{instance_id}",
-                            network=network if network is not None else {},
-                            network_revision=revision)
-    assert await node.command("instance.create", args) == {"accepted": True}
-    return await node.wait_state(instance_id, RUNNING, "FAILED")
-
-
-async def switch(node: Node, network: dict[str, Any], revision: int,
-                 instance_id: str = ID) -> dict[str, Any]:
-    return await node.command("instance.set_network", {
-        "instance_id": instance_id, "network": network, "revision": revision})
+    async with network_bed("kn-net-") as value:
+        yield value
 
 
 async def test_a_network_on_a_node_without_network_is_refused_before_anything() -> None:
@@ -104,7 +61,8 @@ async def test_the_guest_reaches_the_internet_by_name_and_only_what_its_policy_a
         assert inst is not None
         net = launch_network(inst.dir)
         assert net is not None
-        assert net["table"] == "inet kibotos" and net["tap"] == "tap0"
+        assert net["table"] == "inet kibotos"
+        assert net["tap"] == "tap0"
         assert net["addresses"]["v4"]["guest"] == "10.200.0.3"
         assert net["host_veth"] in plumbing.host_veths(bed.world.host)
         # the VMM runs in the Instance's namespace (the unit's NetworkNamespacePath)
