@@ -1,0 +1,53 @@
+"""The ``direct`` supervisor applies ``NetworkNamespacePath`` as systemd does: the unit's
+processes are born in that namespace (the launcher joins it with ``setns`` before it
+starts the unit); a namespace that cannot be joined fails the start, naming it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kibotos_direct.supervisor import DirectSupervisor
+
+from kibotos.backends import UnitSpec
+from kibotos.errors import FailedPrecondition
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def holder() -> Iterator[subprocess.Popen[bytes]]:
+    """A process in a namespace of its own, which a unit can join by its path."""
+    proc = subprocess.Popen(["unshare", "--net", "sleep", "300"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_unit_runs_in_its_network_namespace(tmp_path: Path,
+                                                    holder: subprocess.Popen[bytes]) -> None:
+    netns = f"/proc/{holder.pid}/ns/net"
+    while os.stat(netns).st_ino == os.stat("/proc/self/ns/net").st_ino:  # unshare not done
+        time.sleep(0.01)
+    sup = DirectSupervisor({"state_dir": str(tmp_path)})
+    info = await sup.start(UnitSpec("ns-unit.service", ["sleep", "300"],
+                                    properties={"NetworkNamespacePath": netns}))
+    try:
+        assert info.netns_inode == os.stat(netns).st_ino
+        assert info.netns_inode != os.stat("/proc/self/ns/net").st_ino
+    finally:
+        await sup.stop("ns-unit.service", timeout=5)
+
+
+async def test_a_namespace_that_cannot_be_joined_fails_the_start(tmp_path: Path) -> None:
+    sup = DirectSupervisor({"state_dir": str(tmp_path)})
+    with pytest.raises(FailedPrecondition, match="NetworkNamespacePath=/nonexistent/ns"):
+        await sup.start(UnitSpec("ns-unit.service", ["sleep", "300"],
+                                 properties={"NetworkNamespacePath": "/nonexistent/ns"}))
+    assert await sup.describe("ns-unit.service") is None
