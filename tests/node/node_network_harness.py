@@ -32,9 +32,9 @@ from instance_harness import Node  # noqa: E402
 from netbed import DNS_NAMES, World  # noqa: E402
 
 from kibotos import atomicfile  # noqa: E402
-from kibotos.node.dataplane.supervisor import scope_of  # noqa: E402
 from kibotos.node.network import host_table, plumbing  # noqa: E402
 from kibotos.node.network import netns as ns  # noqa: E402
+from kibotos.node.network.names import node_scope  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 __all__ = ["DNS_NAMES", "World"]
@@ -93,7 +93,7 @@ def config_parts(base: Path, bed: World, **changes: str) -> dict[str, str]:
 
 
 def scope(base: Path) -> str:
-    return scope_of(socket_dir(base))
+    return node_scope(socket_dir(base))
 
 
 def leftovers(base: Path, bed: World) -> list[str]:

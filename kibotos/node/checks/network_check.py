@@ -22,8 +22,7 @@ from pathlib import Path
 from kibotos.config import NodeConfig
 from kibotos.errors import FailedPrecondition
 from kibotos.node.checks.check_report import Report
-from kibotos.node.dataplane.supervisor import scope_of
-from kibotos.node.network.names import NETNS_DIR, scope_netns_prefix
+from kibotos.node.network.names import NETNS_DIR, node_scope, scope_netns_prefix
 from kibotos.node.network.records import NetworkRecords
 
 
@@ -53,7 +52,7 @@ def check_network(config: NodeConfig, root: Path, owned: set[str], report: Repor
             report.blocked(f"instance {instance_id}: a network switch is half done (its "
                            f"network record {entry} has a pending policy, revision "
                            f"{record.pending_revision}); start the node and let it finish")
-    prefix = scope_netns_prefix(scope_of(config.node.socket_dir))
+    prefix = scope_netns_prefix(node_scope(config.node.socket_dir))
     try:
         names = sorted(n for n in (p.name for p in netns_dir.iterdir()) if n.startswith(prefix))
     except FileNotFoundError:

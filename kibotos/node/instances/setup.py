@@ -23,10 +23,10 @@ from typing import Any
 from kibotos.config import NodeConfig
 from kibotos.errors import InvalidArgument
 from kibotos.logs import EventLogger
-from kibotos.node.dataplane.supervisor import scope_of
 from kibotos.node.instances.lifecycle import Launcher, Settings
 from kibotos.node.instances.manager import VmInstanceManager
 from kibotos.node.instances.network_step import NetworkStep
+from kibotos.node.network.names import node_scope
 from kibotos.node.records.attachments import Attachments
 from kibotos.node.runtime import installations
 from kibotos.node.runtime.build_identity import BuildIdentity
@@ -72,7 +72,7 @@ def network_step(config: NodeConfig, backend: Any) -> NetworkStep | None:
         return None
     owner = getattr(backend, "tap_owner", None)
     uid, gid = owner() if callable(owner) else (None, None)
-    return NetworkStep(config.network, scope=scope_of(config.node.socket_dir),
+    return NetworkStep(config.network, scope=node_scope(config.node.socket_dir),
                        root=config.storage.root,
                        host_netns=config.testing.network_host_netns, tap_owner=(uid, gid))
 
