@@ -28,6 +28,9 @@ from kibotos.node.records.registry import Registry, registry_handlers
 from kibotos.protocol import COMMANDS, CreateSpec
 
 SHARED = {"id": "shared-a", "shared": True, "default": False}
+#: Commands the node answers that ctrl does not send yet: ``instance.set_network`` comes
+#: with ctrl's network policies (issue 11, ctrl's half); drop it here with that flow.
+NOT_SENT_YET = {"instance.set_network"}
 
 
 class ParsedOnly:
@@ -56,6 +59,10 @@ class ParsedOnly:
 
     async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]:
         return await self._note("delete_layer", pool_id, ref, epoch)
+
+    async def set_network(self, instance_id: str, network: Any, revision: int
+                          ) -> dict[str, Any]:
+        return await self._note("set_network", instance_id, network, revision)
 
     def set_drain_requested(self, requested: bool) -> None:
         self.calls.append(("set_drain_requested", ((requested,), {})))
@@ -182,6 +189,7 @@ async def test_every_command_ctrl_sends_is_accepted_by_the_node_s_parser(
         assert await sweep.sweep_node("node-a") == ["inst-gone"]
 
     assert sim.refused == []
-    assert set(sim.parsed) == set(COMMANDS), "a command ctrl never sent in this test"
+    assert set(sim.parsed) == set(COMMANDS) - NOT_SENT_YET, \
+        "a command ctrl never sent in this test"
     creates = [args[0] for name, (args, _) in sim.target.calls if name == "create"]
     assert [spec.layer.create for spec in creates] == [True, False]  # create, start
