@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from kibotos_direct.supervisor import DirectSupervisor
 
 from kibotos.backends import UnitSpec
@@ -34,7 +34,7 @@ async def test_a_unit_runs_in_its_network_namespace(tmp_path: Path,
                                                     holder: subprocess.Popen[bytes]) -> None:
     netns = f"/proc/{holder.pid}/ns/net"
     while os.stat(netns).st_ino == os.stat("/proc/self/ns/net").st_ino:  # unshare not done
-        time.sleep(0.01)
+        await trio.sleep(0.01)
     sup = DirectSupervisor({"state_dir": str(tmp_path)})
     info = await sup.start(UnitSpec("ns-unit.service", ["sleep", "300"],
                                     properties={"NetworkNamespacePath": netns}))
