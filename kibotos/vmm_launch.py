@@ -133,8 +133,12 @@ class LaunchNetwork:
 
 def network(launch: Mapping[str, Any]) -> LaunchNetwork | None:
     """``network`` (absent or null: no NIC) as `LaunchNetwork`: ``netns_path`` an
-    existing absolute path, ``tap`` an interface name, ``mac`` a unicast MAC in lower
-    case."""
+    absolute path, ``tap`` an interface name, ``mac`` a unicast MAC in lower case.
+
+    The namespace's existence is not checked: the recorded launch is parsed again for
+    as long as the VMM runs (its guest channel, its Volumes), also after someone
+    removed the namespace's name while the VMM keeps the namespace; starting a unit in
+    a namespace that is not there fails at the start, naming it."""
     value = launch.get("network")
     if value is None:
         return None
@@ -143,7 +147,7 @@ def network(launch: Mapping[str, Any]) -> LaunchNetwork | None:
     unknown = set(value) - {"netns_path", "tap", "mac"}
     if unknown:
         raise InvalidArgument(f"launch: network has unknown keys {sorted(unknown)}")
-    path = abs_path(value, "netns_path", must_exist="any", label="network.netns_path")
+    path = abs_path(value, "netns_path", label="network.netns_path")
     tap, mac = value.get("tap"), value.get("mac")
     if not isinstance(tap, str) or not _IFNAME.fullmatch(tap):
         raise InvalidArgument(f"launch: network.tap {tap!r} must be an interface name "
