@@ -272,6 +272,15 @@ class VmmBackend(Protocol):
     the unit to start; `wait_ready` returns the guest's readiness facts or raises on the
     deadline; `guest_channel` opens the byte stream to the guest agent.  Capability
     flags (class attributes ``CAN_*``) say what the backend supports.
+
+    Network (``CAN_NETWORK = True``): the launch then has ``network`` {``netns_path``,
+    ``tap``, ``mac``} (`kibotos.vmm_launch.network`): the node made the namespace and,
+    in it, a persistent tap; the backend's unit joins the namespace
+    (``NetworkNamespacePath``) and its VMM opens the tap by name and gives the guest a
+    virtio-net NIC with that MAC.  An optional ``tap_owner() -> (uid | None, gid |
+    None)`` names the account the VMM runs as, which the node makes the tap's owner, so
+    the VMM attaches to it without any capability.  Without ``CAN_NETWORK`` the node
+    refuses a create with a network.
     """
 
     name: ClassVar[str]

@@ -294,6 +294,10 @@ class TestingSection(_Strict):
     """Test inputs the node reads; see docs/dev.md.  Never needed in production."""
 
     clock_skew_file: Path | None = None
+    #: The network namespace that stands for the host's with ``[network]``: the host
+    #: ends of the Instance veths, the host table and the uplink are there.  Tests make
+    #: one, so the real host's network is never changed; absent: the node's own.
+    network_host_netns: Path | None = None
 
 
 class NodeConfig(_Strict):

@@ -42,6 +42,11 @@ KNOWN: dict[str, str] = {
                                          "before the unit starts",
     "node.instance.after-unit-start": "Instance launch, after the VMM unit started and before "
                                       "its facts are recorded",
+    "node.instance.after-network": "Instance launch, after the network (namespace, veth, tap, "
+                                   "addresses, slot table) is made and before the Template "
+                                   "is linked and the launch record written",
+    "node.instance.before-network-teardown": "Instance stop or destroy, after the objects are "
+                                             "released and before the network is removed",
     "node.instance.after-ready": "Instance launch, after the guest's hello and before RUNNING",
     "node.instance.before-stop": "Instance stop or destroy, before the VMM unit is stopped",
     "node.instance.after-stop": "Instance stop or destroy, after the VMM unit is gone",

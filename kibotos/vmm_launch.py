@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Set
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,3 +111,48 @@ def read_only(item: Mapping[str, Any], index: int) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"launch: volumes[{index}].read_only must be true or false")
     return value
+
+
+_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+
+
+@dataclass(frozen=True)
+class LaunchNetwork:
+    """``network`` of a launch: the guest's NIC (docs/vm.md, "Launch description").
+
+    The node made the namespace and, in it, the persistent tap `tap` (owned by the
+    account the VMM runs as, so the VMM opens it by name without any capability); the
+    VMM unit joins the namespace (``NetworkNamespacePath``) and gives the guest a
+    virtio-net device with `mac` on the tap."""
+
+    netns_path: Path
+    tap: str
+    mac: str
+
+
+def network(launch: Mapping[str, Any]) -> LaunchNetwork | None:
+    """``network`` (absent or null: no NIC) as `LaunchNetwork`: ``netns_path`` an
+    absolute path, ``tap`` an interface name, ``mac`` a unicast MAC in lower case.
+
+    The namespace's existence is not checked: the recorded launch is parsed again for
+    as long as the VMM runs (its guest channel, its Volumes), also after someone
+    removed the namespace's name while the VMM keeps the namespace; starting a unit in
+    a namespace that is not there fails at the start, naming it."""
+    value = launch.get("network")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument("launch: network must be an object")
+    unknown = set(value) - {"netns_path", "tap", "mac"}
+    if unknown:
+        raise InvalidArgument(f"launch: network has unknown keys {sorted(unknown)}")
+    path = abs_path(value, "netns_path", label="network.netns_path")
+    tap, mac = value.get("tap"), value.get("mac")
+    if not isinstance(tap, str) or not _IFNAME.fullmatch(tap):
+        raise InvalidArgument(f"launch: network.tap {tap!r} must be an interface name "
+                              "(1-15 letters, digits, '_', '.', '-')")
+    if not isinstance(mac, str) or not _MAC.fullmatch(mac) or int(mac[:2], 16) & 1:
+        raise InvalidArgument(f"launch: network.mac {mac!r} must be a unicast MAC like "
+                              "02:00:00:00:00:01 (lower case)")
+    return LaunchNetwork(path, tap, mac)

@@ -51,6 +51,7 @@ from kibotos.guest.kibotos_guest.framing import (
 )
 from kibotos.guest.model import (
     ACCEPTED_PROTOCOL_VERSIONS,
+    NETWORK_CAPABILITY,
     STOP_REASONS,
     ChannelStatistics,
     ConfigureResult,
@@ -199,7 +200,10 @@ class GuestChannel:
         return trio.current_time() - start
 
     async def configure(self, config: LaunchConfig) -> ConfigureResult:
-        """Hand over the launch configuration; an identical second call changes nothing."""
+        """Hand over the launch configuration; an identical second call changes nothing.
+        A network needs a guest that can configure one (``configure.network``)."""
+        if config.network is not None:
+            await self.require(NETWORK_CAPABILITY)
         body = await self._request("configure", {"config": config.to_wire()})
         return ConfigureResult(bool(body.get("changed")), tuple(body.get("actions", ())),
                                body.get("config_digest"))

@@ -156,6 +156,30 @@ class Dns:
 
 
 @dataclasses.dataclass(frozen=True)
+class GuestAddress:
+    """One address of the guest's interface, with its gateway (the default route of
+    its family)."""
+
+    family: str  # "ipv4" or "ipv6"
+    address: str
+    prefix: int
+    gateway: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestNetwork:
+    """The guest's network interface: found by its MAC, given these addresses and a
+    default route per family (capability ``configure.network``)."""
+
+    mac: str
+    addresses: Sequence[GuestAddress] = ()
+
+
+#: The capability a guest needs for `LaunchConfig.network`.
+NETWORK_CAPABILITY = "configure.network"
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """What the guest is told at launch and again after a node restart.
 
@@ -169,6 +193,7 @@ class LaunchConfig:
     dns: Dns | None = None
     volumes: Sequence[Volume] | None = None
     retained_filesystems: Sequence[str] | None = None
+    network: GuestNetwork | None = None
 
     def to_wire(self) -> dict[str, Any]:
         body: dict[str, Any] = {}
@@ -186,6 +211,10 @@ class LaunchConfig:
             body["volumes"] = [dataclasses.asdict(v) for v in self.volumes]
         if self.retained_filesystems is not None:
             body["retained_filesystems"] = list(self.retained_filesystems)
+        if self.network is not None:
+            body["network"] = {"mac": self.network.mac,
+                               "addresses": [dataclasses.asdict(a)
+                                             for a in self.network.addresses]}
         return body
 
 

@@ -33,7 +33,14 @@ from kibotos.platform import debs
 from kibotos.platform.cache import cached_build, default_cache_root, input_key
 from kibotos.platform.initramfs import COMPRESSIONS, build_initramfs, init_script
 from kibotos.platform.kernel import extract_vmlinux
-from kibotos.platform.modules import GUEST_MODULES, VSOCK_MODULES, Module, ModuleTree, read_module
+from kibotos.platform.modules import (
+    GUEST_MODULES,
+    NET_MODULES,
+    VSOCK_MODULES,
+    Module,
+    ModuleTree,
+    read_module,
+)
 
 FORMAT = 1
 MANIFEST = "platform.json"
@@ -64,7 +71,8 @@ def _read_modules(moddir: Path, order: list[Module]) -> list[tuple[Module, bytes
 
 
 def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
-           vsock_modules: tuple[str, ...], compression: str, inputs: dict[str, Any]) -> None:
+           vsock_modules: tuple[str, ...], compression: str, inputs: dict[str, Any],
+           net_modules: tuple[str, ...] = NET_MODULES) -> None:
     work = Path(tempfile.mkdtemp(prefix="kibotos-platform-"))
     try:
         unpacked = {}
@@ -82,8 +90,11 @@ def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
         loaded = {m.name for m in base}
         extra = [m for m in tree.load_order([*modules, *vsock_modules])
                  if m.name not in loaded]
+        net_extra = [m for m in tree.load_order([*modules, *net_modules])
+                     if m.name not in loaded]
         chosen = _read_modules(moddir, base)
         vsock = _read_modules(moddir, extra)
+        net = _read_modules(moddir, net_extra)
         busybox = unpacked["busybox"] / "bin" / "busybox"
         tini = unpacked["tini"] / "usr" / "bin" / "tini-static"
         for path in (busybox, tini):
@@ -91,7 +102,7 @@ def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
                 raise FailedPrecondition(f"{path.relative_to(work)} missing from its package")
         initramfs = build_initramfs(busybox=busybox, tini=tini, release=release,
                                     modules=chosen, compression=compression,
-                                    vsock_modules=vsock)
+                                    vsock_modules=vsock, net_modules=net)
         (tmp / "vmlinux").write_bytes(vmlinux)
         (tmp / "initramfs").write_bytes(initramfs)
         manifest = {
@@ -103,6 +114,7 @@ def _build(tmp: Path, refs: dict[str, debs.DebRef], modules: tuple[str, ...],
             "tini": refs["tini"].describe(),
             "modules": [m.name for m, _ in chosen],
             "vsock_modules": [m.name for m, _ in vsock],
+            "net_modules": [m.name for m, _ in net],
             "initramfs_compression": compression,
             "files": {"vmlinux": _digest(vmlinux), "initramfs": _digest(initramfs)},
         }
@@ -116,6 +128,7 @@ def build_platform(*, cache_root: Path | None = None, kernel_deb: Path | None = 
                    kernel_package: str = "linux-image-amd64",
                    modules: tuple[str, ...] = GUEST_MODULES,
                    vsock_modules: tuple[str, ...] = VSOCK_MODULES,
+                   net_modules: tuple[str, ...] = NET_MODULES,
                    compression: str = DEFAULT_COMPRESSION) -> Path:
     """The Platform directory for these inputs, building it on a cache miss.
 
@@ -135,12 +148,13 @@ def build_platform(*, cache_root: Path | None = None, kernel_deb: Path | None = 
         "init": hashlib.sha256(init_script()).hexdigest(),
         "modules": list(modules),
         "vsock_modules": list(vsock_modules),
+        "net_modules": list(net_modules),
         "compression": compression,
     }
     root = (cache_root or default_cache_root()) / "platforms"
     return cached_build(root, input_key(inputs), MANIFEST,
                         lambda tmp: _build(tmp, refs, modules, vsock_modules, compression,
-                                                   inputs))
+                                           inputs, net_modules))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,8 @@
 #   kibotos.disks=N         wait until N virtio disks with a serial are present (2)
 #   kibotos.vsock=PORT      serve the agent on this vsock port instead of virtio-serial
 #                           ports, after loading /etc/kibotos/modules.vsock (Firecracker)
+#   kibotos.net=1           the guest has a virtio-net NIC: load /etc/kibotos/modules.net
+#                           (the agent configures it from the launch configuration)
 #   kibotos.probe           print KIBOTOS-PROBE-OK and power off (acceleration probe)
 # Any failure prints "kibotos-init: FAILED: <reason>" on the console and powers off.
 
@@ -48,6 +50,7 @@ AGENT=/usr/lib/kibotos-guest/agent.py
 PROBE=
 DISKS=2
 VSOCK=
+NET=
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         kibotos.port=*) PORT="${arg#*=}" ;;
@@ -56,6 +59,7 @@ for arg in $(cat /proc/cmdline); do
         kibotos.agent=*) AGENT="${arg#*=}" ;;
         kibotos.disks=*) DISKS="${arg#*=}" ;;
         kibotos.vsock=*) VSOCK="${arg#*=}" ;;
+        kibotos.net=1) NET=1 ;;
         kibotos.probe) PROBE=1 ;;
     esac
 done
@@ -78,6 +82,11 @@ if [ -n "$VSOCK" ]; then
     while read -r mod; do
         insmod "/lib/modules/$mod" || fail "insmod $mod"
     done < /etc/kibotos/modules.vsock
+fi
+if [ -n "$NET" ] && [ -e /etc/kibotos/modules.net ]; then
+    while read -r mod; do
+        insmod "/lib/modules/$mod" || fail "insmod $mod"
+    done < /etc/kibotos/modules.net
 fi
 stamp "modules loaded"
 

@@ -7,6 +7,7 @@ Layout inside the archive::
     /bin/tini                      tini-static, copied into the new root's /run as PID 1
     /etc/kibotos/modules           the modules to insmod, one per line, in load order
     /etc/kibotos/modules.vsock     the vsock modules, loaded after them for kibotos.vsock=
+    /etc/kibotos/modules.net       the virtio-net modules, loaded after them for kibotos.net=1
     /lib/modules/<release>/...     those modules (decompressed) and their modules.dep
     /dev/console, /proc, /sys, /mnt, /newroot
 
@@ -66,11 +67,14 @@ def compress(data: bytes, compression: str) -> bytes:
 
 def build_initramfs(*, busybox: Path, tini: Path, release: str,
                     modules: list[tuple[Module, bytes]], compression: str,
-                    vsock_modules: list[tuple[Module, bytes]] | None = None) -> bytes:
+                    vsock_modules: list[tuple[Module, bytes]] | None = None,
+                    net_modules: list[tuple[Module, bytes]] | None = None) -> bytes:
     """The compressed initramfs for one kernel release.  `vsock_modules` (in load order,
     none of them in `modules`) are listed apart, in ``/etc/kibotos/modules.vsock``: the
-    init loads them only for a guest reached over vsock."""
-    extra = vsock_modules or []
+    init loads them only for a guest reached over vsock; `net_modules` likewise in
+    ``/etc/kibotos/modules.net``, for a guest with a network interface."""
+    vsock, net = vsock_modules or [], net_modules or []
+    extra = [*vsock, *net]
     modules = [*modules, *extra]
     w = CpioWriter()
     for d in ("bin", "dev", "etc", "etc/kibotos", "lib", "lib/modules", "mnt", "newroot",
@@ -101,5 +105,7 @@ def build_initramfs(*, busybox: Path, tini: Path, release: str,
     w.file("etc/kibotos/modules",
            "".join(f"{release}/{m.relpath}\n" for m, _ in always).encode())
     w.file("etc/kibotos/modules.vsock",
-           "".join(f"{release}/{m.relpath}\n" for m, _ in extra).encode())
+           "".join(f"{release}/{m.relpath}\n" for m, _ in vsock).encode())
+    w.file("etc/kibotos/modules.net",
+           "".join(f"{release}/{m.relpath}\n" for m, _ in net).encode())
     return compress(w.render(), compression)

@@ -30,6 +30,11 @@ GUEST_MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virt
 #: cost a TCG guest time for a device it does not have.
 VSOCK_MODULES = ("vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport")
 
+#: Loaded only when the kernel command line has ``kibotos.net=1`` (a launch with a
+#: network: the guest has a virtio-net device); its dependencies (``net_failover``,
+#: ``failover``) come with it.
+NET_MODULES = ("virtio_net",)
+
 _SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
 
 

@@ -15,8 +15,10 @@ refuses too, with the same ``invalid_argument`` naming the field.
 * ``instance.stop`` → STOPPING, STOPPED, ``{confirmed_on_disk: not force}``;
 * ``instance.destroy`` → DESTROYED, the Instance forgotten;
 * ``layer.delete`` and ``node.drain`` are recorded;
-* ``instance.set_network`` replaces the policy of a networked Instance (`SimInstance.
-  network`; an older revision refused), the create's ``network`` being the first;
+* ``instance.set_network`` switches a RUNNING Instance that has a network as the node
+  does: an older revision than the one in force, or the same revision with another
+  policy, is refused (``failed_precondition``, reason ``stale``), a repeat answers
+  ``changed: false``; the policy in force is the Instance's `network`;
 * the pool object commands (``volume.create``, ``volume.delete``, ``object.expand``,
   ``object.copy``) work on `objects`, a simulated pool content keyed by (kind, pool,
   object ID) with each object's capacity and holder epoch; an older epoch than the
@@ -68,6 +70,7 @@ from kibotos.protocol import (
     InstanceState,
     LayerDeleteArgs,
     LayerRef,
+    NetworkPolicy,
     ObjectCopyArgs,
     ObjectExpandArgs,
     Report,
@@ -102,9 +105,8 @@ class SimInstance:
     reason: str | None = None
     #: ``{kind, pool_id, object_id, epoch, released_cleanly}`` as the node reports them.
     objects: list[dict[str, Any]] = field(default_factory=list)
-    #: The policy in force (``network`` of the create, then of each switch) and its
-    #: revision; None: the Instance has no network.
-    network: dict[str, Any] | None = None
+    #: The network policy in force and its revision (from the create or a switch).
+    network: NetworkPolicy | None = None
     network_revision: int | None = None
 
 
@@ -281,10 +283,8 @@ class SimInstances:
                 raise FailedPrecondition(f"retained layer {layer.ref} is in use by "
                                          f"Instance {other.instance_id}")
         inst = SimInstance(instance_id, spec.workspace_id, spec.cpu_millis,
-                           spec.memory_bytes, layer, spec)
-        if spec.network is not None:
-            inst.network = spec.network.model_dump(mode="json")
-            inst.network_revision = spec.network_revision
+                           spec.memory_bytes, layer, spec, network=spec.network,
+                           network_revision=spec.network_revision)
         key = ("retained_layer", layer.pool_id, layer.ref)
         if layer.create and key not in self.objects:
             self.objects[key] = SimObject(layer.capacity_bytes, layer.epoch, released=False)
@@ -295,6 +295,31 @@ class SimInstances:
         if self._nursery is not None:
             self._nursery.start_soon(self._boot, inst)
         return {"accepted": True}
+
+    async def _set_network(self, args: SetNetworkArgs) -> dict[str, Any]:
+        """A network switch, as the node answers it (`kibotos.node.instances.
+        network_switch`): the whole policy replaced at once, by revision."""
+        inst = self.instances.get(args.instance_id)
+        if inst is None:
+            raise NotFound(f"Instance {args.instance_id} is not on this node")
+        if self.fail_network is not None:
+            error, self.fail_network = self.fail_network, None
+            raise error
+        if inst.network is None:
+            raise FailedPrecondition(f"Instance {args.instance_id} was created without a "
+                                     "network", details={"reason": "no_network"})
+        if inst.state != "RUNNING":
+            raise FailedPrecondition(f"Instance {args.instance_id} is {inst.state}: a network "
+                                     "switch needs it RUNNING", details={"reason": "not_running"})
+        current = inst.network_revision
+        if current is not None and (args.revision < current or (
+                args.revision == current and args.network != inst.network)):
+            raise FailedPrecondition(f"network revision {args.revision} of Instance "
+                                     f"{args.instance_id} is stale (revision {current} is in "
+                                     "force)", details={"reason": "stale"})
+        changed = args.revision != current
+        inst.network, inst.network_revision = args.network, args.revision
+        return {"network_revision": args.revision, "changed": changed}
 
     async def _boot(self, inst: SimInstance) -> None:
         await self._set(inst, "CREATING")
@@ -443,28 +468,6 @@ class SimInstances:
         self.objects[(kind, args.to_pool_id, object_id)] = SimObject(
             source.capacity_bytes, args.epoch)
         return {"copied": True}
-
-    async def _set_network(self, args: SetNetworkArgs) -> dict[str, Any]:
-        """A network switch, as the node answers it: the whole policy replaced at once;
-        an older revision than the one in force is refused, the same one again is a
-        replay (the same answer)."""
-        inst = self.instances.get(args.instance_id)
-        if inst is None or inst.state not in HOLDING:
-            raise NotFound(f"Instance {args.instance_id} is not on this node")
-        if self.fail_network is not None:
-            error, self.fail_network = self.fail_network, None
-            raise error
-        if inst.network is None:
-            raise FailedPrecondition(f"Instance {args.instance_id} was started without a "
-                                     "network: there is nothing to switch")
-        current = inst.network_revision or 0
-        if args.revision < current:
-            raise FailedPrecondition(
-                f"Instance {args.instance_id} has network revision {current} in force, "
-                f"newer than {args.revision}", details={"revision": current})
-        inst.network = args.network.model_dump(mode="json")
-        inst.network_revision = args.revision
-        return {"revision": args.revision}
 
     async def _drain(self, args: DrainArgs) -> dict[str, Any]:
         self.drain_requested = args.requested

@@ -57,6 +57,10 @@ class ParsedOnly:
     async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]:
         return await self._note("delete_layer", pool_id, ref, epoch)
 
+    async def set_network(self, instance_id: str, network: Any, revision: int
+                          ) -> dict[str, Any]:
+        return await self._note("set_network", instance_id, network, revision)
+
     def set_drain_requested(self, requested: bool) -> None:
         self.calls.append(("set_drain_requested", ((requested,), {})))
 
@@ -90,8 +94,6 @@ class NodeParsedSim(TransferSim):
     #: Kinds ctrl sent that the node has no handler for (the simulation answered).
     unanswered: list[str] = field(default_factory=list)
     target: ParsedOnly = field(default_factory=ParsedOnly)
-    #: Creates the node parsed and refused because they ask for a network.
-    creates_without_network: list[CreateSpec] = field(default_factory=list)
     REGISTRY: ClassVar[tuple[str, ...]] = ("registry.list", "registry.delete")
     KINDS = (*TransferSim.KINDS, *REGISTRY)
 
@@ -115,13 +117,6 @@ class NodeParsedSim(TransferSim):
         try:
             result: dict[str, Any] = await handlers[kind](args)
         except KibotosError as exc:
-            if exc.details.get("reason") == "no_network":
-                # Parsed, then refused for what it asks: this node version gives
-                # Instances no network yet (kibotos/node/instances/commands.py).
-                self.parsed.append(kind)
-                if kind == CreateSpec.KIND:
-                    self.creates_without_network.append(CreateSpec.model_validate(args))
-                return {}
             self.refused.append((kind, exc.message))
             raise
         self.parsed.append(kind)
@@ -202,5 +197,4 @@ async def test_every_command_ctrl_sends_is_accepted_by_the_node_s_parser(
     assert sim.unanswered == [], "commands ctrl sends that the node has no handler for"
     assert set(sim.parsed) == set(COMMANDS), "a command ctrl never sent in this test"
     creates = [args[0] for name, (args, _) in sim.target.calls if name == "create"]
-    creates += sim.creates_without_network
     assert [spec.layer.create for spec in creates] == [True, False]  # create, start

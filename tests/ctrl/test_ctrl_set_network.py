@@ -55,7 +55,9 @@ async def test_a_running_workspace_is_switched_on_its_node(tmp_path: Path) -> No
         assert out["instance"]["network_revision"] == 2
         # The node enforces what ctrl recorded.
         sim = ctrl.sims["node-a"].instances[ws["instance_id"]]
-        assert (sim.network, sim.network_revision) == (switch["network"], 2)
+        assert sim.network is not None
+        assert (sim.network.model_dump(mode="json"), sim.network_revision) == \
+            (switch["network"], 2)
         got = await ctrl.ws(wid)
         assert got["network"] == out["network"]
         assert [e for e in await events(ctrl, wid) if e["kind"] == "network"] == [

@@ -4,6 +4,7 @@ ownership), and the API plan.  The runs against the stand-in are in test_fc_laun
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -379,3 +380,41 @@ async def test_probe_refuses_a_sandbox_root_others_can_enter(fc_env: FcEnv):
     fc_env.base.chmod(0o755)
     with pytest.raises(FailedPrecondition, match="must be 0700"):
         await fc_env.backend(kvm_device="/dev/null").probe()
+
+
+# ----------------------------------------------------------------------------- network
+
+
+def test_the_nodes_network_becomes_the_jails_namespace_and_one_tap(fc_env: FcEnv):
+    """``launch["network"]`` (what the node gives every backend) is the jailer's
+    namespace and one tap by name with the guest's MAC; the API plan's interface call
+    is valid for Firecracker's published API, and the init is told to load virtio-net."""
+    from fc_spec import ApiDocument
+
+    network = {"netns_path": "/proc/self/ns/net", "tap": "tap0", "mac": "02:6b:69:00:00:01"}
+    spec = parse_launch({**fc_env.launch, "network": network})
+    assert spec.netns_path == Path("/proc/self/ns/net")
+    assert [(t.host_dev_name, t.guest_mac) for t in spec.taps] == [("tap0",
+                                                                    "02:6b:69:00:00:01")]
+    files = jailmod.jail_files(spec)
+    calls = launch_calls(spec, files, jailmod.guest_serials(files), vsock_port=AGENT_PORT,
+                         guest_cid=3, balloon=True)
+    by = {c.path: c for c in calls}
+    put = by["/network-interfaces/eth0"]
+    assert put.body == {"iface_id": "eth0", "host_dev_name": "tap0",
+                        "guest_mac": "02:6b:69:00:00:01"}
+    document = ApiDocument()
+    op, params = document.find(put.method, put.path)
+    assert params == {"iface_id": "eth0"}
+    assert document.validate(op, json.dumps(put.body).encode()) == put.body
+    assert "kibotos.net=1" in by["/boot-source"].body["boot_args"].split()
+    assert FirecrackerVmm({"uid": VMM_UID, "gid": VMM_GID}).tap_owner() == (VMM_UID, VMM_GID)
+
+
+def test_the_nodes_network_does_not_mix_with_netns_path_and_taps(fc_env: FcEnv):
+    network = {"netns_path": "/proc/self/ns/net", "tap": "tap0", "mac": "02:6b:69:00:00:01"}
+    with pytest.raises(InvalidArgument, match="instead of netns_path and taps"):
+        parse_launch({**fc_env.launch, "network": network,
+                      "taps": [{"host_dev_name": "tap1"}]})
+    with pytest.raises(InvalidArgument, match=r"network\.mac"):
+        parse_launch({**fc_env.launch, "network": {**network, "mac": "03:00:00:00:00:01"}})

@@ -16,7 +16,14 @@ from kibotos.errors import FailedPrecondition, InvalidArgument, ResourceExhauste
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import slot_table
 from kibotos.node.network.names import NetworkNames
-from kibotos.node.network.policy import NetworkPolicy, parse_policy, why_not_enforceable
+from kibotos.node.network.policy import (
+    NetworkPolicy,
+    allowed,
+    parse_policy,
+    to_record,
+    why_no_egress_process,
+    why_not_enforceable,
+)
 from kibotos.node.network.records import NetworkRecords
 from kibotos.node.network.slots import lowest_free, slot_addresses
 from kibotos.node.network.table_check import compare, set_contents
@@ -102,37 +109,48 @@ def test_a_bad_value_is_an_error_that_names_the_key(changes, message):
 def test_a_policy_is_strict_and_canonical():
     policy = parse_policy({"allow_out": ["198.18.1.1", "2001:2::/64"], "deny_out": []})
     assert policy.allow_out == ["198.18.1.1/32", "2001:2::/64"]
-    assert [str(n) for n in policy.allowed(4)] == ["198.18.1.1/32"]
-    assert [str(n) for n in policy.allowed(6)] == ["2001:2::/64"]
+    assert [str(n) for n in allowed(policy, 4)] == ["198.18.1.1/32"]
+    assert [str(n) for n in allowed(policy, 6)] == ["2001:2::/64"]
     assert parse_policy({}) == NetworkPolicy()  # public egress, nothing listed
-    with pytest.raises(InvalidArgument, match=r"allow_out: entry 0: '10.0.0.1/8' has host "
+    with pytest.raises(InvalidArgument, match=r"allow_out.0: '10.0.0.1/8' has host "
                                               r"bits set \(did you mean 10.0.0.0/8 or "
                                               r"10.0.0.1/32\?\)"):
         parse_policy({"allow_out": ["10.0.0.1/8"]})
     with pytest.raises(InvalidArgument, match="public_egress: Input should be a valid boolean"):
         parse_policy({"public_egress": "true"})
-    with pytest.raises(InvalidArgument, match="proxy: unknown key"):
+    with pytest.raises(InvalidArgument, match="proxy: unknown field"):
         parse_policy({"proxy": "socks.test:1080"})
-    with pytest.raises(InvalidArgument, match="egress: Input should be a valid dictionary"):
+    with pytest.raises(InvalidArgument, match="egress: Input should be"):
         parse_policy({"egress": "proxy"})
     with pytest.raises(InvalidArgument, match="a resolver via the egress needs the policy's "
                                               "egress"):
         parse_policy({"resolver": {"name": "r", "revision": 1, "upstream": "192.0.2.9",
                                    "via_egress": True}})
     # a policy without them is recorded as before they existed
-    assert set(NetworkPolicy().to_record()) == {"public_egress", "allow_out", "deny_out"}
+    assert set(to_record(NetworkPolicy())) == {"public_egress", "allow_out", "deny_out"}
     referencing = parse_policy({"egress": {"name": "corp", "revision": 3,
                                            "address": "socks.test:1080"}})
-    assert parse_policy(referencing.to_record()) == referencing
+    assert parse_policy(to_record(referencing)) == referencing
 
 
 def test_what_this_node_cannot_enforce():
-    assert why_not_enforceable(NetworkPolicy().to_record(), section()) is None
+    assert why_not_enforceable(to_record(NetworkPolicy()), section()) is None
     assert "no longer provides" in str(why_not_enforceable(
-        NetworkPolicy().to_record(), section(public_egress=False)))
-    assert why_not_enforceable(NetworkPolicy(public_egress=False).to_record(),
+        to_record(NetworkPolicy()), section(public_egress=False)))
+    assert why_not_enforceable(to_record(NetworkPolicy(public_egress=False)),
                                section(public_egress=False)) is None
     assert "cannot read" in str(why_not_enforceable({"resolver": "r1"}, section()))
+    # the table steers an Egress or a Resolver to the egress process (fail closed when
+    # none listens); the node's admission refuses them while it runs none for its
+    # Instances: refused, never sent direct
+    egress = {"name": "corp", "revision": 1, "address": "proxy.test:1080"}
+    resolver = {"name": "dns", "revision": 1, "upstream": "198.18.0.1"}
+    assert why_not_enforceable({"egress": egress}, section()) is None
+    assert why_not_enforceable({"resolver": resolver}, section()) is None
+    assert why_no_egress_process(NetworkPolicy()) is None
+    assert "Egress corp" in str(why_no_egress_process(parse_policy({"egress": egress})))
+    assert "no egress process" in str(why_no_egress_process(
+        parse_policy({"resolver": resolver})))
 
 
 # ---------------------------------------------------------------------------- slots

@@ -14,7 +14,7 @@ from netbed import Instance, World, ip, network_config
 
 from kibotos.node.network import enforce, nft, slot_table
 from kibotos.node.network import netns as ns
-from kibotos.node.network.policy import NetworkPolicy
+from kibotos.node.network.policy import NetworkPolicy, to_record
 from kibotos.node.network.records import NetworkRecords
 from kibotos.node.network.table_check import check
 
@@ -155,14 +155,14 @@ def test_a_switch_a_crash_interrupted_is_finished_by_adoption(instance):
     a = instance
     wanted = NetworkPolicy(deny_out=["198.18.0.1"])
     # the pending policy recorded, its table written, the record not updated yet
-    pending = dataclasses.replace(a.record, pending_policy=wanted.to_record())
+    pending = dataclasses.replace(a.record, pending_policy=to_record(wanted))
     a.records.write(pending)
     a.record = pending
     nft.apply(a.netns, slot_table.replace_script(slot_table.TableInputs.from_record(
-        dataclasses.replace(pending, policy=wanted.to_record()))), "the switched table")
+        dataclasses.replace(pending, policy=to_record(wanted)))), "the switched table")
     outcome = adopt(a)
     assert outcome.rewritten, outcome.report.refusals
-    assert a.record.policy == wanted.to_record()
+    assert a.record.policy == to_record(wanted)
     assert a.record.pending_policy is None
     assert a.records.read(a.record.instance_id) == a.record
     assert a.fetch("198.18.0.1", timeout=3).startswith("failed")

@@ -36,10 +36,12 @@ HERE = Path(__file__).resolve().parent
 
 def build_node(base: Path, *, settings: Settings = FAST,
                pool_unavailable: Callable[[str], str | None] | None = None,
-               short_guest_waits: bool = True) -> Node:
+               short_guest_waits: bool = True, extra: str = "", node_extra: str = ""
+               ) -> Node:
     """A manager over `base` (a fresh or a previous node's root), not started yet;
-    `short_guest_waits` shortens the guest attempts of the takeover (`quick`)."""
-    config = node_config(base)
+    `short_guest_waits` shortens the guest attempts of the takeover (`quick`); `extra`
+    and `node_extra` add to the config (`instance_harness.node_config`)."""
+    config = node_config(base, extra=extra, node_extra=node_extra)
     for sub in ("runtime", "template-cache", "machine-logs"):
         (config.storage.root / sub).mkdir(parents=True, exist_ok=True)
     template = write_template(base)
@@ -61,10 +63,12 @@ def quick(manager: VmInstanceManager) -> None:
 @asynccontextmanager
 async def node_at(base: Path, *, settings: Settings = FAST,
                   pool_unavailable: Callable[[str], str | None] | None = None,
-                  adjust: Callable[[Node], None] | None = None) -> AsyncIterator[Node]:
+                  adjust: Callable[[Node], None] | None = None, extra: str = "",
+                  node_extra: str = "") -> AsyncIterator[Node]:
     """A running manager over `base`; its units are left running at exit (the next
     `node_at` adopts them; `stop_units` ends them)."""
-    node = build_node(base, settings=settings, pool_unavailable=pool_unavailable)
+    node = build_node(base, settings=settings, pool_unavailable=pool_unavailable,
+                      extra=extra, node_extra=node_extra)
     if adjust is not None:
         adjust(node)
     async with trio.open_nursery() as nursery:
@@ -114,7 +118,7 @@ sys.path[:0] = [{here!r}, {plugins!r}]
 from pathlib import Path
 from adoption_harness import build_node
 async def main():
-    node = build_node(Path({base!r}))
+    node = build_node(Path({base!r}), extra={extra!r}, node_extra={node_extra!r})
     async with trio.open_nursery() as nursery:
         await nursery.start(node.manager.run)
         for kind, args in {steps!r}:
@@ -128,12 +132,13 @@ trio.run(main)
 """
 
 
-async def run_child(base: Path, steps: list[tuple[str, Any]], failpoint: str) -> str:
+async def run_child(base: Path, steps: list[tuple[str, Any]], failpoint: str, *,
+                    extra: str = "", node_extra: str = "") -> str:
     """A node process over `base` that runs `steps` (session commands, or ``("wait",
     instance_id)`` for RUNNING) and is SIGKILLed at `failpoint`; its stderr.  Fails
     when the failpoint was never reached."""
     script = CHILD.format(here=str(HERE), plugins=str(TESTPLUGINS), base=str(base),
-                          steps=steps)
+                          steps=steps, extra=extra, node_extra=node_extra)
     env = {**os.environ, "KIBOTOS_FAILPOINTS": f"{failpoint}=kill"}
     with trio.fail_after(180):
         done = await trio.run_process([sys.executable, "-c", script], env=env, check=False,

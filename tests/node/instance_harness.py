@@ -115,7 +115,8 @@ class Node:
 def node_config(base: Path, *, backend_options: str = "", shared: bool = False,
                 node_id: str = "node-a", pool: Path | None = None,
                 ctrl_url: str = "http://127.0.0.1:9", extra: str = "",
-                backend: str = "testvmm") -> NodeConfig:
+                backend: str = "testvmm", node_extra: str = "") -> NodeConfig:
+    """`extra` is appended (further tables), `node_extra` goes into ``[node]``."""
     import tomllib
 
     pool = pool or base / "pool"
@@ -126,6 +127,7 @@ def node_config(base: Path, *, backend_options: str = "", shared: bool = False,
 [node]
 id = "{node_id}"
 ctrl_url = "{ctrl_url}"
+{node_extra}
 [storage]
 root = "{base / 'root'}"
 [[storage.pool]]

@@ -183,13 +183,20 @@ async def test_a_vmm_service_without_record_is_a_leftover(stopped: Node) -> None
 
 
 async def test_a_network_record_without_instance_is_a_leftover(stopped: Node) -> None:
-    network = stopped.root / "network"
-    network.mkdir(exist_ok=True)
-    (network / "inst-1.json").write_text("{}")
+    from kibotos.network_config import NetworkSection
+    from kibotos.node.network.policy import NetworkPolicy
+    from kibotos.node.network.records import NetworkRecords
+
+    records = NetworkRecords(stopped.root / "network")
+    records.allocate("inst-1", "7e570000", NetworkSection(ipv4_pool="10.200.0.0/24"),
+                     NetworkPolicy(public_egress=False), [])
     report = await check(stopped)
     assert report.exit_code == 0, report.render()
-    (network / "inst-7.json").write_text("{}")
+    (records.directory / "inst-7.json").write_text("{}")
     only_blocked(await check(stopped), "network record", "inst-7.json belongs to no Instance")
+    (records.directory / "inst-7.json").unlink()
+    (records.directory / "inst-1.json").write_text("{}")  # its Instance's, unreadable
+    only_blocked(await check(stopped), "network record", "inst-1.json: corrupted record")
 
 
 async def test_a_mount_without_instance_is_a_leftover(stopped: Node) -> None:

@@ -113,6 +113,24 @@ async def test_the_qemu_vmm_unit(sup: Supervisor, raw: Raw, tmp_path: Path):
     assert await sup.describe(spec.name) is None
 
 
+async def test_the_qemu_vmm_unit_with_a_network(sup: Supervisor, raw: Raw, tmp_path: Path,
+                                               netns_holder: subprocess.Popen):
+    """With ``launch["network"]`` the unit runs in the namespace the node made in
+    advance (``NetworkNamespacePath``), where QEMU opens the tap by name."""
+    backend = pytest.importorskip("kibotos_qemu.backend")
+    vmm = backend.QemuVmm({"accelerator": "tcg"})
+    await vmm.probe()
+    netns = f"/proc/{netns_holder.pid}/ns/net"
+    launch = {**base_launch(tmp_path),
+              "network": {"netns_path": netns, "tap": "tap0", "mac": "02:6b:69:00:00:01"}}
+    spec = vmm.unit_for(launch)
+    assert "tap,id=net0,ifname=tap0,script=no,downscript=no,vhost=off" in spec.argv
+    info = await sup.start(dataclasses.replace(spec, argv=["sleep", "1000"]))
+    check_vmm_unit(raw, spec.name, {"NetworkNamespacePath": netns})
+    assert info.netns_inode == os.stat(netns).st_ino != os.stat("/proc/self/ns/net").st_ino
+    await sup.stop(spec.name, timeout=5)
+
+
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     """A short path: the jail's socket paths must fit in 107 bytes."""

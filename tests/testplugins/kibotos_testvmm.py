@@ -16,6 +16,8 @@ processes and syncs/freezes nothing on the host.
 Options (``[vmm.testvmm]``): ``python`` (interpreter of the unit; default this one),
 ``hang`` (the agent never starts: readiness times out), ``refuse`` (the agent announces
 protocol version 0), ``probe_error`` (probe raises this message: the backend is unusable),
+A launch with a ``network`` runs the unit in the Instance's namespace and gives the
+"VM" a NIC on the node's tap in a namespace of its own (`testvmm_guest.py`, ``--tap``).
 ``write_records`` (the "VM" keeps appending sequence-numbered records to each writable
 Volume's block file and to the writable layer's until it is killed: the fencing tests'
 stand-in for a guest's I/O).
@@ -57,6 +59,7 @@ class TestVmm(VmmBackend):
     name: ClassVar[str] = "testvmm"
     GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ()
     CAN_KVM: ClassVar[bool] = False
+    CAN_NETWORK: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         opts = backend_options("vmm", self.name, options, OPTIONS)
@@ -85,12 +88,17 @@ class TestVmm(VmmBackend):
                 if not vol.read_only:
                     argv += ["--write", str(vol.path)]
             argv += ["--write", str(spec.writable_layer), "--tag", spec.instance_id]
+        properties: dict[str, Any] = {
+            "Type": "exec", "Restart": "no", "KillMode": "control-group", "OOMPolicy": "kill",
+            "Slice": "kibotos-vmm.slice",
+            "Description": f"kibotos test VMM for {spec.instance_id}"}
+        if spec.network is not None:  # as qemu: the unit in the namespace, tap by name
+            argv += ["--tap", spec.network.tap, "--mac", spec.network.mac]
+            properties["NetworkNamespacePath"] = str(spec.network.netns_path)
         return UnitSpec(
             name=spec.unit_name,
             argv=argv,
-            properties={"Type": "exec", "Restart": "no", "KillMode": "control-group",
-                        "OOMPolicy": "kill", "Slice": "kibotos-vmm.slice",
-                        "Description": f"kibotos test VMM for {spec.instance_id}"},
+            properties=properties,
             environment={},
             working_directory=spec.runtime_dir,
             log_path=spec.vmm_log,

@@ -6,7 +6,7 @@ so the unit's MainPID *is* the agent and everything the node does with a guest (
 configure, exec, stop_prepare, sync) runs for real, without QEMU.
 
     python3 testvmm_guest.py --agent AGENT --socket SOCK --root DIR [--hang] [--refuse]
-                             [--write BLOCKFILE --tag TAG]...
+                             [--write BLOCKFILE --tag TAG]... [--tap NAME --mac MAC]
 
 ``--hang`` never starts the agent (a guest that does not come up: the readiness wait
 times out); ``--refuse`` starts it announcing protocol version 0, outside what the
@@ -20,6 +20,15 @@ there), each made durable with fdatasync, every `WRITE_INTERVAL` s until killed.
 `read_records` reads them back: the fencing tests check that no write of an old holder
 lands after the new holder opened.
 
+``--tap`` (a launch with a network) gives the "VM" a NIC as QEMU does: the unit runs in
+the Instance's namespace (the supervisor joined it), where it opens the node's tap by
+name; it makes a network namespace for the guest with a tap ``eth0`` carrying the
+guest's MAC, starts the agent there as its child (which dies with it), and itself stays
+in the Instance's namespace as the unit's main process, copying frames between the two
+descriptors (both carry the virtio-net header), like QEMU; it ends when the agent ends.
+So the agent's ``configure`` finds ``eth0`` by MAC, and what it executes reaches the
+network only through the Instance's tap.
+
 The data plane's agent socket, ``agent-dp.sock`` beside the agent's socket, is a symlink
 to it: with ``--socket`` the agent serves every connection as its own session, which is
 what the second virtio port (``org.kibotos.agent.1``) gives the data plane in a real VM.
@@ -28,6 +37,7 @@ what the second virtio port (``org.kibotos.agent.1``) gives the data plane in a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
@@ -88,6 +98,77 @@ def _start_writer(paths: list[str], tag: str) -> None:
         os._exit(1)
 
 
+TUNSETIFF = 0x400454CA
+SIOCSIFHWADDR = 0x8924
+IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x0002, 0x1000, 0x4000
+CLONE_NEWNET = 0x40000000
+GUEST_NIC = "eth0"
+
+
+def _tap(name: str) -> int:
+    import fcntl
+    import struct
+
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", name.encode(),
+                                           IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
+    return fd
+
+
+def _guest_nic(tap: str, mac: str) -> tuple[int, int, int]:
+    """Open the Instance's tap here, make the guest's namespace and its NIC there (see
+    the module docstring); ``(tap fd, NIC fd, guest namespace fd)``.  This process
+    stays in the Instance's namespace, as QEMU does."""
+    import fcntl
+    import socket
+    import struct
+
+    socket.if_nametoindex(tap)  # OSError when absent: TUNSETIFF would make a new one
+    outer = _tap(tap)
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+    guest_ns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    inner = _tap(GUEST_NIC)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        fcntl.ioctl(sock, SIOCSIFHWADDR, struct.pack("16sH6s8x", GUEST_NIC.encode(), 1,
+                                                     bytes.fromhex(mac.replace(":", ""))))
+    if libc.setns(home, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns back to the Instance's namespace")
+    os.close(home)
+    return outer, inner, guest_ns
+
+
+def _run_vm(argv: list[str], tap: str, mac: str) -> None:
+    """The "VMM" with a NIC: the agent in the guest's namespace as a child that dies
+    with this process; this process relays frames until the agent ends, then ends too
+    (as QEMU does when its guest powers off)."""
+    import select
+
+    outer, inner, guest_ns = _guest_nic(tap, mac)
+    libc = ctypes.CDLL(None, use_errno=True)
+    child = os.fork()
+    if child == 0:
+        try:
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the "VMM"
+            if libc.setns(guest_ns, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the guest's namespace")
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(1)
+    os.close(guest_ns)
+    while True:
+        for fd in select.select([outer, inner], [], [], 0.5)[0]:
+            frame = os.read(fd, 65536 + 64)
+            # the other side not up yet (EIO): the frame is lost, as on a wire
+            with contextlib.suppress(OSError):
+                os.write(inner if fd == outer else outer, frame)
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--agent", required=True)
@@ -97,6 +178,8 @@ def main() -> None:
     p.add_argument("--refuse", action="store_true")
     p.add_argument("--write", action="append", default=[])
     p.add_argument("--tag", default="vm")
+    p.add_argument("--tap")
+    p.add_argument("--mac")
     args = p.parse_args()
     for sub in ("etc", "run", "tmp"):
         os.makedirs(os.path.join(args.root, sub), exist_ok=True)
@@ -112,6 +195,8 @@ def main() -> None:
     argv = [sys.executable, args.agent, "--socket", args.socket, "--root", args.root]
     if args.refuse:
         argv.append("--advertise-protocol-version=0")
+    if args.tap:
+        _run_vm(argv, args.tap, args.mac)
     os.execv(sys.executable, argv)
 
 

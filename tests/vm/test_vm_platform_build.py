@@ -279,7 +279,9 @@ def test_offline_platform_build_from_local_debs(tmp_path: Path, monkeypatch):
             "virtio_console": ["virtio"], "virtio_blk": ["virtio"], "crc32c_generic": [],
             "jbd2": [], "ext4": ["jbd2"], "overlay": [], "vsock": [],
             "vmw_vsock_virtio_transport_common": ["vsock", "virtio"],
-            "vmw_vsock_virtio_transport": ["vmw_vsock_virtio_transport_common"]}
+            "vmw_vsock_virtio_transport": ["vmw_vsock_virtio_transport_common"],
+            "failover": [], "net_failover": ["failover"],
+            "virtio_net": ["net_failover", "virtio"]}
     files: dict[str, tuple[bytes, int]] = {
         f"/boot/vmlinuz-{release}": (bzimage(kernel), 0o644)}
     for name, deps in mods.items():
@@ -308,6 +310,11 @@ def test_offline_platform_build_from_local_debs(tmp_path: Path, monkeypatch):
         f"{release}/kernel/x/{m}.ko\n" for m in manifest["vsock_modules"]).encode()
     assert f"{release}/kernel/x/vsock.ko".encode() not in entries["etc/kibotos/modules"][1]
     assert f"lib/modules/{release}/kernel/x/vsock.ko" in entries
+    # virtio-net and its dependencies likewise, only for kibotos.net=1.
+    assert manifest["net_modules"] == ["failover", "net_failover", "virtio_net"]
+    assert entries["etc/kibotos/modules.net"][1] == "".join(
+        f"{release}/kernel/x/{m}.ko\n" for m in manifest["net_modules"]).encode()
+    assert b"virtio_net" not in entries["etc/kibotos/modules"][1]
     import hashlib
     assert manifest["files"]["initramfs"]["sha256"] == hashlib.sha256(
         (out / "initramfs").read_bytes()).hexdigest()

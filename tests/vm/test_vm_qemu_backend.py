@@ -79,12 +79,44 @@ def test_launch_is_parsed(launch: dict):
     ({"volumes": [{"path": "/nonexistent"}]}, r"volumes\[0\].path"),
     ({"volumes": "x"}, "volumes must be a list"),
     ({"kernel_args": ["a b"]}, "kernel_args"),
-    ({"netns_path": "/run/netns/x"}, "netns_path is not supported"),
+    ({"netns_path": "/run/netns/x"}, "unknown keys"),
+    ({"network": {"netns_path": "run/netns/x", "tap": "tap0",
+                  "mac": "02:00:00:00:00:01"}}, "network.netns_path must be an absolute"),
+    ({"network": {"netns_path": "/proc/self/ns/net", "tap": "a/b",
+                  "mac": "02:00:00:00:00:01"}}, "network.tap"),
+    ({"network": {"netns_path": "/proc/self/ns/net", "tap": "tap0",
+                  "mac": "01:00:00:00:00:01"}}, "network.mac"),
+    ({"network": {"netns_path": "/proc/self/ns/net", "tap": "tap0", "mac": "02:00:00:00:00:01",
+                  "fd": 3}}, "network has unknown keys"),
     ({"unit_name": ".hidden"}, "not a valid unit name"),
 ])
 def test_bad_launches_are_refused_naming_the_key(launch: dict, change: dict, message: str):
     with pytest.raises(InvalidArgument, match=message):
         parse_launch({**launch, **change})
+
+
+def test_a_network_is_a_tap_by_name_in_the_units_namespace(launch: dict):
+    """QEMU opens the node's persistent tap by name (no script, no vhost-net) in the
+    namespace the unit joins; the guest's virtio-net device has the node's MAC; the
+    init is told to load virtio-net.  Without a network: none of it."""
+    network = {"netns_path": "/proc/self/ns/net", "tap": "tap0", "mac": "02:6b:69:00:00:01"}
+    spec = parse_launch({**launch, "network": network})
+    args = cmdline.qemu_args(spec, "tcg", 2596)
+    assert _pairs(args, "-netdev") == [
+        "tap,id=net0,ifname=tap0,script=no,downscript=no,vhost=off"]
+    assert "virtio-net-device,netdev=net0,mac=02:6b:69:00:00:01" in _pairs(args, "-device")
+    assert "kibotos.net=1" in cmdline.kernel_cmdline(spec, "tcg", 2596).split()
+    vmm = QemuVmm({"accelerator": "tcg", "qemu_binary": "/bin/true"})
+    vmm.accelerator = "tcg"
+    props = vmm.unit_for({**launch, "network": network}).properties
+    assert props["NetworkNamespacePath"] == "/proc/self/ns/net"
+    assert QemuVmm.CAN_NETWORK
+    plain = cmdline.qemu_args(parse_launch(launch), "tcg", 2596)
+    assert "-netdev" not in plain
+    assert "kibotos.net=1" not in cmdline.kernel_cmdline(parse_launch(launch), "tcg", 2596)
+    assert "NetworkNamespacePath" not in vmm.unit_for(launch).properties
+    assert vmm.tap_owner() == (None, None)
+    assert QemuVmm({"user": "nobody"}).tap_owner()[0] == 65534
 
 
 def test_volume_serials_must_be_unique_short_and_unreserved(launch: dict):

@@ -44,13 +44,21 @@ def template_blobs(artifacts: Path, platform_dir: Path, template_dir: Path) -> d
     }
 
 
-def qemu_config(base: Path, what: str) -> NodeConfig:
+def qemu_config(base: Path, what: str, *, extra: str = "", node_extra: str = ""
+                ) -> NodeConfig:
     """Node ``node-vm`` with its root, pool ``pool-a`` and artifacts under `base`;
-    `what` names the config in errors."""
-    return parse(NodeConfig, tomllib.loads(f"""
+    `what` names the config in errors; `extra` adds tables, `node_extra` lines of
+    ``[node]``."""
+    return parse(NodeConfig, tomllib.loads(qemu_config_text(base, extra=extra,
+                                                            node_extra=node_extra)), what)
+
+
+def qemu_config_text(base: Path, *, extra: str = "", node_extra: str = "") -> str:
+    return f"""
 [node]
 id = "node-vm"
 ctrl_url = "http://127.0.0.1:9"
+{node_extra}
 [storage]
 root = "{base / 'root'}"
 [[storage.pool]]
@@ -64,4 +72,4 @@ backend = "qemu"
 artifact_dirs = ["{base / 'artifacts'}"]
 [vmm.qemu]
 accelerator = "tcg"
-"""), what)
+{extra}"""

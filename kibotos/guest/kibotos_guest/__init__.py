@@ -16,7 +16,9 @@ One module per job:
 * `log`: one-line log records on stderr;
 * `channel`, `streams`: sessions, and process streams under credit;
 * `core`: shared state and request dispatch; `processes`: exec, signal, resize;
-* `configure`; `stop`: stop_prepare, sync, thaw; `sysio`: files, mounts, libc calls;
+* `configure`; `netconf`: the network interface over rtnetlink (loaded by a configure
+  that has a network); `stop`: stop_prepare, sync, thaw; `sysio`: files, mounts, libc
+  calls;
 * `transfers`, `fileops`, `fileinfo`, `bridge`, `tarstream`: the ``files`` requests
   (uploads and downloads in worker threads, directory trees as tar streams);
 * `ports`: the ``ports`` requests (a TCP connection to the guest's loopback as a
@@ -29,12 +31,12 @@ This file stays small: the host imports `framing` through it.
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-AGENT_VERSION = "0.3.0"
+AGENT_VERSION = "0.4.0"
 DEFAULT_PORT_NAME = "org.kibotos.agent.0"
 CAPABILITIES = (
-    "configure.dns", "configure.env", "configure.hostname", "configure.volumes", "exec",
-    "exec.tty", "exec.user", "files", "flow_control", "freeze", "ping", "ports", "resize",
-    "signal", "stop_prepare", "sync", "thaw",
+    "configure.dns", "configure.env", "configure.hostname", "configure.network",
+    "configure.volumes", "exec", "exec.tty", "exec.user", "files", "flow_control", "freeze",
+    "ping", "ports", "resize", "signal", "stop_prepare", "sync", "thaw",
 )
 #: The requests of the ``files`` capability (`transfers`, loaded on the first one).
 FILE_REQUESTS = (

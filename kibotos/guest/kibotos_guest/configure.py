@@ -1,4 +1,5 @@
-"""``configure``: hostname, environment defaults, DNS, Volumes and retained file systems.
+"""``configure``: hostname, environment defaults, the network interface, DNS, Volumes and
+retained file systems.
 
 Everything is validated before anything is written, and every step compares first, so
 an identical second ``configure`` changes nothing (docs/guest-protocol.md).  Files are
@@ -30,7 +31,8 @@ _HOSTNAME = re.compile(r"(?=.{1,64}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _DNS_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,253}")
 _MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_=,.:/-]*")
 _HOSTS_MARK = "# kibotos-guest"
-_FIELDS = {"hostname", "env", "dns", "volumes", "retained_filesystems"}
+_FIELDS = {"hostname", "env", "dns", "volumes", "retained_filesystems", "network"}
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
 def parse_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +55,8 @@ def parse_config(cfg: dict[str, Any]) -> dict[str, Any]:
         out["env"] = dict(sorted(env.items()))
     if cfg.get("dns") is not None:
         out["dns"] = _parse_dns(cfg["dns"])
+    if cfg.get("network") is not None:
+        out["network"] = _parse_network(cfg["network"])
     if cfg.get("volumes") is not None:
         out["volumes"] = _parse_volumes(cfg["volumes"])
     if cfg.get("retained_filesystems") is not None:
@@ -82,6 +86,48 @@ def _parse_dns(dns: Any) -> dict[str, list[str]]:
         except ValueError:
             raise invalid(f"configure: dns nameserver {ns!r} is not an IP address") from None
     return out
+
+
+def _parse_network(net: Any) -> dict[str, Any]:
+    """``{mac, addresses: [{family, address, prefix, gateway}]}``, one address (and so
+    one default route) per family at most."""
+    import ipaddress
+
+    if not isinstance(net, dict) or set(net) - {"mac", "addresses"}:
+        raise invalid("configure: 'network' takes mac and addresses")
+    mac = net.get("mac")
+    if not isinstance(mac, str) or not _MAC.fullmatch(mac):
+        raise invalid(f"configure: network mac {mac!r} is not a MAC like 02:00:00:00:00:01")
+    addresses = net.get("addresses") or []
+    if not isinstance(addresses, list):
+        raise invalid("configure: network addresses must be a list")
+    out, families = [], set()
+    for entry in addresses:
+        if not isinstance(entry, dict) or set(entry) != {"family", "address", "prefix",
+                                                         "gateway"}:
+            raise invalid("configure: each network address has exactly family, address, "
+                          "prefix and gateway")
+        family, prefix = entry["family"], entry["prefix"]
+        version = {"ipv4": 4, "ipv6": 6}.get(family)
+        if version is None or family in families:
+            raise invalid(f"configure: network family {family!r} must be ipv4 or ipv6, "
+                          "each at most once")
+        families.add(family)
+        try:
+            address = ipaddress.ip_address(entry["address"])
+            gateway = ipaddress.ip_address(entry["gateway"])
+        except (TypeError, ValueError):
+            raise invalid(f"configure: network address {entry['address']!r} or gateway "
+                          f"{entry['gateway']!r} is not an IP address") from None
+        bits = 32 if version == 4 else 128
+        if address.version != version or gateway.version != version or \
+                isinstance(prefix, bool) or not isinstance(prefix, int) or \
+                not 1 <= prefix <= bits:
+            raise invalid(f"configure: network address {address}/{prefix} via {gateway} "
+                          f"is not a valid {family} address")
+        out.append({"family": family, "address": str(address), "prefix": prefix,
+                    "gateway": str(gateway)})
+    return {"mac": mac, "addresses": out}
 
 
 def _parse_volumes(volumes: Any) -> list[dict[str, Any]]:
@@ -164,6 +210,10 @@ def retained(agent: Agent) -> list[str]:
 def _apply_config(agent: Agent, cfg: dict[str, Any], actions: list[str]) -> None:
     if "hostname" in cfg:
         _apply_hostname(agent, cfg["hostname"], actions)
+    if "network" in cfg:
+        from .netconf import apply
+
+        apply(cfg["network"], actions)
     if "dns" in cfg:
         dns = cfg["dns"]
         text = "# written by kibotos-guest\n" + "".join(

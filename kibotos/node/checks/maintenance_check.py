@@ -6,12 +6,14 @@ the node service stopped, with the owner lock held (read-only: `ReadOnlyOwnerLoc
 
 * ``upgrade``: Instances may keep running when each one's launch record matches its
   actual service (unit name, InvocationID, MainPID, start time, executable path and
-  dev:ino, cgroup, network namespace) and no launch or stop is half done (states
-  CREATING and STOPPING; a RUNNING record without the service facts).  Detached
+  dev:ino, cgroup, network namespace) and no launch, stop or network switch is half
+  done (states CREATING and STOPPING; a RUNNING record without the service facts; a
+  network record with a pending policy, `kibotos.node.checks.network_check`).  Detached
   Volumes and retained layers may stay.
 * ``remove``: no Instance at all, no Volume or retained layer held by this node.
 * both: no leftovers without an owner (an Instance directory without a readable
-  record, a VMM service no record names, a mount or network record not of an Instance,
+  record, a VMM service no record names, a mount, network record or network namespace
+  not of an Instance,
   an entry of a pool's ``volumes/transfer-staging/`` that is not a temporary file, a
   Firecracker sandbox that is not a root-only tmpfs of Instances, an attachment record
   in ``runtime/storage-pools/`` naming an Instance with no record), no helper process
@@ -45,6 +47,7 @@ from kibotos.node.checks.check_report import (
     processes,
     under,
 )
+from kibotos.node.checks.network_check import check_network
 from kibotos.node.host.layout import NodePaths
 from kibotos.node.instances.adoption import owns_unit
 from kibotos.node.instances.contract import CREATING, FAILED, RUNNING, STOPPING
@@ -246,14 +249,7 @@ def _check_host_leftovers(config: NodeConfig, paths: NodePaths, owned: set[str],
         leftovers += 1
         report.blocked(f"mount {m.point} ({m.fstype}) belongs to no Instance: a leftover "
                        "with no owner")
-    network = paths.root / "network"
-    for entry in sorted(network.iterdir()) if network.is_dir() else []:
-        if entry.name.startswith("."):
-            continue  # a temporary file of an interrupted write
-        if entry.name.split(".", 1)[0] not in owned:
-            leftovers += 1
-            report.blocked(f"network record {entry} belongs to no Instance: a leftover "
-                           "with no owner")
+    leftovers += check_network(config, paths.root, owned, report)
     for pool in config.storage.pool:
         staging = pool.path / "volumes" / "transfer-staging"
         for entry in sorted(staging.iterdir()) if staging.is_dir() else []:
@@ -264,7 +260,8 @@ def _check_host_leftovers(config: NodeConfig, paths: NodePaths, owned: set[str],
     if config.vmm.backend == "firecracker":
         leftovers += _check_sandbox(config, owned, table, report)
     if not leftovers:
-        report.ok("every mount, network record and staging entry belongs to an owner")
+        report.ok("every mount, network record, network namespace and staging entry "
+                  "belongs to an owner, and no network switch is half done")
 
 
 def _check_sandbox(config: NodeConfig, owned: set[str], table: list[Any],

@@ -26,7 +26,6 @@ counters it had are kept in the node's sum (`kibotos.dataplane.metrics.MetricsSu
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Iterable
@@ -45,6 +44,7 @@ from kibotos.dataplane.metrics import MetricsSum
 from kibotos.dataplane.state import Target, state_message
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.logs import EventLogger
+from kibotos.node.network.names import node_scope
 from kibotos.node.session.backoff import Backoff
 
 log = EventLogger()
@@ -73,8 +73,9 @@ class DataplaneTiming:
 
 
 def scope_of(socket_dir: Path) -> str:
-    """Eight hex digits naming this node's processes on the host."""
-    return hashlib.sha256(os.fsencode(os.path.abspath(socket_dir))).hexdigest()[:8]
+    """Eight hex digits naming this node's processes on the host (the same scope names
+    its Instances' network objects: `kibotos.node.network.names.node_scope`)."""
+    return node_scope(socket_dir)
 
 
 def unit_name(scope: str, generation: int) -> str:

@@ -12,6 +12,12 @@ records and adoption" and Troubleshooting):
   afterwards, makes the Instance FAILED (``recover instance process: stage
   PREPARING_RETAINED_LAYER|ATTACHING_VOLUME: …``, the VMM keeps running, adoption is
   not retried).
+* **The network** next: the slot table is read back and rewritten from the recorded
+  policy with this version in one transaction (connections survive; the log
+  ``slot table rewritten from the recorded network policy`` names the Instance, the
+  namespace and the differences), or, in the spec's four refusal cases, the network is
+  isolated and the Instance FAILED (``… stage ATTACHING_NETWORK: network isolated:
+  …``), its VMM running on.
 * **The guest** then gets its launch configuration again (`Launcher.launch_config`,
   what a booting guest gets; the node has no DNS of its own to hand over yet), with
   backoff and without end while it does not answer: the Instance stays RUNNING, its
@@ -44,6 +50,7 @@ from kibotos.guest import GuestInfo, open_guest_channel
 from kibotos.logs import EventLogger
 from kibotos.node.instances.contract import FAILED, RUNNING
 from kibotos.node.instances.lifecycle import HeldObject, Instance, Launcher
+from kibotos.node.network.enforce import REWRITTEN_LOG
 from kibotos.node.records import instance_records as records
 from kibotos.node.runtime import installations
 from kibotos.node.session.backoff import Backoff
@@ -56,6 +63,7 @@ STAGE_LAYER = "PREPARING_RETAINED_LAYER"
 STAGE_VOLUME = "ATTACHING_VOLUME"
 STAGE_GUEST = "CONFIGURING_GUEST"
 STAGE_INSTALLATION = "RETAINING_RUNTIME_INSTALLATION"
+STAGE_NETWORK = "ATTACHING_NETWORK"
 RECOVER = "recover instance process"
 #: One attempt to reach an adopted guest: connect, hello, configure.
 ATTEMPT_TIMEOUT = 10.0
@@ -204,6 +212,7 @@ class Takeover:
                                                       launch, self.launcher,
                                                       self._installations)
                         await self.reattach_storage(inst)
+                        await self.reattach_network(inst)
                     except StageFailed as exc:
                         await self._fail(inst, exc.stage, exc.message)
                         return
@@ -241,6 +250,30 @@ class Takeover:
             if obj not in inst.held:
                 inst.held.append(obj)
             inst.released = False
+
+    async def reattach_network(self, inst: Instance) -> None:
+        """The Instance's slot table regenerated from the recorded policy with this
+        version and replaced in one transaction (established connections survive), or,
+        in the spec's four refusal cases, its network isolated: `StageFailed`, the
+        Instance FAILED, its VMM left running."""
+        try:
+            step = self.launcher.network_step(inst)
+            if step is None:
+                return
+            pid = inst.main_process[0] if inst.main_process else None
+            adopted = await step.adopt(inst.instance_id, pid)
+        except (KibotosError, OSError) as exc:
+            raise StageFailed(STAGE_NETWORK, exc.message if isinstance(exc, KibotosError)
+                              else str(exc)) from None
+        if adopted is None:
+            raise StageFailed(STAGE_NETWORK, f"the network record of {inst.instance_id} is "
+                                             "missing: its network cannot be checked")
+        fields = adopted.log_fields()
+        if adopted.report.refused:
+            log.error("slot table not rewritten: the network is isolated", **fields)
+            raise StageFailed(STAGE_NETWORK, "network isolated: "
+                              + "; ".join(adopted.report.refusals))
+        log.info(REWRITTEN_LOG, **fields)
 
     async def _configure(self, inst: Instance) -> GuestInfo:
         """One attempt: the guest's hello, its protocol version checked against this
@@ -354,6 +387,7 @@ class Takeover:
     async def _finish_steps(self, inst: Instance) -> None:
         assert inst.launch is not None
         await self.reattach_storage(inst)
+        await self.reattach_network(inst)
         guest = await self.launcher.wait_ready(inst, inst.launch)
         await self.launcher.configure_guest(inst)
         record = await self.facts_at_readiness(inst, self.launcher.supervisor)

@@ -145,6 +145,7 @@ class PendingCleanups:
                         await self.launcher.stop_unit(inst)
                         await self.launcher.release_objects(
                             inst, confirmed_on_disk=pending.confirmed)
+                        await self.launcher.release_network(inst)
                     except STUCK_ERRORS as exc:
                         pending.attempts += 1
                         pending.held = held_parts(inst, exc)

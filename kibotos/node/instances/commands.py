@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kibotos.errors import FailedPrecondition
 from kibotos.node.instances.contract import CommandHandler
 from kibotos.protocol import (
     CreateSpec,
     DestroyArgs,
     DrainArgs,
     LayerDeleteArgs,
+    NetworkPolicy,
     ObjectCopyArgs,
     ObjectExpandArgs,
     ObjectExportArgs,
@@ -30,16 +30,6 @@ from kibotos.protocol import (
     VolumeDeleteArgs,
     parse_args,
 )
-
-
-def _no_network(instance_id: str) -> FailedPrecondition:
-    """This node version starts Instances without a network interface: a create that
-    asks for one, or a network switch, is refused before anything is written, never
-    accepted and silently ignored (ctrl shows the refusal; docs/network.md)."""
-    return FailedPrecondition(
-        f"instance {instance_id}: this node starts Instances without a network "
-        "(Workspace networking is not yet wired into the node's Instance lifecycle)",
-        details={"reason": "no_network", "instance_id": instance_id})
 
 
 class StorageTarget(Protocol):
@@ -72,6 +62,9 @@ class CommandTarget(Protocol):
 
     async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]: ...
 
+    async def set_network(self, instance_id: str, network: NetworkPolicy, revision: int
+                          ) -> dict[str, Any]: ...
+
     def set_drain_requested(self, requested: bool) -> None: ...
 
 
@@ -81,13 +74,7 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
     storage: StorageTarget | None = getattr(target, "storage", None)
 
     async def create(args: dict[str, Any]) -> dict[str, Any]:
-        spec = parse_args(CreateSpec, args)
-        if spec.network is not None:
-            raise _no_network(spec.instance_id)
-        return await target.create(spec)
-
-    async def set_network(args: dict[str, Any]) -> dict[str, Any]:
-        raise _no_network(parse_args(SetNetworkArgs, args).instance_id)
+        return await target.create(parse_args(CreateSpec, args))
 
     async def stop(args: dict[str, Any]) -> dict[str, Any]:
         parsed = parse_args(StopArgs, args)
@@ -100,6 +87,10 @@ def command_handlers(target: CommandTarget) -> dict[str, CommandHandler]:
     async def layer_delete(args: dict[str, Any]) -> dict[str, Any]:
         parsed = parse_args(LayerDeleteArgs, args)
         return await target.delete_layer(parsed.pool_id, parsed.ref, parsed.epoch)
+
+    async def set_network(args: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_args(SetNetworkArgs, args)
+        return await target.set_network(parsed.instance_id, parsed.network, parsed.revision)
 
     async def drain(args: dict[str, Any]) -> dict[str, Any]:
         target.set_drain_requested(parse_args(DrainArgs, args).requested)

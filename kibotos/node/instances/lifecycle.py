@@ -8,7 +8,9 @@ objects and the guest agent.  The order of a launch is the spec's
 1. write this node's attachment records (`kibotos.node.records.attachments`), then open the
    writable layer (create it on the first start) and the Volumes, each after the
    takeover check of its holder record (`kibotos.node.storage.objects`);
-2. find the Template's blobs and link them into the Instance directory;
+2. with a network (``CreateSpec.network``), make the Instance's namespace, veth, tap,
+   addresses, routes and slot table (`kibotos.node.instances.network_step`); then find
+   the Template's blobs and link them into the Instance directory;
 3. build the unit (`VmmBackend.unit_for`) and write the launch record ``systemd.json``
    *before* the unit starts;
 4. start the unit through the supervisor, then add its InvocationID, MainPID, start
@@ -23,8 +25,9 @@ Stops: a normal stop asks the guest to end its processes, sync and freeze
 (``stop_prepare``); if that fails the VMM is left running and the error starts with
 ``prepare guest stop:`` (spec troubleshooting).  ``force`` asks for a short sync if the
 guest answers and stops the VMM regardless.  Either way the unit is stopped, the node
-confirms none of its processes remains, and only then releases the objects; each
-object's attachment record goes after its release is recorded.
+confirms none of its processes remains, and only then releases the objects (each
+object's attachment record goes after its release is recorded) and removes the
+network.
 """
 
 from __future__ import annotations
@@ -42,10 +45,16 @@ import trio
 from kibotos import failpoints, ids
 from kibotos.backends import Supervisor, UnitInfo, VmmBackend
 from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
-from kibotos.guest import GuestChannel, LaunchConfig, open_guest_channel
+from kibotos.guest import (
+    Dns,
+    GuestChannel,
+    LaunchConfig,
+    open_guest_channel,
+)
 from kibotos.logs import EventLogger
 from kibotos.node.host.vmstats import read_process
 from kibotos.node.instances.contract import CREATING, HOLDING_STATES
+from kibotos.node.instances.network_step import NetworkStep
 from kibotos.node.records import instance_records as records
 from kibotos.node.records.attachments import Attachments
 from kibotos.node.runtime.build_identity import BuildIdentity
@@ -187,6 +196,8 @@ class Launcher:
         self.installation: dict[str, Any] | None = None
         #: The build whose rules decide upgrades (`kibotos.node.runtime.build_identity`).
         self.build: BuildIdentity = current_build()
+        #: The Instances' network (``[network]``); None: this node gives none.
+        self.network: NetworkStep | None = None
 
     def pool(self, pool_id: str, kind: str) -> PoolObjects:
         try:
@@ -298,10 +309,46 @@ class Launcher:
             inst.held[inst.held.index(obj)] = obj
         inst.released = False
 
-    async def launch_description(self, inst: Instance, layer: Path, volumes: Sequence[Path]
+    def network_step(self, inst: Instance) -> NetworkStep | None:
+        """The network step when `inst` has a network (None when it has none); an
+        Instance with a network on a node without ``[network]`` is an error."""
+        if inst.spec.network is None:
+            return None
+        if self.network is None:
+            raise FailedPrecondition(f"Instance {inst.instance_id} has a network and node "
+                                     f"{self.node_id} has no [network]",
+                                     details={"reason": "no_network"})
+        return self.network
+
+    async def setup_network(self, inst: Instance) -> dict[str, Any] | None:
+        """The Instance's network made (before its VMM starts); ``launch["network"]``."""
+        step = self.network_step(inst)
+        if step is None:
+            return None
+        assert inst.spec.network is not None
+        record = await step.setup(inst.instance_id, inst.spec.network,
+                                  inst.spec.network_revision)
+        failpoints.hit("node.instance.after-network")
+        return step.launch_fields(record)
+
+    async def release_network(self, inst: Instance) -> None:
+        """Every network object of the Instance removed, after its VMM's cgroup is
+        empty (`stop_unit`), and then its network record."""
+        step = self.network_step(inst)
+        if step is None:
+            return
+        failpoints.hit("node.instance.before-network-teardown")
+        removed = await step.teardown(inst.instance_id)
+        if removed:
+            log.info("instance network removed", instance=inst.instance_id,
+                     removed=", ".join(removed))
+
+    async def launch_description(self, inst: Instance, layer: Path, volumes: Sequence[Path],
+                                 network: Mapping[str, Any] | None = None
                                  ) -> dict[str, Any]:
         resolved = await self.templates.resolve(inst.spec.template, holder=inst.instance_id)
         platform, image = await trio.to_thread.run_sync(link_into, inst.dir, resolved)
+        extra = {"network": dict(network)} if network is not None else {}
         return {
             "instance_id": inst.instance_id,
             "unit_name": unit_name_for(inst.instance_id),
@@ -312,6 +359,7 @@ class Launcher:
             "volumes": [{"path": str(p)} for p in volumes],
             "vcpus": max(1, -(-inst.spec.cpu_millis // 1000)),
             "memory": inst.spec.memory_bytes,
+            **extra,
         }
 
     async def start_unit(self, inst: Instance, launch: dict[str, Any]) -> UnitInfo:
@@ -319,10 +367,19 @@ class Launcher:
         unit = self.backend.unit_for(launch)
         inst.unit_name = unit.name
         inst.launch = launch
-        record = await trio.to_thread.run_sync(lambda: records.write_launch_record(
-            inst.dir, launch_id=ids.new_id("lch"), instance_id=inst.instance_id,
-            unit_name=unit.name, argv=unit.argv, supervisor=self.supervisor.name,
-            backend=self.backend.name, launch=launch, installation=self.installation))
+        step = self.network_step(inst)
+
+        def write() -> dict[str, Any]:
+            net = None
+            if step is not None and (found := step.records.read(inst.instance_id)):
+                net = step.record_fields(found)
+            return records.write_launch_record(
+                inst.dir, launch_id=ids.new_id("lch"), instance_id=inst.instance_id,
+                unit_name=unit.name, argv=unit.argv, supervisor=self.supervisor.name,
+                backend=self.backend.name, launch=launch, installation=self.installation,
+                network=net)
+
+        record = await trio.to_thread.run_sync(write)
         failpoints.hit("node.instance.after-launch-record")
         info = await self.supervisor.start(unit)
         failpoints.hit("node.instance.after-unit-start")
@@ -394,9 +451,13 @@ class Launcher:
         """What the guest is configured with: at boot, and again after a node restart
         (`kibotos.node.instances.adoption_background`)."""
         launch = inst.spec.launch
+        step = self.network_step(inst)
+        network = step.guest_network(inst.instance_id) if step is not None else None
         return LaunchConfig(hostname=launch.hostname, env=dict(launch.env),
                             volumes=guest_volumes(self.backend, inst.launch, inst.spec),
-                            retained_filesystems=list(self.retained_filesystems()))
+                            retained_filesystems=list(self.retained_filesystems()),
+                            network=network[0] if network else None,
+                            dns=Dns(nameservers=network[1]) if network else None)
 
     async def configure_guest(self, inst: Instance) -> None:
         config = self.launch_config(inst)

@@ -35,7 +35,7 @@ from kibotos.errors import (
 )
 from kibotos.logs import EventLogger
 from kibotos.node.host.vmstats import VmUsageMeter
-from kibotos.node.instances import adoption
+from kibotos.node.instances import adoption, network_switch
 from kibotos.node.instances.adoption_background import TAKEOVER_POOL_WAIT, Takeover
 from kibotos.node.instances.cleanup import STUCK_ERRORS, PendingCleanups
 from kibotos.node.instances.commands import (
@@ -64,7 +64,7 @@ from kibotos.node.runtime import installations
 from kibotos.node.storage.holder_watch import HolderWatch
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES
 from kibotos.node.storage.volume_ops import NodeStorage
-from kibotos.protocol import CreateSpec, GuestFacts, InstanceState
+from kibotos.protocol import CreateSpec, GuestFacts, InstanceState, NetworkPolicy
 from kibotos.protocol.values import clip
 
 log = EventLogger()
@@ -166,6 +166,8 @@ class VmInstanceManager:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.launcher.network is not None:  # before adoption reads the tables
+                    await self.launcher.network.prepare_host()
                 await self._restore()
                 nursery.start_soon(self._probe)
                 nursery.start_soon(self._watch)
@@ -227,6 +229,8 @@ class VmInstanceManager:
         if self.backend_error is not None:
             raise FailedPrecondition(f"node {self.node_id} cannot run VMs: "
                                      f"{self.backend_error}", details={"reason": "vmm_unusable"})
+        if spec.network is not None:
+            network_switch.admit(self.launcher, spec)
         self.launcher.pool(spec.layer.pool_id, RETAINED_LAYERS)
         self.storage.check_idle((RETAINED_LAYERS, spec.layer.pool_id, spec.layer.ref))
         for vol in spec.volumes:
@@ -266,7 +270,10 @@ class VmInstanceManager:
         await self._persist(inst)  # `held` on disk before any VMM can have them open
         self._changed()
         steps.mark("objects")
-        launch = await self.launcher.launch_description(inst, layer, volumes)
+        network = await self.launcher.setup_network(inst)
+        if network is not None:
+            steps.mark("network")
+        launch = await self.launcher.launch_description(inst, layer, volumes, network)
         steps.mark("template")
         try:
             try:
@@ -369,6 +376,7 @@ class VmInstanceManager:
         try:
             await self.launcher.stop_unit(inst)
             await self.launcher.release_objects(inst, confirmed_on_disk=confirmed)
+            await self.launcher.release_network(inst)
         except STUCK_ERRORS as exc:
             if inst.state != STOPPING:
                 inst.state, inst.reason = STOPPING, None
@@ -403,6 +411,14 @@ class VmInstanceManager:
         for h in inst.held:
             if not self.shared_pools.get(h.pool_id, False):
                 self._retained.add((h.pool_id, h.kind, h.object_id))
+
+    async def set_network(self, instance_id: str, network: NetworkPolicy, revision: int
+                          ) -> dict[str, Any]:
+        """``instance.set_network`` (`kibotos.node.instances.network_switch`)."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            raise NotFound(f"Instance {instance_id} is not on node {self.node_id}")
+        return await network_switch.switch(self.launcher, inst, network, revision)
 
     async def delete_layer(self, pool_id: str, ref: str, epoch: int) -> dict[str, Any]:
         pool = self.launcher.pool(pool_id, RETAINED_LAYERS)

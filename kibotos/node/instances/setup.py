@@ -25,6 +25,8 @@ from kibotos.errors import InvalidArgument
 from kibotos.logs import EventLogger
 from kibotos.node.instances.lifecycle import Launcher, Settings
 from kibotos.node.instances.manager import VmInstanceManager
+from kibotos.node.instances.network_step import NetworkStep
+from kibotos.node.network.names import node_scope
 from kibotos.node.records.attachments import Attachments
 from kibotos.node.runtime import installations
 from kibotos.node.runtime.build_identity import BuildIdentity
@@ -59,6 +61,20 @@ def supervisor_options(config: NodeConfig) -> dict[str, Any]:
     if config.supervisor.backend == "direct" and "state_dir" not in options:
         options["state_dir"] = str(config.storage.root / "runtime" / "supervisor")
     return options
+
+
+def network_step(config: NodeConfig, backend: Any) -> NetworkStep | None:
+    """The Instances' network with ``[network]`` (None without): named by the node's
+    scope (its socket directory, as its data-plane units are), the tap owned by the
+    account the backend runs its VMM as (``tap_owner()``, optional: root otherwise),
+    the host ends in ``[testing] network_host_netns`` when a test gives one."""
+    if config.network is None:
+        return None
+    owner = getattr(backend, "tap_owner", None)
+    uid, gid = owner() if callable(owner) else (None, None)
+    return NetworkStep(config.network, scope=node_scope(config.node.socket_dir),
+                       root=config.storage.root,
+                       host_netns=config.testing.network_host_netns, tap_owner=(uid, gid))
 
 
 def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], bool],
@@ -113,6 +129,7 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
                         templates=templates, settings=settings or settings_from(config),
                         attachments=attachments)
     launcher.build = build or current_build()
+    launcher.network = network_step(config, backend)
     pinned = installations.pin(root, launcher.build, runtime_dir=runtime_dir, backend=backend)
     launcher.installation = pinned.launch_fields()
     manager = VmInstanceManager(node_id=node_id, root=root, launcher=launcher,

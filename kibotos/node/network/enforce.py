@@ -20,7 +20,12 @@ from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
 from kibotos.node.network import nft
 from kibotos.node.network.names import NETNS_DIR
-from kibotos.node.network.policy import NetworkPolicy, parse_policy, why_not_enforceable
+from kibotos.node.network.policy import (
+    NetworkPolicy,
+    parse_policy,
+    to_record,
+    why_not_enforceable,
+)
 from kibotos.node.network.records import NetworkFacts, NetworkRecord, NetworkRecords
 from kibotos.node.network.slot_table import TableInputs, isolation_script, replace_script
 from kibotos.node.network.table_check import TableReport, check
@@ -71,29 +76,36 @@ def write_table(records: NetworkRecords, record: NetworkRecord, config: NetworkS
 
 def switch_policy(records: NetworkRecords, record: NetworkRecord, policy: NetworkPolicy,
                   config: NetworkSection, uplink: list[str], *,
-                  netns_dir: Path = NETNS_DIR) -> NetworkRecord:
+                  netns_dir: Path = NETNS_DIR, revision: int | None = None) -> NetworkRecord:
     """A network switch of a running Instance: in force when this returns, with no
-    restart and established connections kept."""
-    wanted = policy.to_record()
+    restart and established connections kept; `revision` is recorded with it."""
+    wanted = to_record(policy)
     problem = why_not_enforceable(wanted, config)
     if problem is not None:
         raise FailedPrecondition(f"network switch of {record.instance_id}: {problem}")
-    pending = dataclasses.replace(record, pending_policy=wanted)
+    pending = dataclasses.replace(record, pending_policy=wanted, pending_revision=revision)
     records.write(pending)
     failpoints.hit("node.network.switch.after-pending")
     facts = NetworkFacts.current(config, uplink)
     _write(record, wanted, facts, netns_dir)
     failpoints.hit("node.network.switch.after-table")
-    done = dataclasses.replace(record, policy=wanted, pending_policy=None, facts=facts)
+    done = dataclasses.replace(record, policy=wanted, pending_policy=None, facts=facts,
+                               revision=revision, pending_revision=None)
     records.write(done)
     return done
 
 
-def isolate(record: NetworkRecord, *, netns_dir: Path = NETNS_DIR) -> None:
+def isolate(record: NetworkRecord, *, netns_dir: Path = NETNS_DIR,
+            path: Path | None = None) -> None:
     """Cut the Instance off: the namespace's veth down (no packet leaves, whatever any
-    table says) and the node table replaced by one that drops everything."""
-    path = record.names.netns_path(netns_dir)
-    if not ns.is_netns(path):
+    table says) and the node table replaced by one that drops everything.  `path` is
+    the namespace when its bind is gone (``/proc/<VMM pid>/ns/net``)."""
+    if path is None:
+        path = record.names.netns_path(netns_dir)
+        if not ns.is_netns(path):
+            raise FailedPrecondition(f"isolate the network of {record.instance_id}: its "
+                                     f"namespace {path} is missing")
+    elif not path.exists():
         raise FailedPrecondition(f"isolate the network of {record.instance_id}: its "
                                  f"namespace {path} is missing")
     with ns.map_netlink_errors(f"isolate the network of {record.instance_id}"), \
@@ -112,30 +124,36 @@ class Adoption:
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the `REWRITTEN_LOG` line, or of the refusal."""
-        fields: dict[str, Any] = {"instance_id": self.record.instance_id,
+        fields: dict[str, Any] = {"instance": self.record.instance_id,
                                   "netns": self.record.names.netns,
-                                  "differences": list(self.report.differences)}
+                                  "differences": "; ".join(self.report.differences) or "none"}
         if self.report.refused:
-            fields["refusals"] = list(self.report.refusals)
+            fields["refusals"] = "; ".join(self.report.refusals)
         return fields
 
 
 def adopt(records: NetworkRecords, record: NetworkRecord, config: NetworkSection,
-          uplink: list[str], *, netns_dir: Path = NETNS_DIR) -> Adoption:
+          uplink: list[str], *, netns_dir: Path = NETNS_DIR,
+          vmm_netns: Path | None = None) -> Adoption:
     """At node start: rewrite the Instance's table from its recorded policy with this
     version (finishing a switch a crash interrupted), or, in the four refusal cases of
     `table_check`, isolate it (the caller marks the Instance FAILED; its VMM runs on).
-    A namespace whose bind is gone is refused and not isolated here: the caller reaches
-    it only through the VMM's process (``/proc/<pid>/ns/net``)."""
+    A namespace whose bind is gone is refused, and isolated through `vmm_netns` (the
+    VMM's own, ``/proc/<pid>/ns/net``) when the caller has it."""
     report = check(record, config, uplink, netns_dir=netns_dir)
     if report.refused:
         if ns.is_netns(record.names.netns_path(netns_dir)):
             isolate(record, netns_dir=netns_dir)
+        elif vmm_netns is not None and vmm_netns.exists():
+            isolate(record, path=vmm_netns)
         return Adoption(record, report, rewritten=False)
-    policy = record.pending_policy if record.pending_policy is not None else record.policy
+    switching = record.pending_policy is not None
+    policy = record.pending_policy if switching else record.policy
+    revision = record.pending_revision if switching else record.revision
     facts = NetworkFacts.current(config, uplink)
-    _write(record, policy, facts, netns_dir)
-    done = dataclasses.replace(record, policy=policy, pending_policy=None, facts=facts)
+    _write(record, policy or {}, facts, netns_dir)
+    done = dataclasses.replace(record, policy=policy or {}, pending_policy=None, facts=facts,
+                               revision=revision, pending_revision=None)
     records.write(done)
     return Adoption(done, report, rewritten=True)
 

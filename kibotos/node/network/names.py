@@ -12,6 +12,7 @@ meets, the veth is ``kbv`` + 12 hex digits of a hash (an interface name holds at
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ class NetworkNames:
     @classmethod
     def of(cls, scope: str, instance_id: str) -> NetworkNames:
         """The names for one Instance of the node whose processes are named `scope`
-        (eight hex digits, `kibotos.node.dataplane.supervisor.scope_of`)."""
+        (eight hex digits, `node_scope`)."""
         if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
             raise InvalidArgument(f"invalid network scope {scope!r}: expected 8 hex digits")
         ids.check_object_id(instance_id, "Instance ID")
@@ -62,6 +63,13 @@ class NetworkNames:
 
     def netns_path(self, netns_dir: Path = NETNS_DIR) -> Path:
         return netns_dir / self.netns
+
+
+def node_scope(socket_dir: Path) -> str:
+    """Eight hex digits naming one node's processes and network objects on the host:
+    derived from its socket directory, which several nodes on one host must not share
+    (the data-plane units' scope, `kibotos.node.dataplane.supervisor.scope_of`)."""
+    return hashlib.sha256(os.fsencode(os.path.abspath(socket_dir))).hexdigest()[:8]
 
 
 def scope_netns_prefix(scope: str) -> str:

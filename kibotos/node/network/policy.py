@@ -1,5 +1,13 @@
 """A Workspace's network policy as the node enforces it, and whether this node can.
 
+The policy's fields are defined once, on the wire: `kibotos.protocol.NetworkPolicy`
+(what ctrl sends in ``instance.create`` and ``instance.set_network``; its CIDRs are
+checked and canonical there).  This module adds what enforcement needs: reading a
+recorded policy back (`parse_policy`), the lists per address family, the record form,
+whether this node version and configuration can enforce it (`why_not_enforceable`: the
+slot table), and whether the node can serve its Egress or Resolver
+(`why_no_egress_process`: the node's admission).
+
 Semantics (E2B's): a destination in `allow_out` is allowed; otherwise one in `deny_out`
 is dropped; otherwise it is allowed when public egress is on.  So with no `allow_out`
 everything not denied is allowed, an address in both lists is allowed, and "only these"
@@ -22,65 +30,44 @@ the deployment resolver.  The references carry no secret (`kibotos.protocol`'s
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import ValidationError
 
 from kibotos import cidrs
 from kibotos.errors import InvalidArgument
 from kibotos.network_config import NetworkSection
-from kibotos.protocol.commands.network import EgressRef, ResolverRef
+from kibotos.protocol import NetworkPolicy
+from kibotos.protocol.codec import describe
+from kibotos.protocol.commands.network import MAX_CIDRS
 
-#: The largest allow_out/deny_out list accepted (a set element each; kept small so a
-#: table stays quick to write and read back).
-MAX_ENTRIES = 512
+__all__ = ["MAX_ENTRIES", "NetworkPolicy", "allowed", "denied", "parse_policy", "to_record",
+           "why_no_egress_process", "why_not_enforceable"]
 
-
-class NetworkPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    public_egress: bool = True
-    allow_out: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    deny_out: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES)
-    egress: EgressRef | None = None
-    resolver: ResolverRef | None = None
-
-    @field_validator("allow_out", "deny_out")
-    @classmethod
-    def _cidrs(cls, v: list[str]) -> list[str]:
-        return [str(cidrs.parse_network(c, f"entry {i}")) for i, c in enumerate(v)]
-
-    @model_validator(mode="after")
-    def _resolver_egress(self) -> NetworkPolicy:
-        if self.resolver is not None and self.resolver.via_egress and self.egress is None:
-            raise ValueError("a resolver via the egress needs the policy's egress")
-        return self
-
-    def allowed(self, family: cidrs.Family) -> list[cidrs.Network]:
-        return cidrs.of_family((_net(c) for c in self.allow_out), family)
-
-    def denied(self, family: cidrs.Family) -> list[cidrs.Network]:
-        return cidrs.of_family((_net(c) for c in self.deny_out), family)
-
-    def to_record(self) -> dict[str, Any]:
-        """The record's form; a policy without an egress or resolver is written as
-        before they existed, so its record (and what reads it) does not change."""
-        value = self.model_dump()
-        for key in ("egress", "resolver"):
-            if value[key] is None:
-                del value[key]
-        return value
+#: The largest allow_out/deny_out list accepted (the wire's bound).
+MAX_ENTRIES = MAX_CIDRS
 
 
-def _net(value: str) -> cidrs.Network:
-    return cidrs.parse_network(value, "policy entry")
+def allowed(policy: NetworkPolicy, family: cidrs.Family) -> list[cidrs.Network]:
+    """`allow_out` of one family, collapsed and sorted (a table set's content)."""
+    return cidrs.of_family((ipaddress.ip_network(c) for c in policy.allow_out), family)
+
+
+def denied(policy: NetworkPolicy, family: cidrs.Family) -> list[cidrs.Network]:
+    """`deny_out` of one family, collapsed and sorted."""
+    return cidrs.of_family((ipaddress.ip_network(c) for c in policy.deny_out), family)
+
+
+def to_record(policy: NetworkPolicy) -> dict[str, Any]:
+    """The policy as the network record keeps it (its wire form); a policy without an
+    egress or resolver is written as before they existed, so its record (and what
+    compares or reads it, also an older node version) does not change."""
+    value = policy.model_dump(mode="json")
+    for key in ("egress", "resolver"):
+        if value[key] is None:
+            del value[key]
+    return value
 
 
 def parse_policy(value: object) -> NetworkPolicy:
@@ -90,21 +77,38 @@ def parse_policy(value: object) -> NetworkPolicy:
     try:
         return NetworkPolicy.model_validate(value)
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            parts.append(f"{loc}: {msg.removeprefix('Value error, ')}")
-        raise InvalidArgument(f"invalid network policy: {'; '.join(parts)}") from None
+        raise InvalidArgument(f"invalid network policy: {describe(exc)}") from None
 
 
 def why_not_enforceable(recorded: object, config: NetworkSection) -> str | None:
-    """Why this node cannot enforce a recorded policy (a policy written by another
-    version, or one the node's config no longer supports), or None when it can."""
+    """Why this node's slot table cannot enforce a policy (one written by another
+    version, or one the node's config no longer supports), or None when it can.
+
+    An Egress or a Resolver is enforceable here: the table steers the guest's TCP and
+    DNS to the egress process's port on the gateway, and with no process listening
+    there the guest's connection is refused, never sent direct.  Whether the node can
+    serve them at all is `why_no_egress_process`."""
     try:
         policy = parse_policy(recorded)
     except InvalidArgument as exc:
         return f"this version cannot read the recorded policy ({exc.message})"
     if policy.public_egress and not config.public_egress:
         return "the policy asks for public egress and this node no longer provides it"
+    return None
+
+
+def why_no_egress_process(policy: NetworkPolicy) -> str | None:
+    """Why the node refuses `policy` at admission (a create or a network switch), or
+    None: a policy naming an Egress or a Resolver needs an egress process serving this
+    Instance, and the node does not run one for its Instances yet (the supervisor,
+    `kibotos.node.egress.supervisor`, is not wired into the Instance lifecycle).  Its
+    table would steer the guest to a port where nothing listens: the Workspace would be
+    accepted and could reach nothing, so it is refused instead, before anything is
+    written (it fails closed, and says so)."""
+    if policy.egress is not None:
+        return (f"the policy routes through Egress {policy.egress.name}, and this node has "
+                "no egress process")
+    if policy.resolver is not None:
+        return (f"the policy resolves through Resolver {policy.resolver.name}, and this node "
+                "has no egress process")
     return None

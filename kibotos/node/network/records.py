@@ -6,9 +6,11 @@ gone.  It holds what adoption needs without asking anyone:
 
 * ``slot``: the slot's addresses (`slots.SlotAddresses`), never recomputed;
 * ``names``: the namespace, veth and tap names (derived, kept for the operator);
-* ``policy``: the network policy in force; ``pending_policy``: one being switched to
-  (set before its table is written, cleared after; a record with it is the "network
-  switch half done" of check-maintenance);
+* ``policy``: the network policy in force, ``revision`` its revision (ctrl's, from
+  ``instance.create`` or ``instance.set_network``; None when none was given);
+  ``pending_policy`` and ``pending_revision``: one being switched to (set before its
+  table is written, cleared after; a record with it is the "network switch half done"
+  of check-maintenance);
 * ``facts``: the node-side inputs the table was last written from (management CIDRs,
   uplink addresses, resolvers, pools), so a reader can tell a table that was changed by
   hand from one written under another configuration.
@@ -31,7 +33,7 @@ from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.network_config import NetworkSection
 from kibotos.node.network.names import NetworkNames
-from kibotos.node.network.policy import NetworkPolicy
+from kibotos.node.network.policy import NetworkPolicy, to_record
 from kibotos.node.network.slots import SlotAddresses, lowest_free, slot_addresses
 
 FORMAT = 1
@@ -74,6 +76,8 @@ class NetworkRecord:
     policy: dict[str, Any]
     facts: NetworkFacts
     pending_policy: dict[str, Any] | None = None
+    revision: int | None = None
+    pending_revision: int | None = None
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
@@ -85,6 +89,7 @@ class NetworkRecord:
         return {"format": FORMAT, "instance_id": self.instance_id, "scope": self.scope,
                 "slot": self.slot.to_record(), "policy": self.policy,
                 "pending_policy": self.pending_policy, "facts": self.facts.to_record(),
+                "revision": self.revision, "pending_revision": self.pending_revision,
                 "names": {"netns": names.netns, "host_veth": names.host_veth,
                           "ns_veth": names.ns_veth, "tap": names.tap},
                 "created_at": self.created_at}
@@ -100,9 +105,14 @@ class NetworkRecord:
             policy, pending = value["policy"], value.get("pending_policy")
             if not isinstance(policy, dict) or not (pending is None or isinstance(pending, dict)):
                 raise InvalidArgument("policy and pending_policy must be objects")
+            revision, pending_revision = value.get("revision"), value.get("pending_revision")
+            for what, number in (("revision", revision), ("pending_revision", pending_revision)):
+                if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
+                    raise InvalidArgument(f"{what} must be an integer or null")
             return cls(instance_id=str(value["instance_id"]), scope=str(value["scope"]),
                        slot=SlotAddresses.from_record(value["slot"]), policy=policy,
                        pending_policy=pending, facts=NetworkFacts.from_record(value["facts"]),
+                       revision=revision, pending_revision=pending_revision,
                        created_at=str(value.get("created_at", "")))
         except (KeyError, ValueError, InvalidArgument) as exc:
             raise FailedPrecondition(f"malformed network record {source}: {exc}") from None
@@ -149,7 +159,8 @@ class NetworkRecords:
                               prefix=self.prefix, mode=0o600)
 
     def allocate(self, instance_id: str, scope: str, config: NetworkSection,
-                 policy: NetworkPolicy, uplink_addresses: list[str]) -> NetworkRecord:
+                 policy: NetworkPolicy, uplink_addresses: list[str],
+                 revision: int | None = None) -> NetworkRecord:
         """The Instance's record: the one already on disk (a retry), or a new one with
         the lowest free slot, written durably before this returns."""
         NetworkNames.of(scope, instance_id)  # refuse a bad ID or scope before anything
@@ -160,7 +171,7 @@ class NetworkRecords:
             taken = [r.slot.index for r in self.all()]
             slot = slot_addresses(config, lowest_free(taken, config.slot_count))
             record = NetworkRecord(instance_id=instance_id, scope=scope, slot=slot,
-                                   policy=policy.to_record(),
+                                   policy=to_record(policy), revision=revision,
                                    facts=NetworkFacts.current(config, uplink_addresses))
             self.write(record)
             return record

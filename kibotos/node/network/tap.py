@@ -1,10 +1,12 @@
 """The guest's tap device, made and opened inside the Instance's namespace.
 
 The tap is *persistent* (it outlives the file descriptors on it, so it exists before the
-VMM starts and after it exits, until teardown removes it) and may be owned by the VMM
-account, so a VMM that opens it by name (Firecracker) needs no capability.  `open_tap`
-gives the node a descriptor attached to it, opened in the namespace, that the node
-hands to QEMU (``-netdev tap,fd=N``): QEMU then needs no network privilege at all.
+VMM starts and after it exits, until teardown removes it) and owned by the VMM account,
+so a VMM that opens it by name in the namespace (QEMU's ``-netdev tap,ifname=``,
+Firecracker's ``host_dev_name``) needs no capability (docs/network.md, "How the VMM
+reaches its tap", says why by name rather than a descriptor passed by the node).
+`open_tap` gives a descriptor attached to it, opened in the namespace (tests stand in
+for the VMM with it).
 """
 
 from __future__ import annotations

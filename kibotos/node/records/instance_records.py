@@ -8,6 +8,8 @@ registry entry an ended Instance leaves.
   the expected command and the launch description; after the start the node adds the
   InvocationID, MainPID, process start time, executable path and dev:ino, cgroup and
   network namespace; after readiness, the guest it accepted (boot ID, capabilities).
+  An Instance with a network also has its network there (namespace name and path, tap,
+  veth ends, guest MAC, addresses, the slot table, the network record's path).
   A restarted node compares it with the running unit (`unit_matches`).
 * ``instance.json``, the node's own Instance record: the create arguments, the state
   and its reason, and the result of the last stop.
@@ -60,9 +62,13 @@ def _read(path: Path) -> dict[str, Any] | None:
 def write_launch_record(instance_dir: Path, *, launch_id: str, instance_id: str,
                         unit_name: str, argv: Sequence[str], supervisor: str, backend: str,
                         launch: Mapping[str, Any],
-                        installation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        installation: Mapping[str, Any] | None = None,
+                        network: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`installation` is the pinned runtime installation (``{identity,
-    runtime_version}``, `kibotos.node.runtime.installations`); None where no node pinned one."""
+    runtime_version}``, `kibotos.node.runtime.installations`); None where no node pinned one.
+    `network` is what the Instance's network consists of (namespace, tap, veth,
+    addresses, table: `kibotos.node.instances.network_step.NetworkStep.record_fields`);
+    None for an Instance without a network."""
     record: dict[str, Any] = {
         "format": FORMAT,
         "launch_id": launch_id,
@@ -73,6 +79,7 @@ def write_launch_record(instance_dir: Path, *, launch_id: str, instance_id: str,
         "backend": backend,
         "launch": dict(launch),
         "installation": dict(installation) if installation is not None else None,
+        "network": dict(network) if network is not None else None,
         "written_at": now_iso(),
         "unit": None,
         "guest": None,

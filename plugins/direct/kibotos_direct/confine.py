@@ -22,12 +22,16 @@ capabilities across a change of user is what this supervisor does not do.
 
 `plan` reads the properties strictly and is called twice: by the supervisor before it
 starts anything (a bad property is an error naming it, and nothing starts), and by the
-launcher, which applies the result.
+launcher, which applies the result.  The launcher also checks the namespace before the
+fork (`check_netns`): an error raised in `apply` reaches it only as Python's
+"Exception occurred in preexec_fn", so a missing namespace would go unnamed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import grp
 import os
 import pwd
@@ -53,6 +57,8 @@ APPLIED = frozenset({"NetworkNamespacePath", "CapabilityBoundingSet", "AmbientCa
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNET = 0x40000000
+#: ioctl(2) on a namespace file: its type (a ``CLONE_NEW*`` value; linux/nsfs.h).
+NS_GET_NSTYPE = 0xB703
 _TRUE = frozenset({"yes", "true", "on", "1"})
 _FALSE = frozenset({"no", "false", "off", "0"})
 
@@ -135,6 +141,22 @@ def plan(properties: Mapping[str, Any]) -> Confinement:
         groups = tuple(_group_id("SupplementaryGroups", g) for g in extra)
     return Confinement(netns=netns, bounding=bounding, no_new_privileges=no_new, uid=uid,
                        gid=gid, groups=groups)
+
+
+def check_netns(path: str) -> None:
+    """That `path` is a network namespace this process can open (OSError naming what is
+    wrong otherwise).  The launcher checks it before it forks the unit, so a namespace
+    that is missing or of another kind fails the start with an error that says so."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            kind = None  # not a namespace file at all (ENOTTY)
+        if kind != CLONE_NEWNET:
+            raise OSError(errno.EINVAL, "not a network namespace")
+    finally:
+        os.close(fd)
 
 
 def _last_capability() -> int:

@@ -66,6 +66,14 @@ def launch(request: dict[str, Any]) -> dict[str, Any]:
         confinement = confine.plan(request["properties"])
     except ValueError as exc:
         return {"error": f"unit property: {exc}"}
+    if confinement.netns is not None:
+        # checked here, before the fork: an error in `confine.apply` reaches us only as
+        # "Exception occurred in preexec_fn", which names nothing
+        try:
+            confine.check_netns(confinement.netns)
+        except OSError as exc:
+            return {"error": f"NetworkNamespacePath={confinement.netns}: "
+                             f"{exc.strerror or exc}"}
     with open(log_path, "ab") as log:
         try:
             proc = subprocess.Popen(

@@ -48,6 +48,8 @@ def boot_args(launch: Launch, serials: Mapping[str, str], vsock_port: int) -> st
     args = list(BASE_BOOT_ARGS)
     args += [f"kibotos.root={serials['root']}", f"kibotos.rw={serials['rw']}",
              f"kibotos.disks={2 + len(launch.volumes)}", f"kibotos.vsock={vsock_port}"]
+    if launch.taps:  # the init loads virtio-net only then
+        args.append("kibotos.net=1")
     args += launch.kernel_args
     return " ".join(args)
 

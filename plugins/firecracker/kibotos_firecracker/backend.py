@@ -237,6 +237,11 @@ class FirecrackerVmm(VmmBackend):
             log_path=spec.vmm_log,
         )
 
+    def tap_owner(self) -> tuple[int | None, int | None]:
+        """The VMM account owns the guest's tap: Firecracker, dropped to it by the
+        jailer, attaches to the tap by name (``host_dev_name``) with no capability."""
+        return self.uid, self.gid
+
     def volume_devices(self, launch: Mapping[str, Any]) -> list[str]:
         """The guest device path of each Volume of `launch`, in order, for the agent's
         ``configure``: ``/dev/disk/by-id/virtio-<serial>`` with the serial Firecracker

@@ -15,6 +15,9 @@ node drives both alike, with two differences that Firecracker imposes::
     kernel_args     list of str      appended to the kernel command line
     netns_path      abs path         network namespace the VMM joins (jailer --netns)
     taps            list             [{"host_dev_name": str, "guest_mac"?: str, "mtu"?: int}]
+    network         object           what the node gives every backend (docs/vm.md):
+                                     {"netns_path", "tap", "mac"}; the same as netns_path
+                                     and one tap (not together with them)
 
 A Volume ``serial`` is refused: Firecracker gives every disk a serial made of the
 backing file's device and inode numbers and has no way to set another one
@@ -43,7 +46,7 @@ _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 _KNOWN = {"instance_id", "unit_name", "runtime_dir", "platform_dir", "template_image",
           "writable_layer", "volumes", "vcpus", "memory", "kernel_args", "netns_path",
-          "taps"}
+          "taps", "network"}
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,13 @@ def parse_launch(launch: Mapping[str, Any]) -> Launch:
     netns = None
     if launch.get("netns_path") is not None:
         netns = vmm_launch.abs_path(launch, "netns_path", must_exist="any")
+    taps = _taps(launch.get("taps"))
+    network = vmm_launch.network(launch)
+    if network is not None:
+        if netns is not None or taps:
+            raise InvalidArgument("launch: network comes instead of netns_path and taps, "
+                                  "not with them")
+        netns, taps = network.netns_path, (Tap(network.tap, network.mac),)
     return Launch(
         instance_id=instance_id,
         unit_name=unit,
@@ -167,5 +177,5 @@ def parse_launch(launch: Mapping[str, Any]) -> Launch:
         memory_bytes=memory,
         kernel_args=args,
         netns_path=netns,
-        taps=_taps(launch.get("taps")),
+        taps=taps,
     )

@@ -20,6 +20,7 @@ the node's job, through its supervisor).  `guest_channel` gives the raw stream f
 
 from __future__ import annotations
 
+import pwd
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -61,7 +62,7 @@ class QemuVmm(VmmBackend):
     CAN_KVM: ClassVar[bool] = True
     CAN_TCG: ClassVar[bool] = True
     CAN_VSOCK: ClassVar[bool] = False
-    CAN_NETWORK: ClassVar[bool] = False
+    CAN_NETWORK: ClassVar[bool] = True
     #: Mounted by the Platform init before the agent starts (the writable layer's ext4);
     #: the node hands them to the agent's ``configure`` so ``stop_prepare`` freezes them.
     GUEST_RETAINED_FILESYSTEMS: ClassVar[tuple[str, ...]] = ("/run/kibotos/rw",)
@@ -153,6 +154,8 @@ class QemuVmm(VmmBackend):
         if self.user:
             props["User"] = self.user
             props["SupplementaryGroups"] = ["kvm"]
+        if spec.network is not None:  # QEMU opens the node's tap in there, by name
+            props["NetworkNamespacePath"] = str(spec.network.netns_path)
         return UnitSpec(
             name=spec.unit_name,
             argv=self.argv_for(launch),
@@ -161,6 +164,18 @@ class QemuVmm(VmmBackend):
             working_directory=spec.runtime_dir,
             log_path=spec.vmm_log,
         )
+
+    def tap_owner(self) -> tuple[int | None, int | None]:
+        """Who owns the guest's tap, so QEMU attaches to it by name without
+        ``CAP_NET_ADMIN``: the ``user`` account (root when none is configured)."""
+        if not self.user:
+            return None, None
+        try:
+            account = pwd.getpwnam(self.user)
+        except KeyError:
+            raise FailedPrecondition(f"qemu backend: user {self.user!r} does not exist "
+                                     "on this host") from None
+        return account.pw_uid, account.pw_gid
 
     def volume_devices(self, launch: Mapping[str, Any]) -> list[str]:
         """The guest device path of each Volume of `launch`, in order, for the agent's

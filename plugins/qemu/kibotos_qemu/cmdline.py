@@ -23,6 +23,12 @@ reason in docs/vm.md):
   host side).  The guest agent serves both (``kibotos.port=`` lists them).
 * ``virtio-balloon-device,free-page-reporting=on``: the only way used guest memory
   returns to the host.
+* With a network: ``-netdev tap,ifname=<tap>,script=no,downscript=no,vhost=off`` and
+  ``-device virtio-net-device,netdev=net0,mac=<mac>``.  QEMU runs in the Instance's
+  namespace (the unit's ``NetworkNamespacePath``) and opens the node's persistent tap
+  there by name: the tap is owned by the VMM account, so attaching needs no capability,
+  and no script runs (QEMU configures nothing; the node did).  No vhost-net: its
+  device is privileged.  ``kibotos.net=1`` makes the init load virtio-net.
 * ``-no-reboot`` with ``panic=-1``: a guest that panics, or whose init (tini, hence the
   agent) exits, ends the QEMU process, so the unit ends and the node sees it.
 * ``PR_SET_THP_DISABLE`` before exec: an idle 256 MiB guest then costs ~230 MiB RSS.
@@ -61,6 +67,8 @@ def kernel_cmdline(launch: Launch, accel: str, host_mhz: int | None) -> str:
         args += ["tsc=reliable", *TCG_TRIMS]
     args += [f"kibotos.port={AGENT_PORT},{DATAPLANE_PORT}", f"kibotos.root={ROOT_SERIAL}",
              f"kibotos.rw={RW_SERIAL}", f"kibotos.disks={2 + len(launch.volumes)}"]
+    if launch.network is not None:
+        args.append("kibotos.net=1")
     args += launch.kernel_args
     return " ".join(args)
 
@@ -117,6 +125,12 @@ def qemu_args(launch: Launch, accel: str, host_mhz: int | None) -> list[str]:
         "-device", f"virtserialport,chardev=agentdp,name={DATAPLANE_PORT}",
         "-device", "virtio-balloon-device,free-page-reporting=on",
     ]
+    net = launch.network
+    if net is not None:
+        args += [
+            "-netdev", f"tap,id=net0,ifname={net.tap},script=no,downscript=no,vhost=off",
+            "-device", f"virtio-net-device,netdev=net0,mac={net.mac}",
+        ]
     return args
 
 

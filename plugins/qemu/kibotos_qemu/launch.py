@@ -15,7 +15,9 @@ naming the key.  Keys (docs/vm.md, "Launch description")::
     vcpus           int 1..64        default 1
     memory          int bytes or "512M"   default 256 MiB; at least 64 MiB
     kernel_args     list of str      appended to the kernel command line
-    netns_path      abs path         reserved for the network issue; must be absent now
+    network         object           the guest's NIC: {"netns_path": abs path (the
+                                     namespace the unit joins), "tap": the persistent
+                                     tap in it, opened by name, "mac": the guest's MAC}
 
 Disks are found in the guest by virtio serial, never by order: the Template is
 ``kibotos-root``, the writable layer ``kibotos-rw``, each Volume its ``serial``
@@ -43,7 +45,7 @@ MAX_VCPUS = 64
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SERIAL = re.compile(r"[A-Za-z0-9._-]{1,20}")
 _KNOWN = {"instance_id", "unit_name", "runtime_dir", "platform_dir", "template_image",
-          "writable_layer", "volumes", "vcpus", "memory", "kernel_args", "netns_path"}
+          "writable_layer", "volumes", "vcpus", "memory", "kernel_args", "network"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Launch:
     vcpus: int
     memory_bytes: int
     kernel_args: tuple[str, ...]
+    network: vmm_launch.LaunchNetwork | None = None
 
     @property
     def agent_socket(self) -> Path:
@@ -121,8 +124,6 @@ def parse_launch(launch: Mapping[str, Any]) -> Launch:
     """Check every key of `launch`; the files it names must exist (a missing image is
     clearer here than as a QEMU error in vmm.log after the unit started)."""
     vmm_launch.check_keys(launch, _KNOWN)
-    if launch.get("netns_path") is not None:
-        raise InvalidArgument("launch: netns_path is not supported by this version")
     instance_id = launch.get("instance_id")
     if not isinstance(instance_id, str) or not _TOKEN.fullmatch(instance_id):
         raise InvalidArgument(f"launch: instance_id {instance_id!r} must be 1-64 letters, "
@@ -143,4 +144,5 @@ def parse_launch(launch: Mapping[str, Any]) -> Launch:
         vcpus=vmm_launch.int_in_range(launch, "vcpus", 1, 1, MAX_VCPUS),
         memory_bytes=memory,
         kernel_args=args,
+        network=vmm_launch.network(launch),
     )

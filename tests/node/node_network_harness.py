@@ -1,0 +1,220 @@
+"""A node with ``[network]`` in a world of network namespaces the test makes
+(tests/network/netbed.py: a stand-in host namespace with an uplink to "the internet",
+198.18.0.0/15 with an HTTP, echo and DNS server, and a management network), for the
+node's network tests with the light test VMM: its "VM" is a process in a namespace of
+its own whose NIC is relayed to the Instance's tap (tests/testplugins/testvmm_guest.py).
+
+The real host's network is never touched: the host ends of the veths, the host table
+and the uplink are in the world's host namespace (``[testing] network_host_netns``);
+only the Instance namespaces are under /run/netns, named by a scope of the test's own
+(its socket directory).  Without root, nftables or /dev/net/tun the tests skip, and
+fail under CI (``CI=true``), where .ci/run installs packaging/apt-test-deps.txt.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NETWORK_TESTS = Path(__file__).resolve().parents[1] / "network"
+if str(NETWORK_TESTS) not in sys.path:
+    sys.path.insert(0, str(NETWORK_TESTS))
+
+from instance_harness import Node  # noqa: E402
+from netbed import DNS_NAMES, World  # noqa: E402
+
+from kibotos import atomicfile  # noqa: E402
+from kibotos.node.network import host_table, plumbing  # noqa: E402
+from kibotos.node.network import netns as ns  # noqa: E402
+from kibotos.node.network.names import node_scope  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+__all__ = ["DNS_NAMES", "World"]
+
+#: The node's [network] in the world (the pools are the world's own).
+NETWORK = """
+[network]
+ipv4_pool = "10.200.0.0/24"
+ipv6_pool = "fd00:6b69::/120"
+management_cidrs = ["10.99.0.0/24"]
+uplink = "up0"
+public_egress = true
+resolvers = ["198.18.0.1"]
+"""
+
+
+def require_network_tools() -> None:
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [t for t in ("nft", "ip") if shutil.which(t, path=path) is None]
+    if os.geteuid() != 0:
+        missing.append("root (network namespaces)")
+    if not os.path.exists("/dev/net/tun"):
+        missing.append("/dev/net/tun")
+    if ctypes.util.find_library("nftables") is None:
+        missing.append("libnftables1")
+    if missing:
+        msg = f"the node network tests need {', '.join(missing)} (packaging/apt-test-deps.txt)"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@contextmanager
+def world() -> Iterator[World]:
+    require_network_tools()
+    bed = World()
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+def socket_dir(base: Path) -> Path:
+    return base / "sock"
+
+
+def config_parts(base: Path, bed: World, **changes: str) -> dict[str, str]:
+    """``extra`` and ``node_extra`` of `instance_harness.node_config` for a node with
+    [network] in `bed`, named by a scope of its own; `changes` replace lines of
+    `NETWORK` by key (``public_egress="false"``)."""
+    lines = [f"{line.split(' = ')[0]} = {changes[line.split(' = ')[0]]}"
+             if line.split(" = ")[0] in changes else line for line in NETWORK.splitlines()]
+    network = "\n".join(lines) + "\n"
+    return {"extra": network + f'[testing]\nnetwork_host_netns = "{bed.host}"\n',
+            "node_extra": f'socket_dir = "{socket_dir(base)}"'}
+
+
+def scope(base: Path) -> str:
+    return node_scope(socket_dir(base))
+
+
+def leftovers(base: Path, bed: World) -> list[str]:
+    """Every network object a node over `base` could have left: its Instance
+    namespaces, kibotos veths and pool addresses in the host namespace, network
+    records."""
+    found = [f"netns {n}" for n in plumbing.node_namespaces(scope(base))]
+    found += [f"veth {v}" for v in plumbing.host_veths(bed.host)]
+    with ns.netlink(bed.host) as ipr:
+        found += [f"address {a.get_attr('IFA_ADDRESS')}" for a in ipr.get_addr()
+                  if str(a.get_attr("IFA_ADDRESS")).startswith(("10.200.", "fd00:6b69:"))]
+    records = base / "root" / "network"
+    found += [f"record {p.name}" for p in records.glob("*")] if records.is_dir() else []
+    return found
+
+
+def host_table_present(base: Path, bed: World) -> bool:
+    from kibotos.node.network import nft
+
+    objects = nft.ruleset(bed.host, "read the host table")
+    name = host_table.table_name(scope(base))
+    return any(o.get("table", {}).get("name") == name for o in objects)
+
+
+def launch_network(instance_dir: Path) -> dict[str, Any] | None:
+    record = atomicfile.read_json(instance_dir / "systemd.json")
+    value = record.get("network")
+    return value if isinstance(value, dict) else None
+
+
+#: Runs in the guest: ``fetch ADDRESS`` prints what the HTTP server at ADDRESS answers
+#: (or ``failed: <errno>``); ``resolve NAME`` asks the nameserver of the guest's
+#: resolv.conf (under the test VMM's guest root, ``$ROOT``) for NAME.
+GUEST_TOOL = r"""
+import errno, os, socket, struct, sys
+def fetch(address, port=80, timeout=3.0):
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect((address, port))
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        return "failed: timeout"
+    except OSError as exc:
+        return "failed: " + errno.errorcode.get(exc.errno or 0, str(exc))
+    finally:
+        s.close()
+    return data.split(b"\r\n\r\n", 1)[1].decode()
+def resolve(name, resolv):
+    server = [l.split()[1] for l in open(resolv) if l.startswith("nameserver")][0]
+    qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    q = struct.pack("!HHHHHH", 7, 0x100, 1, 0, 0, 0) + qname + struct.pack("!HH", 1, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.sendto(q, (server, 53))
+    reply = s.recv(512)
+    if struct.unpack("!H", reply[6:8])[0] == 0:
+        return "none"
+    return socket.inet_ntoa(reply[-4:])
+kind, arg = sys.argv[1], sys.argv[2]
+if kind == "fetch":
+    print(fetch(arg))
+else:
+    print(resolve(arg, sys.argv[3]))
+"""
+
+
+class Bed:
+    """A storage root for a node with [network] in a world of its own."""
+
+    def __init__(self, base: Path, bed: World) -> None:
+        self.base, self.world = base, bed
+        self.parts = config_parts(base, bed)
+
+
+@asynccontextmanager
+async def network_bed(prefix: str) -> AsyncIterator[Bed]:
+    """A `Bed`; at the end the units are stopped, the Instance namespaces a test left
+    (an Instance left running keeps its own) removed and the world closed."""
+    from adoption_harness import node_root
+
+    with world() as w:
+        async with node_root(prefix) as base:
+            try:
+                yield Bed(base, w)
+            finally:
+                for name in plumbing.node_namespaces(scope(base)):
+                    ns.remove_netns(Path("/run/netns") / name)
+
+
+async def guest(node: Node, instance_id: str, *args: str) -> str:
+    """`GUEST_TOOL` run in the Instance's guest: its one line of output."""
+    inst = node.manager.get(instance_id)
+    assert inst is not None
+    argv = [sys.executable, "-I", "-c", GUEST_TOOL, *args]
+    if args[0] == "resolve":
+        argv.append(str(inst.dir / "guestroot" / "etc" / "resolv.conf"))
+    async with node.manager.launcher.guest(inst, timeout=30) as channel:
+        status, out, err = await channel.run(argv)
+    assert status.exit_code == 0, err
+    return out.decode().strip()
+
+
+async def create(node: Node, instance_id: str = "inst-n1",
+                 network: dict[str, Any] | None = None, revision: int = 1) -> dict[str, Any]:
+    """Create an Instance with a network (default policy); its RUNNING or FAILED frame."""
+    args = node.create_args(instance_id, workspace_id=f"ws-{instance_id}",
+                            network=network if network is not None else {},
+                            network_revision=revision)
+    assert await node.command("instance.create", args) == {"accepted": True}
+    return await node.wait_state(instance_id, "RUNNING", "FAILED")
+
+
+async def switch(node: Node, network: dict[str, Any], revision: int,
+                 instance_id: str = "inst-n1") -> dict[str, Any]:
+    return await node.command("instance.set_network", {
+        "instance_id": instance_id, "network": network, "revision": revision})

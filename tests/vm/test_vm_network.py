@@ -1,0 +1,330 @@
+"""Workspace networking end to end on the real ``qemu`` backend (TCG, the cached Platform
+and ``kibotos-base`` Template; ``direct`` supervisor), against "the internet" of a world
+of network namespaces the test makes (tests/network/netbed.py: 198.18.0.0/15 with an
+HTTP, echo and DNS server, a management network, a stand-in host namespace).
+
+One booted pair of VMs serves every case, in order:
+
+1. a node process creates Instances A and B with networks (QEMU joins each Instance's
+   namespace and opens its tap by name; the guest agent configures the NIC found by
+   its MAC), A's guest opens a TCP connection to the test host, and the node is
+   SIGKILLed;
+2. the next node adopts both: the slot tables are rewritten and logged, A's connection
+   survives and still carries data;
+3. A fetches from the test host by name through the deployment resolver; it never
+   reaches the host's addresses, the management network or B (which serves itself);
+4. network switches of the running A, without a restart: ``deny_out`` blocks the test
+   host, ``allow_out`` of one address with ``deny_out`` 0.0.0.0/0 allows only it, the
+   default again reaches everything; A's guest boot is the same throughout;
+5. destroying both leaves no namespace, veth, address or record.
+
+Needs root, QEMU and nftables; skipped without them locally, a failure under CI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from vm_node_harness import VM_SETTINGS, qemu_config, qemu_config_text, template_blobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
+from node_network_harness import (
+    NETWORK,
+    leftovers,
+    require_network_tools,
+    scope,
+    socket_dir,
+    world,
+)
+
+from kibotos.config import NodeConfig
+from kibotos.node.instances.contract import RUNNING
+from kibotos.node.instances.manager import VmInstanceManager
+from kibotos.node.instances.setup import build_instance_manager, supervisor_options
+from kibotos.node.network import netns as ns
+from kibotos.node.network import plumbing
+from kibotos.node.network.enforce import REWRITTEN_LOG
+from kibotos.node.storage.pools.dirs import prepare_pool_dirs
+from kibotos.node.storage.pools.marker import init_pool
+from kibotos.plugins import load_plugins
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+HERE = Path(__file__).resolve().parent
+DEADLINE = 600
+
+#: In the guest: each argument ``host:port`` fetched over HTTP (``failed: …`` when it
+#: cannot be), names resolved by the guest's own resolver (its /etc/resolv.conf); one
+#: JSON object of the answers.
+FETCH = r"""
+import errno, json, socket, sys
+def fetch(target):
+    host, port = target.rsplit(":", 1)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), int(port),
+                                                      type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return "failed: resolve " + str(exc)
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect(address)
+        s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        return "failed: timeout"
+    except OSError as exc:
+        return "failed: " + errno.errorcode.get(exc.errno or 0, str(exc))
+    finally:
+        s.close()
+    return data.split(b"\r\n\r\n", 1)[1].decode()
+print(json.dumps({t: fetch(t) for t in sys.argv[1:]}))
+"""
+
+#: In A's guest: one TCP connection to the echo server, "connected" in /run/holder.out,
+#: and once /run/holder.go exists one more round trip on it ("after: ok").
+HOLDER = r"""
+import os, socket, time
+s = socket.create_connection(("198.18.0.1", 7), timeout=10)
+s.sendall(b"before"); assert s.recv(16) == b"before"
+open("/run/holder.out", "w").write("connected")
+deadline = time.monotonic() + 900
+while not os.path.exists("/run/holder.go") and time.monotonic() < deadline:
+    time.sleep(0.2)
+try:
+    s.settimeout(10); s.sendall(b"after")
+    result = "after: ok" if s.recv(16) == b"after" else "after: wrong echo"
+except OSError as exc:
+    result = "after: failed " + str(exc)
+open("/run/holder.out", "w").write(result)
+"""
+
+#: In B's guest: an HTTP answer "B" on port 8080 for at most 15 minutes.
+SERVER = r"""
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080)); s.listen(8); s.settimeout(1)
+deadline = time.monotonic() + 900
+while time.monotonic() < deadline:
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    c.recv(4096); c.sendall(b"HTTP/1.0 200 OK\r\n\r\nB"); c.close()
+"""
+
+#: The first node: creates A and B, starts the holder in A and the server in B, says
+#: "ready" and waits to be killed.
+CHILD = r"""
+import sys, tomllib, trio
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from kibotos.config import NodeConfig, parse
+from kibotos.node.instances.setup import build_instance_manager
+from kibotos.plugins import load_plugins
+from vm_node_harness import VM_SETTINGS
+config = parse(NodeConfig, tomllib.loads(Path({config!r}).read_text()), "child node.toml")
+async def main():
+    manager = build_instance_manager(config, memory_tight=lambda: False,
+                                     registries=load_plugins(), settings=VM_SETTINGS)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        handlers = manager.command_handlers()
+        for args in {creates!r}:
+            await handlers["instance.create"](args)
+        seen, states = 0, {{}}
+        while len([s for s in states.values() if s in ("RUNNING", "FAILED")]) < 2:
+            seen, frames = await manager.state_feed().after(seen)
+            states.update((f["instance_id"], f["state"]) for f in frames)
+        print("states", states, flush=True)
+        for iid, script in (("inst-a", {holder!r}), ("inst-b", {server!r})):
+            async with manager.launcher.guest(manager.get(iid), timeout=60) as guest:
+                await guest.exec(["python3", "-c", script], on_detach="keep", stdin=False)
+        async with manager.launcher.guest(manager.get("inst-a"), timeout=60) as guest:
+            with trio.fail_after(300):  # the connection is open when the node is killed
+                while (await guest.run(["cat", "/run/holder.out"]))[1] != b"connected":
+                    await trio.sleep(0.5)
+        print("ready", flush=True)
+        await trio.sleep(3600)
+trio.run(main)
+"""
+
+
+def parts(base: Path, bed: Any) -> dict[str, str]:
+    return {"extra": NETWORK + f'[testing]\nnetwork_host_netns = "{bed.host}"\n',
+            "node_extra": f'socket_dir = "{socket_dir(base)}"'}
+
+
+def create_args(instance_id: str, template: dict[str, str]) -> dict[str, Any]:
+    return {"instance_id": instance_id, "workspace_id": f"ws-{instance_id}",
+            "template": template, "cpu_millis": 1000, "memory_bytes": 256 << 20,
+            "layer": {"pool_id": "pool-a", "ref": f"ws-{instance_id}",
+                      "capacity_bytes": 256 << 20, "epoch": 1, "create": True},
+            "launch": {"hostname": instance_id, "env": {}},
+            "network": {}, "network_revision": 1}
+
+
+@asynccontextmanager
+async def node(config: NodeConfig) -> AsyncIterator[VmInstanceManager]:
+    manager = build_instance_manager(config, memory_tight=lambda: False,
+                                     registries=load_plugins(), settings=VM_SETTINGS)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        yield manager
+        nursery.cancel_scope.cancel()
+
+
+async def run(manager: VmInstanceManager, instance_id: str, *argv: str) -> str:
+    inst = manager.get(instance_id)
+    assert inst is not None
+    async with manager.launcher.guest(inst, timeout=60) as guest:
+        status, out, err = await guest.run(list(argv))
+    assert status.exit_code == 0, err
+    return bytes(out).decode()
+
+
+async def fetch(manager: VmInstanceManager, instance_id: str, *targets: str
+                ) -> dict[str, str]:
+    return dict(json.loads(await run(manager, instance_id, "python3", "-c", FETCH,
+                                     *targets)))
+
+
+async def switch(manager: VmInstanceManager, network: dict[str, Any], revision: int
+                 ) -> dict[str, Any]:
+    return await manager.command_handlers()["instance.set_network"](
+        {"instance_id": "inst-a", "network": network, "revision": revision})
+
+
+async def first_node(config_path: Path, creates: list[dict[str, Any]]) -> None:
+    """The first node process, SIGKILLed once it said "ready"."""
+    script = CHILD.format(paths=[str(HERE)], config=str(config_path), creates=creates,
+                          holder=HOLDER, server=SERVER)
+    env = {k: v for k, v in os.environ.items() if k != "KIBOTOS_FAILPOINTS"}
+    proc = await trio.lowlevel.open_process([sys.executable, "-c", script], env=env,
+                                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    seen = b""
+    try:
+        with trio.fail_after(DEADLINE):
+            while b"ready\n" not in seen:
+                chunk = await proc.stdout.receive_some()
+                assert chunk, f"the first node ended: {seen.decode()}"
+                seen += chunk
+        assert "'inst-a': 'RUNNING'" in seen.decode(), seen
+        assert "'inst-b': 'RUNNING'" in seen.decode(), seen
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+async def test_workspace_networking_on_real_vms(platform_dir: Path, template_dir: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    require_network_tools()
+    base = Path(tempfile.mkdtemp(prefix="kvn-", dir="/tmp"))
+    init_pool("pool-a", base / "pool")
+    prepare_pool_dirs("pool-a", base / "pool")
+    with world() as bed:
+        config = qemu_config(base, "vm network test node.toml", **parts(base, bed))
+        try:
+            template = template_blobs(base / "artifacts", platform_dir, template_dir)
+            config_path = base / "node.toml"
+            config_path.write_text(qemu_config_text(base, **parts(base, bed)))
+            await first_node(config_path, [create_args("inst-a", template),
+                                           create_args("inst-b", template)])
+            caplog.set_level(logging.INFO, logger="kibotos.node")
+            async with node(config) as manager:
+                await cases(manager, caplog, bed)
+            assert leftovers(base, bed) == []
+        finally:
+            sup = load_plugins().supervisor.get("direct")(supervisor_options(config))
+            with trio.CancelScope(shield=True):
+                for info in await sup.list(""):
+                    await sup.stop(info.name, timeout=5)
+            for name in plumbing.node_namespaces(scope(base)):
+                ns.remove_netns(Path("/run/netns") / name)
+            shutil.rmtree(base, ignore_errors=True)
+
+
+async def cases(manager: VmInstanceManager, caplog: pytest.LogCaptureFixture,
+                bed: Any) -> None:
+    # 2. adopted after the SIGKILL: tables rewritten and logged, the connection kept
+    await manager.takeover.wait_idle()
+    for iid in ("inst-a", "inst-b"):
+        inst = manager.get(iid)
+        assert inst is not None
+        assert inst.state == RUNNING, (iid, inst.state, inst.reason)
+    rewritten = [r.getMessage() for r in caplog.records if REWRITTEN_LOG in r.getMessage()]
+    assert sorted(m.split("instance=")[1].split()[0] for m in rewritten) == \
+        ["inst-a", "inst-b"], rewritten
+    assert all("netns=kibotos-" in m and "differences=" in m for m in rewritten)
+    assert await run(manager, "inst-a", "cat", "/run/holder.out") == "connected"
+    await run(manager, "inst-a", "touch", "/run/holder.go")
+    with trio.fail_after(120):
+        while (out := await run(manager, "inst-a", "cat", "/run/holder.out")) == "connected":
+            await trio.sleep(1)
+    assert out == "after: ok"
+    boot_id = await run(manager, "inst-a", "cat", "/proc/sys/kernel/random/boot_id")
+
+    # 3. by name through the deployment resolver; never the host, management, or B
+    slots = {}
+    for iid in ("inst-a", "inst-b"):
+        inst = manager.get(iid)
+        assert inst is not None
+        slots[iid] = json.loads((inst.dir / "systemd.json").read_text())["network"]["addresses"]
+    b_address = slots["inst-b"]["v4"]["guest"]
+    assert (await fetch(manager, "inst-b", "127.0.0.1:8080")) == {"127.0.0.1:8080": "B"}
+    got = await fetch(manager, "inst-a", "files.test:80", "www.test:80", "[2001:2::1]:80",
+                      "198.18.0.2:80", "198.18.5.5:80", "10.99.0.2:80",
+                      "169.254.169.254:80", f"{b_address}:8080")
+    assert got["files.test:80"] == "198.18.1.1"
+    assert got["www.test:80"] == "198.18.0.1"
+    assert got["[2001:2::1]:80"] == "2001:2::1"
+    for unreachable in ("198.18.0.2:80", "198.18.5.5:80", "10.99.0.2:80",
+                        "169.254.169.254:80", f"{b_address}:8080"):
+        assert got[unreachable].startswith("failed"), (unreachable, got)
+    resolv = await run(manager, "inst-a", "cat", "/etc/resolv.conf")
+    assert f"nameserver {slots['inst-a']['v4']['gateway']}" in resolv
+
+    # 4. network switches of the running A, each in force when it answers
+    assert await switch(manager, {"deny_out": ["198.18.0.0/15"]}, 2) == \
+        {"network_revision": 2, "changed": True}
+    got = await fetch(manager, "inst-a", "files.test:80", "[2001:2::1]:80")
+    assert got["files.test:80"].startswith("failed"), got  # the name resolves, no more
+    assert got["[2001:2::1]:80"] == "2001:2::1"
+    await switch(manager, {"allow_out": ["198.18.1.1"], "deny_out": ["0.0.0.0/0", "::/0"]}, 3)
+    got = await fetch(manager, "inst-a", "198.18.1.1:80", "198.18.1.2:80", "198.18.0.1:80",
+                      "[2001:2::1]:80")
+    assert got["198.18.1.1:80"] == "198.18.1.1"
+    for blocked in ("198.18.1.2:80", "198.18.0.1:80", "[2001:2::1]:80"):
+        assert got[blocked].startswith("failed"), (blocked, got)
+    await switch(manager, {}, 4)
+    got = await fetch(manager, "inst-a", "files.test:80", "198.18.1.2:80")
+    assert got == {"files.test:80": "198.18.1.1", "198.18.1.2:80": "198.18.1.2"}
+    assert await run(manager, "inst-a", "cat", "/proc/sys/kernel/random/boot_id") == boot_id
+    inst = manager.get("inst-a")
+    assert inst is not None
+    assert inst.state == RUNNING
+
+    # 5. everything goes with the Instances
+    for iid in ("inst-a", "inst-b"):
+        assert await manager.command_handlers()["instance.destroy"](
+            {"instance_id": iid}) == {"destroyed": True}
+    assert manager.get("inst-a") is None
