@@ -96,22 +96,25 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
                                f"pool {dash(layer.get('pool_id'))}")
     # CLEAN, or UNKNOWN after a takeover without a release receipt (docs/storage.md)
     main.add("Layer handoff", dash(layer.get("handoff")))
-    net = _dict(ws.get("network"))
-    main.add("Network policy", describe_policy(net.get("policy")) if net else "-")
-    main.add("Network revision", dash(net.get("revision")))
-    current = inst if inst and inst.get("instance_id") == ws.get("instance_id") else {}
-    if current:
-        applied = current.get("network")
-        main.add("Network in force", "none (started without a network)" if applied is None
-                 else describe_policy(applied))
-        addresses = current.get("addresses")
-        main.add("Guest addresses", ", ".join(addresses) if addresses else "-")
     main.add("Revision", dash(ws.get("revision")))
     main.add("Created", dash(ws.get("created_at")))
     main.add("Updated", dash(ws.get("updated_at")))
     if ws.get("deleted_at"):
         main.add("Deleted", str(ws.get("deleted_at")))
-    sections = [main]
+    # The network in a section of its own: its labels are longer, and the main block
+    # keeps the alignment scripts and people already read.
+    network = Section("Network")
+    net = _dict(ws.get("network"))
+    network.add("Policy", describe_policy(net.get("policy")) if net else "-")
+    network.add("Revision", dash(net.get("revision")))
+    current = inst if inst and inst.get("instance_id") == ws.get("instance_id") else {}
+    if current:
+        applied = current.get("network")
+        network.add("In force", "none (started without a network)" if applied is None
+                    else describe_policy(applied))
+        addresses = current.get("addresses")
+        network.add("Guest addresses", ", ".join(addresses) if addresses else "-")
+    sections = [main, network]
     if wide and inst:
         last = Section("Last Instance")
         last.add("Instance", dash(inst.get("instance_id")))

@@ -293,12 +293,13 @@ def test_get_shows_the_policy_and_the_guest_addresses(kibo, fake_ctrl):
     result = kibo("workspace", "get", WS)
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "  Network policy:   public egress off; allow 198.18.0.10/32; deny 0.0.0.0/0; " \
+    assert "Network" in lines
+    assert "  Policy:          public egress off; allow 198.18.0.10/32; deny 0.0.0.0/0; " \
            "egress corp" in lines
-    assert "  Network revision: 3" in lines
-    assert "  Network in force: public egress off; allow 198.18.0.10/32; deny 0.0.0.0/0; " \
+    assert "  Revision:        3" in lines
+    assert "  In force:        public egress off; allow 198.18.0.10/32; deny 0.0.0.0/0; " \
            "egress corp (revision 2)" in lines
-    assert "  Guest addresses:  10.200.0.3/31, fd00::3/127" in lines
+    assert "  Guest addresses: 10.200.0.3/31, fd00::3/127" in lines
     result = kibo("workspace", "get", WS, "--json")
     assert json.loads(result.stdout)["result"]["instance"]["addresses"] == [
         "10.200.0.3/31", "fd00::3/127"]
@@ -309,9 +310,9 @@ def test_get_of_a_default_workspace_without_network(kibo, fake_ctrl):
     fake_ctrl.route("GET", f"/v1/workspaces/{WS}/location", ok(
         {"workspace_id": WS, "node_id": "node-a", "instance_id": INST}))
     lines = kibo("workspace", "get", WS).stdout.splitlines()
-    assert "  Network policy:   default (the network the node provides)" in lines
-    assert "  Network in force: none (started without a network)" in lines
-    assert "  Guest addresses:  -" in lines
+    assert "  Policy:          default (the network the node provides)" in lines
+    assert "  In force:        none (started without a network)" in lines
+    assert "  Guest addresses: -" in lines
 
 
 # ------------------------------------------------------------------------ docs

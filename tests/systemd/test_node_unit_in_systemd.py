@@ -135,7 +135,10 @@ class NodeUnit:
         nothing scheduled (an automatic restart keeps it loaded): inactive, dead."""
         if self.raw.unit_path(UNIT) is None:
             return ("inactive", "dead")
-        unit = self.unit()
+        try:
+            unit = self.unit()
+        except AssertionError:  # unloaded between the lookup and the read
+            return ("inactive", "dead")
         return (unit["ActiveState"], unit["SubState"])
 
     def runs(self) -> list[dict]:
