@@ -294,7 +294,8 @@ def resolve(guest: Guest, name: str, server: str, timeout: float = 5.0) -> str |
         return parse_a(sock.recv(512))
 
 
-SCOPE = "7e570000"
+# Per test process, so that two runs on one machine never share an Instance's names.
+SCOPE = f"{os.getpid() & 0xFFFFFFFF:08x}"
 
 
 def network_config(**changes: object) -> NetworkSection:
