@@ -145,6 +145,9 @@ class SimInstances:
     hold_objects: trio.Event | None = None
     #: The error of the next ``instance.set_network`` (then cleared).
     fail_network: KibotosError | None = None
+    #: Set: an ``instance.set_network`` is applied, then its answer waits for this
+    #: event (a test lets ctrl's call time out: the answer lost after the switch).
+    hold_network_answer: trio.Event | None = None
     #: Addresses the RUNNING frame of a networked Instance carries (none when empty).
     guest_addresses: list[str] = field(default_factory=list)
     #: Awaited with every command's parsed arguments before it is answered (a test
@@ -319,6 +322,8 @@ class SimInstances:
                                      "force)", details={"reason": "stale"})
         changed = args.revision != current
         inst.network, inst.network_revision = args.network, args.revision
+        if self.hold_network_answer is not None:
+            await self.hold_network_answer.wait()
         return {"network_revision": args.revision, "changed": changed}
 
     async def _boot(self, inst: SimInstance) -> None:

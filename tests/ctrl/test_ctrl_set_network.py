@@ -11,6 +11,7 @@ from typing import Any
 import trio
 from ws_helpers import WsCtrl, events, open_ws_ctrl
 
+from kibotos.ctrl.live import workspace_service
 from kibotos.ctrl.wire.workspaces import WorkspaceOut
 from kibotos.errors import FailedPrecondition
 
@@ -196,3 +197,29 @@ async def test_a_node_refusal_changes_nothing(tmp_path: Path) -> None:
         # The next switch takes the same revision: the refused one never happened.
         await set_network(ctrl, ws["workspace_id"], network={"deny_out": ["10.0.0.0/8"]})
         assert sent(ctrl, "node-a", "instance.set_network")[-1]["revision"] == 2
+
+
+async def test_a_switch_whose_answer_was_lost_does_not_block_the_next(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The node applied revision 2 but ctrl never heard back: the next switch, with
+    another policy, goes as revision 3 (revision 2 again would be stale on the node
+    forever)."""
+    monkeypatch.setattr(workspace_service, "SWITCH_TIMEOUT", 0.5)
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        node = await ctrl.connect("node-a", network=PUBLIC)
+        assert node.sim is not None
+        ws = await running(ctrl)
+        wid = ws["workspace_id"]
+        node.sim.hold_network_answer = held = trio.Event()
+        await set_network(ctrl, wid, code="deadline_exceeded",
+                          network={"deny_out": ["10.0.0.0/8"]})
+        sim = node.sim.instances[ws["instance_id"]]
+        assert sim.network_revision == 2
+        node.sim.hold_network_answer = None
+        held.set()
+        out = await set_network(ctrl, wid, network={"deny_out": ["172.16.0.0/12"]})
+        assert sent(ctrl, "node-a", "instance.set_network")[-1]["revision"] == 3
+        assert out["network"]["revision"] == 3
+        assert out["network"]["policy"]["deny_out"] == ["172.16.0.0/12"]
+        assert (sim.network_revision, sim.network and sim.network.deny_out) == \
+            (3, ["172.16.0.0/12"])

@@ -54,7 +54,7 @@ from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
-from kibotos.errors import FailedPrecondition, KibotosError
+from kibotos.errors import DeadlineExceeded, FailedPrecondition, KibotosError, Unavailable
 from kibotos.protocol import (
     CreateSpec,
     Hello,
@@ -341,9 +341,16 @@ class WorkspaceService:
                 "was started without a network: stop it and start it again to give it one",
                 details=details)
         grants.add(plan.node_id, sent)
-        await self.ctx.sessions.call(
-            plan.node_id, SetNetworkArgs(instance_id=plan.instance_id, network=sent,
-                                         revision=plan.network_revision), SWITCH_TIMEOUT)
+        await self.store.write(partial(netpol.reserve_revision, plan=plan))
+        try:
+            await self.ctx.sessions.call(
+                plan.node_id, SetNetworkArgs(instance_id=plan.instance_id, network=sent,
+                                             revision=plan.network_revision), SWITCH_TIMEOUT)
+        except (DeadlineExceeded, Unavailable):
+            raise  # no answer: the node may have applied it, so the revision stays used
+        except KibotosError:
+            await self.store.write(partial(netpol.release_revision, plan=plan))
+            raise
         return sent
 
     async def template(self, name: str) -> dict[str, str]:

@@ -264,6 +264,23 @@ def refresh_plan(session: Session, workspace_id: str, egress: str) -> SwitchPlan
     return plan
 
 
+def reserve_revision(session: Session, *, plan: SwitchPlan) -> None:
+    """Count the switch's revision as used before the node is asked.  Should the
+    node apply it and its answer be lost (a timeout, a session that ends, a ctrl that
+    dies), the next switch takes a later revision, not this one again with another
+    policy, which the node would refuse as stale for good."""
+    ws = w.get_workspace(session, plan.workspace_id, for_update=True)
+    ws.network_revision = max(ws.network_revision, plan.network_revision)
+
+
+def release_revision(session: Session, *, plan: SwitchPlan) -> None:
+    """The node answered with a refusal, so nothing was applied: the revision is the
+    next switch's again (unless a later one was reserved meanwhile)."""
+    ws = w.get_workspace(session, plan.workspace_id, for_update=True)
+    if ws.network_revision == plan.network_revision:
+        ws.network_revision = plan.network_revision - 1
+
+
 def commit_switch(session: Session, *, plan: SwitchPlan, expected: int | None,
                   sent: NetworkPolicy | None, now: datetime,
                   cause: str = "set-network") -> dict[str, Any]:
