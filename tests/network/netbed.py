@@ -294,8 +294,9 @@ def resolve(guest: Guest, name: str, server: str, timeout: float = 5.0) -> str |
         return parse_a(sock.recv(512))
 
 
-# Per test process, so that two runs on one machine never share an Instance's names.
-SCOPE = f"{os.getpid() & 0xFFFFFFFF:08x}"
+# Per test run, so that two runs on one machine never share an Instance's names; the
+# child processes a test starts (network_proc.py) inherit the run's scope.
+SCOPE = os.environ.setdefault("KIBOTOS_TEST_NETWORK_SCOPE", f"{os.getpid() & 0xFFFFFFFF:08x}")
 
 
 def network_config(**changes: object) -> NetworkSection:
