@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import trio
-from guest_harness import TIMEOUT, AgentProcess, pid_alive, ppid_of, read_text, wait_until
+from guest_harness import (
+    GUEST_PYTHON,
+    TIMEOUT,
+    AgentProcess,
+    pid_alive,
+    ppid_of,
+    read_text,
+    wait_until,
+)
 
 from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
 from kibotos.guest import (
@@ -208,3 +216,27 @@ async def test_exec_round_trip_latency(guest: GuestChannel) -> None:
           f"{statistics.median(samples) * 1000:.2f} ms, p90 "
           f"{statistics.quantiles(samples, n=10)[-1] * 1000:.2f} ms; ping median "
           f"{statistics.median(pings) * 1000:.3f} ms")
+
+
+#: Starts the agent with hang-ups and terminations ignored, as `nohup` or a careless
+#: service manager would.
+IGNORING_STARTER = (
+    GUEST_PYTHON, "-c", "import os, signal, sys; "
+    "[signal.signal(s, signal.SIG_IGN) for s in (signal.SIGHUP, signal.SIGTERM)]; "
+    "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+async def test_processes_start_with_default_signals_whatever_the_agent_inherited(
+        tmp_path: Path) -> None:
+    from guest_harness import connected
+
+    agent = AgentProcess(tmp_path, prefix=IGNORING_STARTER)
+    try:
+        async with connected(agent) as guest:
+            status, out, _ = await guest.run(["grep", "SigIgn", "/proc/self/status"])
+        assert status.exit_code == 0
+        ignored = int(out.split()[1], 16)
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            assert not ignored & (1 << (sig - 1)), f"{sig.name} ignored: {out!r}"
+    finally:
+        agent.stop()

@@ -188,8 +188,22 @@ def _init_as_pid1() -> None:
                 log.warning("mounting %s: %s", target, e)
 
 
+#: Signals whose ignored state the agent must not hand down: an ignored signal stays
+#: ignored across exec, so a `nohup`'d or detached starter would leave every process
+#: in the Workspace deaf to hang-ups and interrupts (a hung-up exec would live on).
+INHERITABLE_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+
+
+def reset_ignored_signals() -> None:
+    """Give the processes the agent starts the default signal dispositions."""
+    for sig in INHERITABLE_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    reset_ignored_signals()
     if os.getpid() != 1:
         Loop().run(serve(args))
         return 0
