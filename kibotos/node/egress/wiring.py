@@ -133,8 +133,17 @@ class NodeEgress:
 
     # ------------------------------------------------------------------ EgressService
 
+    async def _wait_ready(self) -> bool:
+        """Whether `run` adopted or started the process (bounded: a node whose egress
+        never started must not hang its Instances' commands)."""
+        with trio.move_on_after(self.serve_timeout):
+            await self._ready.wait()
+        return self._ready.is_set()
+
     async def serve(self, record: NetworkRecord, policy: NetworkPolicy) -> None:
-        await self._ready.wait()
+        if not await self._wait_ready():
+            raise Unavailable(f"Instance {record.instance_id}: the node's egress processes "
+                              "were not taken over yet")
         wanted = dataclasses.replace(record, policy=to_record(policy), pending_policy=None,
                                      pending_revision=None)
         instance = EgressInstance.from_record(wanted, netns_dir=self.netns_dir)
@@ -159,6 +168,9 @@ class NodeEgress:
                           "egress process did not start, or egress state not taken)")
 
     async def release(self, instance_id: str) -> None:
-        await self._ready.wait()
+        if not await self._wait_ready():
+            log.warning("egress process not told an Instance left: the node's egress "
+                        "processes were not taken over yet", instance_id=instance_id)
+            return
         if not await self.supervisor.remove_instance(instance_id):
             log.warning("egress process not told an Instance left", instance_id=instance_id)
