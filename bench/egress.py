@@ -11,6 +11,8 @@ egress process run by the node's supervisor as ``kibotos-egress``).  Three paths
 test host 198.18.0.1:
 
     host     a socket in the host namespace (no guest, no slot table)
+    veth     a socket in a namespace of its own, on a plain veth pair to the host
+             namespace and routed from there (no tap, no guest, no nftables in it)
     direct   the guest through its slot table and the host's masquerade
     egress   the guest, redirected to the egress process, through microsocks
     socks    a socket in the host namespace through microsocks (no guest, no egress
@@ -38,9 +40,20 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "network")]
 
 import trio  # noqa: E402
 from egressbed import EgressNode, running, socks_server  # noqa: E402
-from netbed import SCOPE, Instance, World, bound, network_config, serve_tcp  # noqa: E402
+from netbed import (  # noqa: E402
+    SCOPE,
+    Instance,
+    World,
+    bound,
+    ip,
+    link,
+    network_config,
+    new_netns,
+    serve_tcp,
+)
 
 from kibotos.node.egress.listeners import EgressInstance  # noqa: E402
+from kibotos.node.egress.supervisor import EgressSupervisor  # noqa: E402
 from kibotos.node.network import host_table  # noqa: E402
 from kibotos.node.network import netns as ns  # noqa: E402
 from kibotos.node.network.policy import NetworkPolicy  # noqa: E402
@@ -107,6 +120,18 @@ class SocksFromHost:
         return self.sock.recv(size)
 
 
+def plain_veth(world: World) -> Path:
+    """A namespace on a plain veth pair to the world's host namespace (10.250.0.0/30),
+    routed to the internet through it: the cheapest way out of a namespace."""
+    plain = new_netns("plain")
+    world.namespaces.append(plain)  # removed with the world
+    link(world.host, "plain0", plain, "eth0")
+    ip(world.host, "addr", "add", "10.250.0.1/30", "dev", "plain0")
+    ip(plain, "addr", "add", "10.250.0.2/30", "dev", "eth0")
+    ip(plain, "route", "add", "default", "via", "10.250.0.1")
+    return plain
+
+
 def connect_once(make: Factory) -> float:
     start = time.perf_counter()
     with make() as sock:
@@ -136,19 +161,42 @@ def throughput(make: Factory, mib: int) -> float:
         return mib / (time.perf_counter() - start)
 
 
+async def handover(egress: EgressSupervisor, instance: EgressInstance, rounds: int
+                   ) -> dict[str, float]:
+    """An Instance given to the running egress process and taken back, `rounds` times
+    (what an Instance with an Egress adds to its network's setup and teardown: the
+    state pushed, its sockets opened in its namespace and handed over; then the state
+    pushed without it): medians in ms."""
+    serve, release = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        assert await egress.set_instance(instance)
+        serve.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        assert await egress.remove_instance(instance.instance_id)
+        release.append(time.perf_counter() - t0)
+    return {"serve_ms": statistics.median(serve) * 1000,
+            "release_ms": statistics.median(release) * 1000}
+
+
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Each path's connect latency and throughput, and `handover` under
+    ``"handover"``."""
     world = World()
     records_dir = Path(tempfile.mkdtemp(prefix="kbe-bench-"))
     records = NetworkRecords(records_dir)
-    direct = egress_instance = None
+    direct = egress_instance = second = None
     try:
         host_table.prepare_host(network_config(), SCOPE, host_netns=world.host)
         serve_tcp(world.stopper, bound(world.inet, "198.18.0.1", SINK_PORT), sink)
+        plain = plain_veth(world)
         direct = Instance(world, records, network_config(), "inst-direct")
         corp = EgressRef(name="corp", revision=1, address="198.18.1.2:1080",
                          authenticated=True)
         egress_instance = Instance(world, records, network_config(), "inst-egress",
                                    NetworkPolicy(egress=corp))
+        second = Instance(world, records, network_config(), "inst-egress-2",
+                          NetworkPolicy(egress=corp))
         with FakeCredentials("node-secret", {("corp", 1): ("alice", "s3cret")}) as ctrl, \
                 socks_server(world):
             node = EgressNode(world, ctrl.url)
@@ -157,14 +205,18 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                     routed = EgressInstance.from_record(egress_instance.record)
                     assert routed is not None
                     assert await egress.set_instance(routed)
+                    other = EgressInstance.from_record(second.record)
+                    assert other is not None
+                    results = {"handover": await handover(egress, other, args.connects)}
                     paths: dict[str, Factory] = {
                         "host": lambda: ns.socket_in(world.host, socket.AF_INET,
+                                                     socket.SOCK_STREAM),
+                        "veth": lambda: ns.socket_in(plain, socket.AF_INET,
                                                      socket.SOCK_STREAM),
                         "direct": lambda: direct.guest.socket(),
                         "egress": lambda: egress_instance.guest.socket(),
                         "socks": lambda: SocksFromHost(world),
                     }
-                    results = {}
                     for name, make in paths.items():
                         def run(make: Factory = make) -> dict[str, float]:
                             connect_once(make)  # warm up (ARP, conntrack, the tunnel)
@@ -177,7 +229,7 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             finally:
                 await node.aclose()
     finally:
-        for instance in (direct, egress_instance):
+        for instance in (direct, egress_instance, second):
             if instance is not None:
                 instance.close()
         world.close()
@@ -194,8 +246,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
+    moves = results.pop("handover")
     host, direct, egress = results["host"], results["direct"], results["egress"]
     socks = results["socks"]
+    print(f"an Instance given to the egress process {moves['serve_ms']:.2f} ms, taken back "
+          f"{moves['release_ms']:.2f} ms (medians)")
     print(f"{'path':8} {'connect (median)':>18} {'throughput':>14}")
     for name, r in results.items():
         print(f"{name:8} {r['connect_ms']:15.2f} ms {r['mib_per_s']:9.1f} MiB/s")

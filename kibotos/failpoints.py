@@ -82,6 +82,12 @@ KNOWN: dict[str, str] = {
     "node.network.after-addresses": "Instance network setup, after addresses and routes",
     "node.network.after-table": "Instance network setup, after the slot table is written "
                                 "and before the record has its facts",
+    "node.network.after-egress": "Instance network setup with an Egress or Resolver, after "
+                                 "the egress process serves the Instance (credentials on "
+                                 "disk, sockets handed over) and before the VMM starts",
+    "node.network.after-egress-release": "Instance network teardown, after the egress "
+                                         "process let the Instance go and before its "
+                                         "devices and namespace are removed",
     "node.network.switch.after-pending": "network switch, after the pending policy is "
                                          "recorded and before the table is written",
     "node.network.switch.after-table": "network switch, after the new table and before the "

@@ -14,14 +14,11 @@ supervisor, where ``systemctl`` sees nothing).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
-import trio
 
-from kibotos.cli.dataplane_cmds import _configure_logging
-from kibotos.errors import KibotosError
+from kibotos.cli.node_processes import config_option, list_or_stop, node_supervisor, serve
 
 
 @click.group("egress")
@@ -37,65 +34,30 @@ def egress_group() -> None:
               help="This process's generation, as the node numbered it.")
 def serve_command(socket_dir: Path, generation: int) -> None:
     """Forward guest TCP through SOCKS5 Egresses and DNS to Resolvers until drained."""
-    from kibotos.dataplane.groups import kibotos_leaf
     from kibotos.egress.serve import EgressSettings, serve_egress
 
-    _configure_logging()
-    settings = EgressSettings(socket_dir=socket_dir.absolute(), generation=generation)
-    try:
-        trio.run(serve_egress, settings)
-    except KibotosError as exc:
-        click.echo(f"egress process failed: {exc.message}", err=True)
-        sys.exit(exc.exit_code)
-    except BaseExceptionGroup as group:
-        leaf = kibotos_leaf(group)
-        if leaf is None:
-            raise
-        click.echo(f"egress process failed: {leaf.message}", err=True)
-        sys.exit(leaf.exit_code)
+    serve(serve_egress, EgressSettings(socket_dir=socket_dir.absolute(),
+                                       generation=generation), "egress process")
 
 
 def _run_for_node(config_path: Path, action: str, timeout: float) -> None:
-    from kibotos import config as config_mod
     from kibotos.node.egress.units import list_units, stop_units
-    from kibotos.node.instances.setup import supervisor_options
-    from kibotos.plugins import load_plugins
 
-    cfg = config_mod.load(config_mod.NodeConfig, config_path)
-    regs = load_plugins(cfg.plugins.disable)
-    supervisor = regs.supervisor.get(cfg.supervisor.backend)(supervisor_options(cfg))
-
-    async def main() -> None:
-        if action == "stop":
-            for name in await stop_units(supervisor, cfg.node.socket_dir, timeout=timeout):
-                click.echo(f"stopped {name}")
-            return
-        for info in await list_units(supervisor, cfg.node.socket_dir):
-            state = f"running pid {info.main_pid}" if info.active else \
-                f"ended ({info.result or 'unknown'})"
-            click.echo(f"{info.name}  {state}")
-
-    try:
-        trio.run(main)
-    except KibotosError as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        sys.exit(exc.exit_code)
-
-
-_config_option = click.option(
-    "--config", "config_path", required=True,
-    type=click.Path(dir_okay=False, path_type=Path), help="The node's node.toml.")
+    cfg, supervisor = node_supervisor(config_path)
+    socket_dir = cfg.node.socket_dir
+    list_or_stop(lambda: list_units(supervisor, socket_dir),
+                 lambda: stop_units(supervisor, socket_dir, timeout=timeout), action)
 
 
 @egress_group.command("list")
-@_config_option
+@config_option
 def list_command(config_path: Path) -> None:
     """The node's egress units, oldest generation first."""
     _run_for_node(config_path, "list", 0.0)
 
 
 @egress_group.command("stop")
-@_config_option
+@config_option
 @click.option("--timeout", default=5.0, type=click.FloatRange(min=0), show_default=True,
               metavar="SECONDS", help="Per process: how long before SIGKILL.")
 def stop_command(config_path: Path, timeout: float) -> None:

@@ -11,14 +11,11 @@ of silently keeping the old code.  Only the modules the data-plane process runs 
 from __future__ import annotations
 
 import functools
-import hashlib
-from pathlib import Path
 
-import kibotos
-from kibotos._version import SOURCE_REVISION, __version__
+from kibotos import source_build
 
 #: What a data-plane process runs, relative to the package: directories and files.
-SOURCES = ("dataplane", "guest", "credentials.py")
+SOURCES = ("dataplane", "guest", "credentials.py", "control_socket.py", "source_build.py")
 
 
 @functools.cache
@@ -32,13 +29,4 @@ def source_build_id() -> str:
     """The build a process started now would run: ``<version>+<revision>``, or
     ``<version>+src.<digest>`` for a checkout.  The node compares a running data plane's
     `build_id` with this."""
-    if SOURCE_REVISION != "unknown":
-        return f"{__version__}+{SOURCE_REVISION}"
-    root = Path(kibotos.__file__).parent
-    digest = hashlib.sha256()
-    files = sorted(p for name in SOURCES for p in (
-        (root / name).rglob("*.py") if (root / name).is_dir() else [root / name]))
-    for path in files:
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return f"{__version__}+src.{digest.hexdigest()[:16]}"
+    return source_build.source_build_id(SOURCES)

@@ -10,14 +10,11 @@ the ``+`` is what the node compares release lines with.
 from __future__ import annotations
 
 import functools
-import hashlib
-from pathlib import Path
 
-import kibotos
-from kibotos._version import SOURCE_REVISION, __version__
+from kibotos import source_build
 
 #: What an egress process runs, relative to the package.
-SOURCES = ("egress", "errors.py", "logs.py")
+SOURCES = ("egress", "errors.py", "logs.py", "control_socket.py", "source_build.py")
 
 
 @functools.cache
@@ -28,16 +25,7 @@ def build_id() -> str:
 
 def source_build_id() -> str:
     """The build a process started now would run."""
-    if SOURCE_REVISION != "unknown":
-        return f"{__version__}+{SOURCE_REVISION}"
-    root = Path(kibotos.__file__).parent
-    digest = hashlib.sha256()
-    files = sorted(p for name in SOURCES for p in (
-        (root / name).rglob("*.py") if (root / name).is_dir() else [root / name]))
-    for path in files:
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return f"{__version__}+src.{digest.hexdigest()[:16]}"
+    return source_build.source_build_id(SOURCES)
 
 
 def version_of(build: str) -> str:

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import socket
-import stat
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,14 +32,12 @@ from typing import Any
 
 import trio
 
+from kibotos import control_socket
+from kibotos.control_socket import MAX_LINE, check_socket_path
 from kibotos.errors import (
-    DeadlineExceeded,
-    Internal,
     InvalidArgument,
     KibotosError,
     PermissionDenied,
-    Unavailable,
-    error_from_wire,
 )
 from kibotos.logs import EventLogger
 
@@ -48,8 +45,7 @@ log = EventLogger("kibotos.egress")
 
 CONTROL_SOCKET = "control-{generation}.sock"
 SOCKET_DIR_SUFFIX = "-egress"
-MAX_LINE = 16 << 20
-MAX_SOCKET_PATH = 107
+WHO = "egress process"
 #: Descriptors in one line at most (the kernel's SCM_MAX_FD is 253).
 MAX_FDS = 64
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4)
@@ -79,11 +75,7 @@ def socket_dir_of(node_socket_dir: Path) -> Path:
 
 
 def control_path(egress_dir: Path, generation: int) -> Path:
-    path = egress_dir / CONTROL_SOCKET.format(generation=generation)
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise InvalidArgument(f"unix socket path {path} is longer than {MAX_SOCKET_PATH} "
-                              "bytes: choose a shorter node.socket_dir")
-    return path
+    return check_socket_path(egress_dir / CONTROL_SOCKET.format(generation=generation))
 
 
 class Channel:
@@ -168,30 +160,11 @@ def peer_uid(sock: trio.socket.SocketType) -> int:
 # ---------------------------------------------------------------------------- serving
 
 
-def _bind(path: Path) -> socket.socket:
-    """Bind at `path`, replacing a socket file a process of the same generation left."""
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old = os.umask(0o177)
-        try:
-            sock.bind(os.fspath(path))
-        finally:
-            os.umask(old)
-        sock.listen(16)
-    except OSError as exc:
-        sock.close()
-        raise Unavailable(f"cannot listen on control socket {path}: {exc.strerror}") from None
-    return sock
-
-
 async def serve(path: Path, handle: Handler, *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Answer requests on `path` until cancelled; the socket file goes on the way out
     unless another process has bound the path since."""
-    listener = trio.socket.from_stdlib_socket(_bind(path))
+    listener = trio.socket.from_stdlib_socket(control_socket.bind(path, backlog=16))
     inode = os.stat(path).st_ino
     allowed = {0, os.geteuid()}
     try:
@@ -202,9 +175,7 @@ async def serve(path: Path, handle: Handler, *,
                 nursery.start_soon(_connection, conn, handle, allowed)
     finally:
         listener.close()
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == inode:
-                os.unlink(path)
+        control_socket.remove_if_ours(path, inode)
 
 
 async def _connection(conn: trio.socket.SocketType, handle: Handler, allowed: set[int]
@@ -239,16 +210,15 @@ async def _connection(conn: trio.socket.SocketType, handle: Handler, allowed: se
 
 async def _answer(message: Message, handle: Handler) -> Message:
     """The whole answer line (``ok`` and ``result`` or ``error``) and its descriptors."""
-    try:
-        if not isinstance(message.body.get("type"), str):
-            raise InvalidArgument("control request must have a string 'type'")
+    fds: list[int] = []
+
+    async def run() -> dict[str, Any]:
         result = await handle(message)
-        return Message({"ok": True, "result": result.body}, result.fds)
-    except KibotosError as exc:
-        return Message({"ok": False, **exc.to_wire()})
-    except Exception as exc:  # a bug in one request must not end the control socket
-        log.error("control request failed", type=message.body.get("type"), error=repr(exc))
-        return Message({"ok": False, **Internal(f"control request failed: {exc!r}").to_wire()})
+        fds[:] = result.fds
+        return result.body
+
+    try:
+        return Message(await control_socket.answer(run, log, message.body.get("type")), fds)
     finally:
         message.close_fds()  # whatever the handler did not take (it sets .fds = [])
 
@@ -264,33 +234,21 @@ async def call(path: Path, body: dict[str, Any], fds: Sequence[int] = (), *,
     No process listening is `Unavailable`, no answer within `timeout` seconds
     `DeadlineExceeded`.
     """
+    with control_socket.deadline(path, WHO, body.get("type"), timeout):
+        sock = await control_socket.connect(path, WHO)
+        with sock:
+            channel = Channel(sock)
+            try:
+                await channel.send(body, fds)
+                answer = await channel.receive()
+            finally:
+                channel.close()
     try:
-        with trio.fail_after(timeout):
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            with sock:
-                try:
-                    await sock.connect(os.fspath(path))
-                except OSError as exc:
-                    raise Unavailable(f"no egress process answers on {path}: "
-                                      f"{exc.strerror or exc}") from None
-                channel = Channel(sock)
-                try:
-                    await channel.send(body, fds)
-                    answer = await channel.receive()
-                except OSError as exc:
-                    raise Unavailable(f"egress control socket {path}: {exc}") from None
-                finally:
-                    channel.close()
-    except trio.TooSlowError:
-        raise DeadlineExceeded(f"the egress process on {path} did not answer "
-                               f"{body.get('type')!r} within {timeout:g}s") from None
-    if answer is None:
-        raise Unavailable(f"the egress process on {path} closed the connection without "
-                          "answering")
-    result = answer.body.get("result")
-    if answer.body.get("ok") is True and isinstance(result, dict):
-        return Message(result, answer.fds)
-    answer.close_fds()
-    if answer.body.get("ok") is False:
-        raise error_from_wire(answer.body)
-    raise Internal(f"the egress process on {path} answered {answer.body!r}")
+        result = control_socket.result_of(None if answer is None else answer.body, path,
+                                          WHO)
+    except KibotosError:
+        if answer is not None:
+            answer.close_fds()
+        raise
+    assert answer is not None
+    return Message(result, answer.fds)

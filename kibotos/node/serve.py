@@ -16,7 +16,10 @@ Startup order matters, and each step fails with a message naming what was wrong:
    Instances a previous process left);
 7. with ``dataplane`` (always for ``kibotos node serve``): the data-plane process,
    adopted or started and given its state before ctrl hears from the node
-   (`kibotos.node.dataplane.targets`);
+   (`kibotos.node.dataplane.targets`); with ``[network]``: the egress processes
+   (`kibotos.node.egress.wiring`), given the Instances the network records name and
+   adopted or started before ctrl can send a policy naming an Egress or a Resolver
+   (they run only while one does; without this wiring such a policy is refused);
 8. then the pool availability monitor (marker and driver, now and every 30 s; its
    facts go to ctrl in hello and every report, a change triggers a report), the
    host-usage sampler, the manager's background work, the ``/metrics`` listener when
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -40,11 +44,13 @@ from kibotos.config import NodeConfig
 from kibotos.logs import EventLogger
 from kibotos.node.checks.startup_checks import check_startup
 from kibotos.node.dataplane.targets import DataplaneTargets
+from kibotos.node.egress.wiring import NodeEgress
 from kibotos.node.host import layout
 from kibotos.node.host.clock import NodeClock
 from kibotos.node.host.incarnation import next_incarnation
 from kibotos.node.host.usage import SAMPLE_INTERVAL, UsageSampler
 from kibotos.node.instances.contract import InstanceManager
+from kibotos.node.instances.manager import VmInstanceManager
 from kibotos.node.instances.setup import build_instance_manager
 from kibotos.node.metrics import NodeMetrics, NodeParts, serve_metrics
 from kibotos.node.runtime.build_identity import BuildIdentity
@@ -73,6 +79,7 @@ class NodeRuntime:
     session: ControlSession
     dataplane: DataplaneTargets | None = None
     pools: PoolMonitor | None = None
+    egress: NodeEgress | None = None
     #: ``host:port`` of ``/metrics`` when ``[node] metrics_listen`` is set
     metrics_address: str | None = None
 
@@ -147,6 +154,7 @@ async def serve_node(
                 notify_ready()
 
         targets = DataplaneTargets.for_node(config, manager) if dataplane else None
+        egress = _egress(config, manager, lambda: identity.credential)
         session = ControlSession(
             config, identity, incarnation,
             clock=NodeClock(config.testing.clock_skew_file),
@@ -159,7 +167,7 @@ async def serve_node(
         )
         session.commands.update(manager.command_handlers())
         runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,
-                              session, targets, pools)
+                              session, targets, pools, egress)
         try:
             async with trio.open_nursery() as nursery:
                 # the first check is done before the manager or ctrl asks
@@ -169,6 +177,8 @@ async def serve_node(
                 await nursery.start(manager.run)
                 if targets is not None:  # after the manager reloaded its Instances
                     await nursery.start(targets.run)
+                if egress is not None:  # after the manager settled the network records
+                    await nursery.start(egress.run)
                 if config.node.metrics_listen:  # docs/metrics.md
                     metrics = NodeMetrics(NodeParts(
                         manager, sampler, session.status, pools.facts,
@@ -182,6 +192,18 @@ async def serve_node(
             if sole is None:
                 raise
             raise sole from None
+
+
+def _egress(config: NodeConfig, manager: InstanceManager,
+            credential: Callable[[], str | None]) -> NodeEgress | None:
+    """The egress processes of a node with ``[network]``, handed to its Instances'
+    network step (None: an Instance manager given by a test, or no network)."""
+    if not isinstance(manager, VmInstanceManager) or manager.launcher.network is None:
+        return None
+    step = manager.launcher.network
+    egress = NodeEgress.for_node(config, step, credential=credential)
+    step.egress = egress
+    return egress
 
 
 def _sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:

@@ -142,15 +142,19 @@ def test_what_this_node_cannot_enforce():
     assert "cannot read" in str(why_not_enforceable({"resolver": "r1"}, section()))
     # the table steers an Egress or a Resolver to the egress process (fail closed when
     # none listens); the node's admission refuses them while it runs none for its
-    # Instances: refused, never sent direct
+    # Instances (an Instance manager run without them): refused, never sent direct
     egress = {"name": "corp", "revision": 1, "address": "proxy.test:1080"}
     resolver = {"name": "dns", "revision": 1, "upstream": "198.18.0.1"}
     assert why_not_enforceable({"egress": egress}, section()) is None
     assert why_not_enforceable({"resolver": resolver}, section()) is None
-    assert why_no_egress_process(NetworkPolicy()) is None
-    assert "Egress corp" in str(why_no_egress_process(parse_policy({"egress": egress})))
+    for served in (True, False):
+        assert why_no_egress_process(NetworkPolicy(), served=served) is None
+    assert "Egress corp" in str(why_no_egress_process(parse_policy({"egress": egress}),
+                                                      served=False))
     assert "no egress process" in str(why_no_egress_process(
-        parse_policy({"resolver": resolver})))
+        parse_policy({"resolver": resolver}), served=False))
+    for policy in ({"egress": egress}, {"resolver": resolver}):
+        assert why_no_egress_process(parse_policy(policy), served=True) is None
 
 
 # ---------------------------------------------------------------------------- slots

@@ -113,14 +113,20 @@ def alive(pid: int) -> bool:
 # ---------------------------------------------------------------------------- a child node
 
 CHILD = """
-import sys, trio
+import importlib, sys, trio
 sys.path[:0] = [{here!r}, {plugins!r}]
 from pathlib import Path
 from adoption_harness import build_node
 async def main():
     node = build_node(Path({base!r}), extra={extra!r}, node_extra={node_extra!r})
+    beside = None
+    if {beside!r}:
+        module, name, *args = {beside!r}
+        beside = getattr(importlib.import_module(module), name)(node, *args)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.manager.run)
+        if beside is not None:
+            await nursery.start(beside.run)
         for kind, args in {steps!r}:
             if kind == "wait":
                 await node.wait_state(args, "RUNNING")
@@ -133,12 +139,17 @@ trio.run(main)
 
 
 async def run_child(base: Path, steps: list[tuple[str, Any]], failpoint: str, *,
-                    extra: str = "", node_extra: str = "") -> str:
+                    extra: str = "", node_extra: str = "",
+                    beside: tuple[str, ...] = ()) -> str:
     """A node process over `base` that runs `steps` (session commands, or ``("wait",
     instance_id)`` for RUNNING) and is SIGKILLed at `failpoint`; its stderr.  Fails
-    when the failpoint was never reached."""
+    when the failpoint was never reached.  `beside` is ``(module, function, *args)``
+    of a test harness: ``function(node, *args)`` is called on the node before it runs
+    and returns what runs beside its manager (``run(task_status=…)``, started after
+    the manager's), as the node's serve runs its egress processes."""
     script = CHILD.format(here=str(HERE), plugins=str(TESTPLUGINS), base=str(base),
-                          steps=steps, extra=extra, node_extra=node_extra)
+                          steps=steps, extra=extra, node_extra=node_extra,
+                          beside=list(beside))
     env = {**os.environ, "KIBOTOS_FAILPOINTS": f"{failpoint}=kill"}
     with trio.fail_after(180):
         done = await trio.run_process([sys.executable, "-c", script], env=env, check=False,

@@ -28,16 +28,27 @@ NETWORK_TESTS = Path(__file__).resolve().parents[1] / "network"
 if str(NETWORK_TESTS) not in sys.path:
     sys.path.insert(0, str(NETWORK_TESTS))
 
-from instance_harness import Node  # noqa: E402
-from netbed import DNS_NAMES, World  # noqa: E402
+import trio  # noqa: E402
+from egressbed import (  # noqa: E402
+    UPSTREAM_ANSWER,
+    DirectCounter,
+    egress_python,
+    serve_upstream,
+    socks_server,
+)
+from instance_harness import Node, node_config, registries  # noqa: E402
+from netbed import DNS_NAMES, Stopper, World  # noqa: E402
 
 from kibotos import atomicfile  # noqa: E402
+from kibotos.node.egress.supervisor import EgressTiming  # noqa: E402
+from kibotos.node.egress.wiring import NodeEgress  # noqa: E402
 from kibotos.node.network import host_table, plumbing  # noqa: E402
 from kibotos.node.network import netns as ns  # noqa: E402
 from kibotos.node.network.names import node_scope  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-__all__ = ["DNS_NAMES", "World"]
+__all__ = ["DNS_NAMES", "UPSTREAM_ANSWER", "DirectCounter", "Stopper", "World",
+           "serve_upstream", "socks_server"]
 
 #: The node's [network] in the world (the pools are the world's own).
 NETWORK = """
@@ -218,3 +229,54 @@ async def switch(node: Node, network: dict[str, Any], revision: int,
                  instance_id: str = "inst-n1") -> dict[str, Any]:
     return await node.command("instance.set_network", {
         "instance_id": instance_id, "network": network, "revision": revision})
+
+
+# ---------------------------------------------------------------------------- egress
+
+#: The node's identity as the fake of ctrl's credentials endpoint knows it.
+NODE_CREDENTIAL = "node-secret"
+#: A dead egress process is restarted after 5 s (not at once), so a test sees the
+#: guest's connections fail in between without racing the restart.
+EGRESS_TIMING = EgressTiming(watch_interval=0.2, restart_initial=5.0, restart_cap=5.0,
+                             drain_deadline=120.0)
+
+
+def attach_egress(node: Node, ctrl_url: str) -> NodeEgress:
+    """The node's egress processes wired into `node`'s network step as the node's serve
+    wires them, before its manager runs (``run`` starts them, after the manager's), with
+    an interpreter the egress account can run (tests/network/egressbed.py) and the
+    credentials from the fake of ctrl at `ctrl_url`."""
+    os.chmod(node.base, 0o755)  # the egress account reaches its socket dir in it
+    step = node.manager.launcher.network
+    assert step is not None, "the node has no [network]"
+    python, environment = egress_python()
+    egress = NodeEgress.for_node(node.config, step, credential=lambda: NODE_CREDENTIAL,
+                                 ctrl_url=ctrl_url, registries=registries(),
+                                 python=python, environment=environment,
+                                 timing=EGRESS_TIMING)
+    step.egress = egress
+    return egress
+
+
+@asynccontextmanager
+async def egress_node(bed: Bed, ctrl_url: str) -> AsyncIterator[tuple[Node, NodeEgress]]:
+    """`adoption_harness.node_at` with its egress processes (`attach_egress`); they
+    keep running at exit, like the VMMs (the next node adopts them; `network_bed`'s
+    end stops every unit)."""
+    from adoption_harness import node_at
+
+    attached: list[NodeEgress] = []
+    async with node_at(bed.base, adjust=lambda n: attached.append(attach_egress(n, ctrl_url)),
+                       **bed.parts) as node, trio.open_nursery() as nursery:
+        await nursery.start(attached[0].run)
+        yield node, attached[0]
+        nursery.cancel_scope.cancel()
+
+
+async def egress_units(base: Path) -> list[Any]:
+    """The node's running egress units (`kibotos.backends.UnitInfo`)."""
+    from kibotos.node.instances.setup import supervisor_options
+
+    config = node_config(base)
+    sup = registries().supervisor.get("direct")(supervisor_options(config))
+    return [u for u in await sup.list("kibotos-egress-") if u.active]

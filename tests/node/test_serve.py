@@ -198,3 +198,30 @@ def test_no_notify_socket_means_no_notify(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     notify_ready()  # cysystemd would raise without the variable; this must not
+
+
+def test_a_node_with_network_wires_its_egress_processes_into_its_instances(
+        tmp_path: Path) -> None:
+    """``[network]``: the manager's network step gets the node's egress processes, so a
+    policy naming an Egress or a Resolver is admitted; an Instance manager a test gives
+    gets none (and keeps refusing such a policy)."""
+    from adoption_harness import build_node
+
+    from kibotos.node.egress.wiring import NodeEgress
+    from kibotos.node.network.policy import parse_policy
+    from kibotos.node.serve import _egress
+
+    network = '[network]\nipv4_pool = "10.200.0.0/24"\nuplink = "eth0"\n'
+    node = build_node(tmp_path, extra=network)
+    step = node.manager.launcher.network
+    assert step is not None
+    policy = parse_policy({"egress": {"name": "corp", "revision": 1,
+                                      "address": "198.18.1.2:1080"}, "public_egress": False})
+    assert "no egress process" in str(step.refusal(policy))
+    egress = _egress(node.config, node.manager, lambda: "node-secret")
+    assert isinstance(egress, NodeEgress)
+    assert step.egress is egress
+    assert step.refusal(policy) is None
+    assert _egress(node.config, RecordingInstances(), lambda: None) is None
+    without = build_node(tmp_path / "plain")
+    assert _egress(without.config, without.manager, lambda: None) is None

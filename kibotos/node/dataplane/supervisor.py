@@ -45,6 +45,7 @@ from kibotos.dataplane.state import Target, state_message
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.logs import EventLogger
 from kibotos.node.network.names import node_scope
+from kibotos.node.runtime.process_units import ProcessUnits
 from kibotos.node.session.backoff import Backoff
 
 log = EventLogger()
@@ -78,29 +79,11 @@ def scope_of(socket_dir: Path) -> str:
     return node_scope(socket_dir)
 
 
-def unit_name(scope: str, generation: int) -> str:
-    return f"{UNIT_PREFIX}{scope}-{generation}"
-
-
-def generation_of(name: str, scope: str) -> int | None:
-    tail = name.removeprefix(f"{UNIT_PREFIX}{scope}-").removesuffix(".service")
-    return int(tail) if tail.isdigit() and name.startswith(f"{UNIT_PREFIX}{scope}-") else None
-
-
-def read_generation(path: Path) -> int:
-    """The last persisted generation (0 before the first); a damaged file is logged and
-    read as 0: the units still running tell the real floor."""
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        return 0
-    except (OSError, UnicodeDecodeError) as exc:
-        log.error("data-plane generation file unreadable", path=path, error=str(exc))
-        return 0
-    if not text.isdigit():
-        log.error("data-plane generation file is damaged", path=path, content=text[:40])
-        return 0
-    return int(text)
+#: The data plane's units and generation counter (`kibotos.node.runtime.process_units`).
+UNITS = ProcessUnits(UNIT_PREFIX, GENERATION_FILE, "data-plane")
+unit_name = UNITS.unit_name
+generation_of = UNITS.generation_of
+read_generation = UNITS.read_generation
 
 
 class DataplaneSupervisor:
@@ -242,18 +225,14 @@ class DataplaneSupervisor:
 
     async def units(self) -> list[UnitInfo]:
         """This node's data-plane units (running or not), by generation."""
-        found = await self.supervisor.list(f"{UNIT_PREFIX}{self.scope}-")
-        return sorted(found, key=lambda u: generation_of(u.name, self.scope) or 0)
+        return await UNITS.units(self.supervisor, self.scope)
 
     async def stop_all(self, *, timeout: float | None = None) -> list[str]:
         """End every data-plane process of this node (each drains first): how access is
         cut off at once, and what a dev cluster's ``down`` does.  Returns the units that
         were running."""
-        stopped = []
-        for info in await self.units():
-            if info.active:
-                stopped.append(info.name)
-            await self.supervisor.stop(info.name, timeout=timeout or self.timing.stop_timeout)
+        stopped = await UNITS.stop_all(self.supervisor, self.scope,
+                                       timeout=timeout or self.timing.stop_timeout)
         self.generation = None
         return stopped
 
@@ -350,12 +329,8 @@ class DataplaneSupervisor:
         return None
 
     async def _start(self, floor: int | None = None) -> None:
-        path = self.state_dir / GENERATION_FILE
-        previous = floor if floor is not None else await trio.to_thread.run_sync(
-            read_generation, path)
-        generation = max(previous, self.generation or 0) + 1
-        await trio.to_thread.run_sync(atomicfile.write_bytes, path,
-                                      f"{generation}\n".encode())
+        generation = await UNITS.next_generation(
+            self.state_dir, [floor or 0, self.generation or 0])
         name = unit_name(self.scope, generation)
         argv = [self.python, "-m", "kibotos.cli.main", "dataplane", "serve",
                 "--listen", self.listen, "--socket-dir", str(self.socket_dir),
@@ -364,11 +339,10 @@ class DataplaneSupervisor:
             name=name, argv=argv, properties=UNIT_PROPERTIES,
             environment={"PYTHONUNBUFFERED": "1"}, working_directory=Path("/")))
         self.starts += 1
-        try:
-            serving = await self._wait_serving(name, generation)
-        except Unavailable:
-            await self.supervisor.stop(name, timeout=1.0)  # forget the dead unit
-            raise
+        serving = await UNITS.wait_serving(
+            self.supervisor, name, generation,
+            lambda: control_call(self.control, {"type": "status"}, timeout=2.0),
+            timeout=self.timing.start_timeout)
         if not serving:
             await self.supervisor.stop(name, timeout=self.timing.stop_timeout)
             raise Unavailable(f"data-plane unit {name} did not start: its control socket did "
@@ -376,21 +350,3 @@ class DataplaneSupervisor:
         self.generation = generation
         log.info("data-plane process started", generation=generation, unit=name,
                  pid=info.main_pid, listen=self.listen, control=self.control)
-
-    async def _wait_serving(self, name: str, generation: int) -> bool:
-        """Until the new process answers as `generation` on the control socket; an
-        exit meanwhile is `Unavailable` at once."""
-        with trio.move_on_after(self.timing.start_timeout):
-            while True:
-                try:
-                    status = await control_call(self.control, {"type": "status"}, timeout=2.0)
-                    if status.get("generation") == generation:
-                        return True
-                except KibotosError:
-                    pass
-                current = await self.supervisor.describe(name)
-                if current is None or not current.active:
-                    raise Unavailable(f"data-plane unit {name} exited at once (see the "
-                                      "unit's log)")
-                await trio.sleep(0.05)
-        return False

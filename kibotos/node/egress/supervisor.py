@@ -37,7 +37,6 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.egress import wire
 from kibotos.egress.build import source_build_id
@@ -294,13 +293,8 @@ class EgressSupervisor:
     # ------------------------------------------------------------------ generations
 
     async def _start(self) -> _Generation:
-        path = self.state_dir / units.GENERATION_FILE
-        floor = await trio.to_thread.run_sync(units.read_generation, path)
-        numbers = [floor, *(g.number for g in (self.current, self.draining) if g)]
-        number = max(numbers) + 1
-        await trio.to_thread.run_sync(lambda: path.parent.mkdir(mode=0o700, parents=True,
-                                                                exist_ok=True))
-        await trio.to_thread.run_sync(atomicfile.write_bytes, path, f"{number}\n".encode())
+        number = await units.UNITS.next_generation(
+            self.state_dir, [g.number for g in (self.current, self.draining) if g])
         owner = units.account(self.user)
         await trio.to_thread.run_sync(units.prepare_socket_dir, self.egress_dir, owner)
         name = units.unit_name(self.scope, number)
@@ -316,7 +310,11 @@ class EgressSupervisor:
             environment={"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                          **self.environment}))
         self.starts += 1
-        if not await self._wait_serving(generation):
+        serving = await units.UNITS.wait_serving(
+            self.supervisor, name, number,
+            lambda: self._call_body(generation, {"type": "status"}, 2.0),
+            timeout=self.timing.start_timeout)
+        if not serving:
             await self.supervisor.stop(name, timeout=self.timing.stop_timeout)
             raise Unavailable(f"egress unit {name} did not answer on {generation.control} "
                               f"within {self.timing.start_timeout:g}s (see the unit's log)")
@@ -324,23 +322,9 @@ class EgressSupervisor:
                  user=self.user)
         return generation
 
-    async def _wait_serving(self, generation: _Generation) -> bool:
-        with trio.move_on_after(self.timing.start_timeout):
-            while True:
-                try:
-                    status = (await wire.call(generation.control, {"type": "status"},
-                                              timeout=2.0)).body
-                    if status.get("generation") == generation.number:
-                        return True
-                except KibotosError:
-                    pass
-                current = await self.supervisor.describe(generation.unit)
-                if current is None or not current.active:
-                    await self.supervisor.stop(generation.unit, timeout=1.0)
-                    raise Unavailable(f"egress unit {generation.unit} exited at once (see "
-                                      "the unit's log)")
-                await trio.sleep(0.05)
-        return False
+    async def _call_body(self, generation: _Generation, body: dict[str, Any],
+                         timeout: float) -> dict[str, Any]:
+        return (await wire.call(generation.control, body, timeout=timeout)).body
 
     async def _end(self, generation: _Generation, reason: str) -> None:
         log.info(ENDED, generation=generation.number, unit=generation.unit, reason=reason)
@@ -391,10 +375,9 @@ class EgressSupervisor:
         return status
 
     async def _adopt_or_start(self) -> None:
-        found = await self.supervisor.list(f"{units.UNIT_PREFIX}{self.scope}-")
+        found = await units.UNITS.units(self.supervisor, self.scope)
         running: list[_Generation] = []
-        for info in sorted(found, key=lambda u: -(units.generation_of(u.name, self.scope)
-                                                   or 0)):
+        for info in reversed(found):  # the newest first
             number = units.generation_of(info.name, self.scope) or 0
             generation = _Generation(number, info.name,
                                      wire.control_path(self.egress_dir, number))

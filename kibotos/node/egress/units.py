@@ -28,6 +28,7 @@ from kibotos.errors import FailedPrecondition
 from kibotos.logs import EventLogger
 from kibotos.node.dataplane.supervisor import scope_of
 from kibotos.node.runtime.build_identity import final_release
+from kibotos.node.runtime.process_units import ProcessUnits
 
 log = EventLogger()
 
@@ -37,14 +38,10 @@ GENERATION_FILE = "egress-generation"
 USER = "kibotos-egress"
 
 
-def unit_name(scope: str, generation: int) -> str:
-    return f"{UNIT_PREFIX}{scope}-{generation}"
-
-
-def generation_of(name: str, scope: str) -> int | None:
-    head = f"{UNIT_PREFIX}{scope}-"
-    tail = name.removeprefix(head).removesuffix(".service")
-    return int(tail) if name.startswith(head) and tail.isdigit() else None
+#: The egress units and generation counter (`kibotos.node.runtime.process_units`).
+UNITS = ProcessUnits(UNIT_PREFIX, GENERATION_FILE, "egress")
+unit_name = UNITS.unit_name
+generation_of = UNITS.generation_of
 
 
 def unit_properties(*, egress_dir: Path, storage_root: Path, user: str,
@@ -84,22 +81,6 @@ def prepare_socket_dir(egress_dir: Path, owner: pwd.struct_passwd) -> None:
         os.chmod(egress_dir, 0o700)
 
 
-def read_generation(path: Path) -> int:
-    """The last persisted generation (0 before the first); a damaged file is logged and
-    read as 0: the units still running tell the real floor."""
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        return 0
-    except (OSError, UnicodeDecodeError) as exc:
-        log.error("egress generation file unreadable", path=path, error=str(exc))
-        return 0
-    if not text.isdigit():
-        log.error("egress generation file is damaged", path=path, content=text[:40])
-        return 0
-    return int(text)
-
-
 def same_release_line(build_a: str, build_b: str) -> bool:
     """Whether two builds are on one release line: ``MAJOR.MINOR`` of final releases;
     anything else (pre-releases, development builds) only with exactly its version."""
@@ -112,17 +93,10 @@ def same_release_line(build_a: str, build_b: str) -> bool:
 
 async def list_units(supervisor: Supervisor, socket_dir: Path) -> list[UnitInfo]:
     """The node's egress units (running or not), oldest generation first."""
-    scope = scope_of(socket_dir)  # (it makes the path absolute itself)
-    found = await supervisor.list(f"{UNIT_PREFIX}{scope}-")
-    return sorted(found, key=lambda u: generation_of(u.name, scope) or 0)
+    return await UNITS.units(supervisor, scope_of(socket_dir))  # (it makes it absolute)
 
 
 async def stop_units(supervisor: Supervisor, socket_dir: Path, *, timeout: float
                      ) -> list[str]:
     """End every egress process of the node; the units that were running."""
-    stopped = []
-    for info in await list_units(supervisor, socket_dir):
-        if info.active:
-            stopped.append(info.name)
-        await supervisor.stop(info.name, timeout=timeout)
-    return stopped
+    return await UNITS.stop_all(supervisor, scope_of(socket_dir), timeout=timeout)

@@ -42,8 +42,8 @@ from kibotos.protocol import NetworkPolicy
 from kibotos.protocol.codec import describe
 from kibotos.protocol.commands.network import MAX_CIDRS
 
-__all__ = ["MAX_ENTRIES", "NetworkPolicy", "allowed", "denied", "parse_policy", "to_record",
-           "why_no_egress_process", "why_not_enforceable"]
+__all__ = ["MAX_ENTRIES", "NetworkPolicy", "allowed", "denied", "needs_egress_process",
+           "parse_policy", "to_record", "why_no_egress_process", "why_not_enforceable"]
 
 #: The largest allow_out/deny_out list accepted (the wire's bound).
 MAX_ENTRIES = MAX_CIDRS
@@ -97,18 +97,25 @@ def why_not_enforceable(recorded: object, config: NetworkSection) -> str | None:
     return None
 
 
-def why_no_egress_process(policy: NetworkPolicy) -> str | None:
+def needs_egress_process(policy: NetworkPolicy) -> bool:
+    """Whether an egress process must serve an Instance with `policy`."""
+    return policy.egress is not None or policy.resolver is not None
+
+
+def why_no_egress_process(policy: NetworkPolicy, *, served: bool) -> str | None:
     """Why the node refuses `policy` at admission (a create or a network switch), or
     None: a policy naming an Egress or a Resolver needs an egress process serving this
-    Instance, and the node does not run one for its Instances yet (the supervisor,
-    `kibotos.node.egress.supervisor`, is not wired into the Instance lifecycle).  Its
-    table would steer the guest to a port where nothing listens: the Workspace would be
-    accepted and could reach nothing, so it is refused instead, before anything is
-    written (it fails closed, and says so)."""
+    Instance, and `served` says whether the node runs them for its Instances (the
+    node's serve wires `kibotos.node.egress.supervisor` in; an Instance manager run
+    without it, as in some tests and tools, does not).  Without one its table would
+    steer the guest to a port where nothing listens: the Workspace would be accepted and
+    could reach nothing, so it is refused instead, before anything is written (it fails
+    closed, and says so)."""
+    if served or not needs_egress_process(policy):
+        return None
     if policy.egress is not None:
         return (f"the policy routes through Egress {policy.egress.name}, and this node has "
                 "no egress process")
-    if policy.resolver is not None:
-        return (f"the policy resolves through Resolver {policy.resolver.name}, and this node "
-                "has no egress process")
-    return None
+    assert policy.resolver is not None
+    return (f"the policy resolves through Resolver {policy.resolver.name}, and this node "
+            "has no egress process")
