@@ -40,8 +40,10 @@ from instance_harness import Node, node_config, registries  # noqa: E402
 from netbed import DNS_NAMES, Stopper, World  # noqa: E402
 
 from kibotos import atomicfile  # noqa: E402
+from kibotos.config import NodeConfig  # noqa: E402
 from kibotos.node.egress.supervisor import EgressTiming  # noqa: E402
 from kibotos.node.egress.wiring import NodeEgress  # noqa: E402
+from kibotos.node.instances.manager import VmInstanceManager  # noqa: E402
 from kibotos.node.network import host_table, plumbing  # noqa: E402
 from kibotos.node.network import netns as ns  # noqa: E402
 from kibotos.node.network.names import node_scope  # noqa: E402
@@ -235,6 +237,23 @@ async def switch(node: Node, network: dict[str, Any], revision: int,
 
 #: The node's identity as the fake of ctrl's credentials endpoint knows it.
 NODE_CREDENTIAL = "node-secret"
+#: Egress ``corp``'s revisions in the fake of ctrl: 1 as `socks_server` checks it, 2
+#: with a password it refuses.
+CORP_REVISIONS = {("corp", 1): ("alice", "s3cret"), ("corp", 2): ("alice", "wrong")}
+#: A policy whose Resolver forwards to the upstream of `serve_upstream`.
+THROUGH_UPSTREAM = {"resolver": {"name": "corp-dns", "revision": 1,
+                                 "upstream": "upstream.test:5353"}}
+
+
+def corp(revision: int = 1) -> dict[str, Any]:
+    """Egress ``corp`` at the test internet's SOCKS5 server (`socks_server`)."""
+    return {"name": "corp", "revision": revision, "address": "socks.test:1080",
+            "authenticated": True}
+
+
+def through_corp(revision: int = 1) -> dict[str, Any]:
+    """All of the guest's TCP through Egress corp, nothing else leaves."""
+    return {"egress": corp(revision), "public_egress": False}
 #: A dead egress process is restarted after 5 s (not at once), so a test sees the
 #: guest's connections fail in between without racing the restart.
 EGRESS_TIMING = EgressTiming(watch_interval=0.2, restart_initial=5.0, restart_cap=5.0,
@@ -242,15 +261,22 @@ EGRESS_TIMING = EgressTiming(watch_interval=0.2, restart_initial=5.0, restart_ca
 
 
 def attach_egress(node: Node, ctrl_url: str) -> NodeEgress:
-    """The node's egress processes wired into `node`'s network step as the node's serve
-    wires them, before its manager runs (``run`` starts them, after the manager's), with
-    an interpreter the egress account can run (tests/network/egressbed.py) and the
-    credentials from the fake of ctrl at `ctrl_url`."""
-    os.chmod(node.base, 0o755)  # the egress account reaches its socket dir in it
-    step = node.manager.launcher.network
+    """`wire_egress` for a node of `instance_harness`."""
+    return wire_egress(node.base, node.config, node.manager, ctrl_url)
+
+
+def wire_egress(base: Path, config: NodeConfig, manager: VmInstanceManager,
+                ctrl_url: str) -> NodeEgress:
+    """The node's egress processes wired into `manager`'s network step as the node's
+    serve wires them, before the manager runs (``run`` starts them, after the
+    manager's), with an interpreter the egress account can run
+    (tests/network/egressbed.py) and the credentials from the fake of ctrl at
+    `ctrl_url`; `base` holds the node's socket directory."""
+    os.chmod(base, 0o755)  # the egress account reaches its socket dir in it
+    step = manager.launcher.network
     assert step is not None, "the node has no [network]"
     python, environment = egress_python()
-    egress = NodeEgress.for_node(node.config, step, credential=lambda: NODE_CREDENTIAL,
+    egress = NodeEgress.for_node(config, step, credential=lambda: NODE_CREDENTIAL,
                                  ctrl_url=ctrl_url, registries=registries(),
                                  python=python, environment=environment,
                                  timing=EGRESS_TIMING)
@@ -273,10 +299,11 @@ async def egress_node(bed: Bed, ctrl_url: str) -> AsyncIterator[tuple[Node, Node
         nursery.cancel_scope.cancel()
 
 
-async def egress_units(base: Path) -> list[Any]:
-    """The node's running egress units (`kibotos.backends.UnitInfo`)."""
+async def egress_units(node: Path | NodeConfig) -> list[Any]:
+    """The running egress units (`kibotos.backends.UnitInfo`) of a node: of its config,
+    or of `instance_harness.node_config` over a base directory."""
     from kibotos.node.instances.setup import supervisor_options
 
-    config = node_config(base)
+    config = node if isinstance(node, NodeConfig) else node_config(node)
     sup = registries().supervisor.get("direct")(supervisor_options(config))
     return [u for u in await sup.list("kibotos-egress-") if u.active]

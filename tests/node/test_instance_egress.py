@@ -25,7 +25,9 @@ import pytest
 import trio
 from adoption_harness import build_node, run_child
 from node_network_harness import (
+    CORP_REVISIONS,
     NODE_CREDENTIAL,
+    THROUGH_UPSTREAM,
     UPSTREAM_ANSWER,
     Bed,
     DirectCounter,
@@ -39,6 +41,7 @@ from node_network_harness import (
     serve_upstream,
     socks_server,
     switch,
+    through_corp,
 )
 
 from kibotos import failpoints
@@ -49,17 +52,6 @@ pytestmark = pytest.mark.root
 
 ID = "inst-e1"
 DEADLINE = 60.0
-REVISIONS = {("corp", 1): ("alice", "s3cret"), ("corp", 2): ("alice", "wrong")}
-
-
-def corp(revision: int = 1) -> dict[str, Any]:
-    return {"name": "corp", "revision": revision, "address": "socks.test:1080",
-            "authenticated": True}
-
-
-def through_corp(revision: int = 1) -> dict[str, Any]:
-    """All of the guest's TCP through Egress corp, nothing else leaves."""
-    return {"egress": corp(revision), "public_egress": False}
 
 
 @pytest.fixture
@@ -70,7 +62,7 @@ async def bed() -> AsyncIterator[Bed]:
 
 @pytest.fixture
 def ctrl() -> Iterator[FakeCredentials]:
-    with FakeCredentials(NODE_CREDENTIAL, REVISIONS) as fake:
+    with FakeCredentials(NODE_CREDENTIAL, CORP_REVISIONS) as fake:
         yield fake
 
 
@@ -172,9 +164,7 @@ async def test_a_resolver_answers_the_guest_through_its_upstream(
     serve_upstream(bed.world, stopper)
     try:
         async with egress_node(bed, ctrl.url) as (node, _):
-            network = {"resolver": {"name": "corp-dns", "revision": 1,
-                                    "upstream": "upstream.test:5353"}}
-            frame = await create(node, ID, network)
+            frame = await create(node, ID, THROUGH_UPSTREAM)
             assert frame["state"] == RUNNING, frame
             # the upstream's answer, not the deployment resolver's (198.18.1.1)
             assert await guest(node, ID, "resolve", "files.test") == UPSTREAM_ANSWER

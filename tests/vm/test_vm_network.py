@@ -16,9 +16,18 @@ One booted pair of VMs serves every case, in order:
 4. network switches of the running A, without a restart: ``deny_out`` blocks the test
    host, ``allow_out`` of one address with ``deny_out`` 0.0.0.0/0 allows only it, the
    default again reaches everything; A's guest boot is the same throughout;
-5. destroying both leaves no namespace, veth, address or record.
+5. A's policy switched to an Egress, a SOCKS5 server the test runs (microsocks, with
+   username and password, in the test internet): A's TCP reaches the test host through
+   it, and fails with a revision whose password the server refuses, with the server
+   down, and while the egress process is SIGKILLed, until the node's supervisor starts
+   the next one (a prober in the guest sees it work, fail, work again); not one packet
+   leaves the host for the test host directly (a counter in the internet namespace);
+6. A's policy switched to a Resolver: names resolve through its upstream; switched back
+   to the default, the credentials files are gone and the egress process ends;
+7. destroying both leaves no namespace, veth, address or record.
 
-Needs root, QEMU and nftables; skipped without them locally, a failure under CI.
+Needs root, QEMU, nftables and microsocks; skipped without them locally, a failure
+under CI.
 """
 
 from __future__ import annotations
@@ -42,15 +51,27 @@ from vm_node_harness import VM_SETTINGS, qemu_config, qemu_config_text, template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 from node_network_harness import (
+    CORP_REVISIONS,
     NETWORK,
+    NODE_CREDENTIAL,
+    THROUGH_UPSTREAM,
+    UPSTREAM_ANSWER,
+    DirectCounter,
+    Stopper,
+    egress_units,
     leftovers,
     require_network_tools,
     scope,
+    serve_upstream,
     socket_dir,
+    socks_server,
+    through_corp,
+    wire_egress,
     world,
 )
 
 from kibotos.config import NodeConfig
+from kibotos.node.egress.wiring import NodeEgress
 from kibotos.node.instances.contract import RUNNING
 from kibotos.node.instances.manager import VmInstanceManager
 from kibotos.node.instances.setup import build_instance_manager, supervisor_options
@@ -60,17 +81,23 @@ from kibotos.node.network.enforce import REWRITTEN_LOG
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.pools.marker import init_pool
 from kibotos.plugins import load_plugins
+from kibotos.testing.fake_credentials import FakeCredentials
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 HERE = Path(__file__).resolve().parent
 DEADLINE = 600
 
-#: In the guest: each argument ``host:port`` fetched over HTTP (``failed: …`` when it
-#: cannot be), names resolved by the guest's own resolver (its /etc/resolv.conf); one
-#: JSON object of the answers.
-FETCH = r"""
-import errno, json, socket, sys
-def fetch(target):
+#: In the guest: `fetch` of ``host:port`` over HTTP (``failed: …`` when it cannot be),
+#: of a name alone its IPv4 address; names resolved by the guest's own resolver (its
+#: /etc/resolv.conf).
+FETCH_DEF = r"""
+import errno, json, os, socket, sys, time
+def fetch(target, timeout=3):
+    if ":" not in target:
+        try:
+            return socket.gethostbyname(target)
+        except socket.gaierror as exc:
+            return "failed: resolve " + str(exc)
     host, port = target.rsplit(":", 1)
     try:
         family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), int(port),
@@ -78,7 +105,7 @@ def fetch(target):
     except socket.gaierror as exc:
         return "failed: resolve " + str(exc)
     s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(3)
+    s.settimeout(timeout)
     try:
         s.connect(address)
         s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
@@ -94,8 +121,24 @@ def fetch(target):
         return "failed: " + errno.errorcode.get(exc.errno or 0, str(exc))
     finally:
         s.close()
-    return data.split(b"\r\n\r\n", 1)[1].decode()
-print(json.dumps({t: fetch(t) for t in sys.argv[1:]}))
+    head, _, body = data.partition(b"\r\n\r\n")
+    return body.decode() if head.startswith(b"HTTP/") else "failed: no answer"
+"""
+#: Each argument fetched; one JSON object of the answers.
+FETCH = FETCH_DEF + "print(json.dumps({t: fetch(t) for t in sys.argv[1:]}))\n"
+#: ``host:port`` fetched every 0.2 s (1 s timeout) until /run/probe.stop exists, for at
+#: most 10 minutes; each change of outcome appended to /run/probe.out (``ok`` when the
+#: answer is the host's).
+PROBE = FETCH_DEF + r"""
+last, deadline = None, time.monotonic() + 600
+while not os.path.exists("/run/probe.stop") and time.monotonic() < deadline:
+    got = fetch(sys.argv[1], timeout=1)
+    outcome = "ok" if got == sys.argv[1].rsplit(":", 1)[0] else got
+    if outcome != last:
+        with open("/run/probe.out", "a") as out:
+            out.write(outcome + "\n")
+        last = outcome
+    time.sleep(0.2)
 """
 
 #: In A's guest: one TCP connection to the echo server, "connected" in /run/holder.out,
@@ -182,12 +225,16 @@ def create_args(instance_id: str, template: dict[str, str]) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def node(config: NodeConfig) -> AsyncIterator[VmInstanceManager]:
+async def node(base: Path, config: NodeConfig, ctrl_url: str
+               ) -> AsyncIterator[tuple[VmInstanceManager, NodeEgress]]:
+    """The node over `base` with its egress processes, credentials from `ctrl_url`."""
     manager = build_instance_manager(config, memory_tight=lambda: False,
                                      registries=load_plugins(), settings=VM_SETTINGS)
+    egress = wire_egress(base, config, manager, ctrl_url)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
-        yield manager
+        await nursery.start(egress.run)
+        yield manager, egress
         nursery.cancel_scope.cancel()
 
 
@@ -250,8 +297,15 @@ async def test_workspace_networking_on_real_vms(platform_dir: Path, template_dir
             await first_node(config_path, [create_args("inst-a", template),
                                            create_args("inst-b", template)])
             caplog.set_level(logging.INFO, logger="kibotos.node")
-            async with node(config) as manager:
-                await cases(manager, caplog, bed)
+            with FakeCredentials(NODE_CREDENTIAL, CORP_REVISIONS, lifetime=DEADLINE) as ctrl:
+                async with node(base, config, ctrl.url) as (manager, egress):
+                    await cases(manager, caplog, bed)
+                    await egress_cases(manager, egress, bed, config)
+                    for iid in ("inst-a", "inst-b"):  # 7. everything goes with them
+                        assert await manager.command_handlers()["instance.destroy"](
+                            {"instance_id": iid}) == {"destroyed": True}
+                    assert manager.get("inst-a") is None
+            assert ctrl.requests == [("corp", 1), ("corp", 2), ("corp", 1)]
             assert leftovers(base, bed) == []
         finally:
             sup = load_plugins().supervisor.get("direct")(supervisor_options(config))
@@ -323,8 +377,73 @@ async def cases(manager: VmInstanceManager, caplog: pytest.LogCaptureFixture,
     assert inst is not None
     assert inst.state == RUNNING
 
-    # 5. everything goes with the Instances
-    for iid in ("inst-a", "inst-b"):
-        assert await manager.command_handlers()["instance.destroy"](
-            {"instance_id": iid}) == {"destroyed": True}
-    assert manager.get("inst-a") is None
+
+async def egress_cases(manager: VmInstanceManager, egress: NodeEgress, bed: Any,
+                       config: NodeConfig) -> None:
+    """5. and 6. on the running A (its policy so far the default, revision 4)."""
+    counter = DirectCounter(bed)  # from here on, nothing may reach the test host directly
+    credentials = config.storage.root / "state" / "egress-credentials"
+    with socks_server(bed, "alice", "s3cret") as socks:
+        assert await switch(manager, through_corp(1), 5) == \
+            {"network_revision": 5, "changed": True}
+        got = await fetch(manager, "inst-a", "files.test:80", "[2001:2::1]:80")
+        assert got == {"files.test:80": "198.18.1.1", "[2001:2::1]:80": "2001:2::1"}
+        await switch(manager, through_corp(2), 6)  # a password the server refuses
+        assert (await fetch(manager, "inst-a", "198.18.1.1:80"))["198.18.1.1:80"] \
+            .startswith("failed")
+        await switch(manager, through_corp(1), 7)
+        socks.stop()  # the SOCKS5 server down: fail, never direct
+        assert (await fetch(manager, "inst-a", "198.18.1.1:80"))["198.18.1.1:80"] \
+            .startswith("failed")
+        socks.start()
+        await killed_egress_process(manager, egress, config)
+        assert counter.packets() == 0, "a connection went around the Egress"
+
+    stopper = Stopper()
+    serve_upstream(bed, stopper)
+    try:
+        await switch(manager, THROUGH_UPSTREAM, 8)
+        assert await fetch(manager, "inst-a", "files.test", "198.18.1.1:80") == \
+            {"files.test": UPSTREAM_ANSWER, "198.18.1.1:80": "198.18.1.1"}
+    finally:
+        stopper.stop()
+    assert sorted(credentials.iterdir()) == []  # no policy references Egress corp
+    assert counter.packets() > 0  # a Resolver policy has public egress: direct
+    await switch(manager, {}, 9)
+    with trio.fail_after(120):  # nothing references an egress process: it ends
+        while await egress_units(config):
+            await trio.sleep(0.5)
+    assert egress.supervisor.current is None
+
+
+async def killed_egress_process(manager: VmInstanceManager, egress: NodeEgress,
+                                config: NodeConfig) -> None:
+    """A's prober sees the test host through the egress process, then the process
+    SIGKILLed: failures until the node's supervisor started the next one, then the host
+    again."""
+    (unit,) = await egress_units(config)
+    assert unit.main_pid is not None
+    inst = manager.get("inst-a")
+    assert inst is not None
+    async with manager.launcher.guest(inst, timeout=60) as guest:
+        await guest.exec(["python3", "-c", PROBE, "198.18.1.1:80"], on_detach="keep",
+                         stdin=False)
+
+    async def outcomes() -> list[str]:
+        return (await run(manager, "inst-a", "sh", "-c", "cat /run/probe.out 2>/dev/null || true")
+                ).splitlines()
+
+    with trio.fail_after(120):
+        while (seen := await outcomes())[-1:] != ["ok"]:
+            await trio.sleep(0.5)
+    os.kill(unit.main_pid, signal.SIGKILL)
+    before = len(seen)
+    with trio.fail_after(120):  # the restart comes after EGRESS_TIMING's 5 s
+        while (seen := await outcomes())[-1] != "ok" or len(seen) < before + 2:
+            await trio.sleep(0.5)
+    await run(manager, "inst-a", "touch", "/run/probe.stop")
+    assert seen[before:-1], seen
+    assert all(o.startswith("failed") for o in seen[before:-1]), seen
+    (again,) = await egress_units(config)
+    assert again.name != unit.name  # the next generation
+    assert egress.supervisor.current is not None
