@@ -20,7 +20,7 @@ One booted pair of VMs serves every case, in order:
    username and password, in the test internet): A's TCP reaches the test host through
    it, and fails with a revision whose password the server refuses, with the server
    down, and while the egress process is SIGKILLed, until the node's supervisor starts
-   the next one (a prober in the guest sees it work, fail, work again); not one packet
+   the next one (a prober in the guest sees each: work, fail, work); not one packet
    leaves the host for the test host directly (a counter in the internet namespace);
 6. A's policy switched to a Resolver: names resolve through its upstream; switched back
    to the default, the credentials files are gone and the egress process ends;
@@ -92,7 +92,7 @@ DEADLINE = 600
 #: /etc/resolv.conf).
 FETCH_DEF = r"""
 import errno, json, os, socket, sys, time
-def fetch(target, timeout=3):
+def fetch(target):
     if ":" not in target:
         try:
             return socket.gethostbyname(target)
@@ -105,7 +105,7 @@ def fetch(target, timeout=3):
     except socket.gaierror as exc:
         return "failed: resolve " + str(exc)
     s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+    s.settimeout(3)
     try:
         s.connect(address)
         s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
@@ -126,14 +126,18 @@ def fetch(target, timeout=3):
 """
 #: Each argument fetched; one JSON object of the answers.
 FETCH = FETCH_DEF + "print(json.dumps({t: fetch(t) for t in sys.argv[1:]}))\n"
-#: ``host:port`` fetched every 0.2 s (1 s timeout) until /run/probe.stop exists, for at
-#: most 10 minutes; each change of outcome appended to /run/probe.out (``ok`` when the
-#: answer is the host's).
+#: Each argument ``target=answer`` fetched every 0.2 s until /run/probe.stop exists,
+#: for at most 10 minutes; each change of outcome appended as a line to /run/probe.out:
+#: ``ok`` when every target gave its answer, else what the first that did not gave.
 PROBE = FETCH_DEF + r"""
 last, deadline = None, time.monotonic() + 600
 while not os.path.exists("/run/probe.stop") and time.monotonic() < deadline:
-    got = fetch(sys.argv[1], timeout=1)
-    outcome = "ok" if got == sys.argv[1].rsplit(":", 1)[0] else got
+    outcome = "ok"
+    for target, answer in (a.split("=", 1) for a in sys.argv[1:]):
+        got = fetch(target)
+        if got != answer:
+            outcome = target + " " + got
+            break
     if outcome != last:
         with open("/run/probe.out", "a") as out:
             out.write(outcome + "\n")
@@ -378,25 +382,68 @@ async def cases(manager: VmInstanceManager, caplog: pytest.LogCaptureFixture,
     assert inst.state == RUNNING
 
 
+class Prober:
+    """`PROBE` in A's guest: the outcomes it saw, in order."""
+
+    def __init__(self, manager: VmInstanceManager) -> None:
+        self.manager, self.seen = manager, 0
+
+    async def start(self, *targets: str) -> None:
+        inst = self.manager.get("inst-a")
+        assert inst is not None
+        async with self.manager.launcher.guest(inst, timeout=60) as guest:
+            await guest.exec(["python3", "-c", PROBE, *targets], on_detach="keep",
+                             stdin=False)
+
+    async def next(self, ok: bool) -> str:
+        """The first outcome after those seen so far that is ``ok`` (`ok`), or a
+        failure (not `ok`); what came between is a failure when `ok`, else there is
+        none."""
+        with trio.fail_after(120):
+            while True:
+                new = (await run(self.manager, "inst-a", "sh", "-c",
+                                 "cat /run/probe.out 2>/dev/null || true")
+                       ).splitlines()[self.seen:]
+                hits = [i for i, o in enumerate(new) if (o == "ok") == ok]
+                if hits:
+                    assert all(o != "ok" for o in new[:hits[0]]), new
+                    self.seen += hits[0] + 1
+                    return new[hits[0]]
+                await trio.sleep(0.5)
+
+    async def stop(self) -> None:
+        await run(self.manager, "inst-a", "touch", "/run/probe.stop")
+
+
 async def egress_cases(manager: VmInstanceManager, egress: NodeEgress, bed: Any,
                        config: NodeConfig) -> None:
     """5. and 6. on the running A (its policy so far the default, revision 4)."""
     counter = DirectCounter(bed)  # from here on, nothing may reach the test host directly
     credentials = config.storage.root / "state" / "egress-credentials"
+    probe = Prober(manager)
     with socks_server(bed, "alice", "s3cret") as socks:
         assert await switch(manager, through_corp(1), 5) == \
             {"network_revision": 5, "changed": True}
-        got = await fetch(manager, "inst-a", "files.test:80", "[2001:2::1]:80")
-        assert got == {"files.test:80": "198.18.1.1", "[2001:2::1]:80": "2001:2::1"}
+        # by name through the deployment resolver, over IPv4 and IPv6
+        await probe.start("files.test:80=198.18.1.1", "[2001:2::1]:80=2001:2::1")
+        await probe.next(ok=True)
         await switch(manager, through_corp(2), 6)  # a password the server refuses
-        assert (await fetch(manager, "inst-a", "198.18.1.1:80"))["198.18.1.1:80"] \
-            .startswith("failed")
+        await probe.next(ok=False)
         await switch(manager, through_corp(1), 7)
+        await probe.next(ok=True)
         socks.stop()  # the SOCKS5 server down: fail, never direct
-        assert (await fetch(manager, "inst-a", "198.18.1.1:80"))["198.18.1.1:80"] \
-            .startswith("failed")
+        await probe.next(ok=False)
         socks.start()
-        await killed_egress_process(manager, egress, config)
+        await probe.next(ok=True)
+        # the egress process killed: failures until the next one runs (EGRESS_TIMING)
+        (unit,) = await egress_units(config)
+        assert unit.main_pid is not None
+        os.kill(unit.main_pid, signal.SIGKILL)
+        await probe.next(ok=False)
+        await probe.next(ok=True)
+        (again,) = await egress_units(config)
+        assert again.name != unit.name  # the next generation
+        await probe.stop()
         assert counter.packets() == 0, "a connection went around the Egress"
 
     stopper = Stopper()
@@ -414,36 +461,3 @@ async def egress_cases(manager: VmInstanceManager, egress: NodeEgress, bed: Any,
         while await egress_units(config):
             await trio.sleep(0.5)
     assert egress.supervisor.current is None
-
-
-async def killed_egress_process(manager: VmInstanceManager, egress: NodeEgress,
-                                config: NodeConfig) -> None:
-    """A's prober sees the test host through the egress process, then the process
-    SIGKILLed: failures until the node's supervisor started the next one, then the host
-    again."""
-    (unit,) = await egress_units(config)
-    assert unit.main_pid is not None
-    inst = manager.get("inst-a")
-    assert inst is not None
-    async with manager.launcher.guest(inst, timeout=60) as guest:
-        await guest.exec(["python3", "-c", PROBE, "198.18.1.1:80"], on_detach="keep",
-                         stdin=False)
-
-    async def outcomes() -> list[str]:
-        return (await run(manager, "inst-a", "sh", "-c", "cat /run/probe.out 2>/dev/null || true")
-                ).splitlines()
-
-    with trio.fail_after(120):
-        while (seen := await outcomes())[-1:] != ["ok"]:
-            await trio.sleep(0.5)
-    os.kill(unit.main_pid, signal.SIGKILL)
-    before = len(seen)
-    with trio.fail_after(120):  # the restart comes after EGRESS_TIMING's 5 s
-        while (seen := await outcomes())[-1] != "ok" or len(seen) < before + 2:
-            await trio.sleep(0.5)
-    await run(manager, "inst-a", "touch", "/run/probe.stop")
-    assert seen[before:-1], seen
-    assert all(o.startswith("failed") for o in seen[before:-1]), seen
-    (again,) = await egress_units(config)
-    assert again.name != unit.name  # the next generation
-    assert egress.supervisor.current is not None
