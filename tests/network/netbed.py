@@ -14,7 +14,7 @@ guest's address, joined to the Instance's tap by a thread that copies frames bet
 the two tap descriptors, as QEMU copies them between its descriptor and the VM's NIC.
 
 Every server and relay runs on a daemon thread that stops when the bed closes, and by
-itself after `LIFETIME` seconds at the latest.
+itself after `LIFETIME` seconds (a `World`'s own lifetime) at the latest.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def link(a: Path, a_name: str, b: Path, b_name: str) -> None:
 
 
 class Stopper:
-    def __init__(self) -> None:
+    def __init__(self, lifetime: float = LIFETIME) -> None:
         self.event = threading.Event()
-        self.deadline = time.monotonic() + LIFETIME
+        self.deadline = time.monotonic() + lifetime
         self.threads: list[threading.Thread] = []
 
     @property
@@ -181,10 +181,11 @@ def bound(netns: Path, address: str, port: int, kind: int = socket.SOCK_STREAM,
 
 
 class World:
-    """The host, internet and management namespaces with their servers."""
+    """The host, internet and management namespaces with their servers, which stop
+    after `lifetime` seconds at the latest."""
 
-    def __init__(self) -> None:
-        self.stopper = Stopper()
+    def __init__(self, lifetime: float = LIFETIME) -> None:
+        self.stopper = Stopper(lifetime)
         self.namespaces: list[Path] = []
         self.host = self._netns("host")
         self.inet = self._netns("inet")

@@ -37,7 +37,7 @@ from egressbed import (  # noqa: E402
     socks_server,
 )
 from instance_harness import Node, node_config, registries  # noqa: E402
-from netbed import DNS_NAMES, Stopper, World  # noqa: E402
+from netbed import DNS_NAMES, LIFETIME, Stopper, World  # noqa: E402
 
 from kibotos import atomicfile  # noqa: E402
 from kibotos.config import NodeConfig  # noqa: E402
@@ -81,9 +81,10 @@ def require_network_tools() -> None:
 
 
 @contextmanager
-def world() -> Iterator[World]:
+def world(lifetime: float = LIFETIME) -> Iterator[World]:
+    """A `World` whose servers stop after `lifetime` seconds at the latest."""
     require_network_tools()
-    bed = World()
+    bed = World(lifetime)
     try:
         yield bed
     finally:

@@ -292,7 +292,7 @@ async def test_workspace_networking_on_real_vms(platform_dir: Path, template_dir
     base = Path(tempfile.mkdtemp(prefix="kvn-", dir="/tmp"))
     init_pool("pool-a", base / "pool")
     prepare_pool_dirs("pool-a", base / "pool")
-    with world() as bed:
+    with world(lifetime=2 * DEADLINE) as bed:  # the first node alone may take DEADLINE
         config = qemu_config(base, "vm network test node.toml", **parts(base, bed))
         try:
             template = template_blobs(base / "artifacts", platform_dir, template_dir)
