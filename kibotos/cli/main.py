@@ -34,6 +34,7 @@ _KIBO_GROUPS = {
     "transfer": "kibotos.cli.transfer_cmds:transfer_group",
     "egress": "kibotos.cli.network_cmds:egress_group",
     "resolver": "kibotos.cli.network_cmds:resolver_group",
+    "api-key": "kibotos.cli.api_key_cmds:api_key_group",
 }
 
 
