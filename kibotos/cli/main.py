@@ -22,6 +22,7 @@ _KIBOTOS_GROUPS = {
     "dataplane": "kibotos.cli.dataplane_cmds:dataplane_group",
     "egress": "kibotos.cli.egress_cmds:egress_group",
     "plugins": "kibotos.cli.plugins_cmds:plugins_group",
+    "gateway": "kibotos.cli.gateway_cmds:gateway_group",
 }
 _KIBO_GROUPS = {
     "enroll": "kibotos.cli.enrollment_cmds:enroll_command",
