@@ -60,7 +60,8 @@ class Gateway:
 
 
 def start_gateway(cluster: DevCluster, directory: Path, *, templates: dict[str, str],
-                  default_timeout_s: int = 300, timeout: float = 60.0) -> Gateway:
+                  default_timeout_s: int = 300, memory_bytes: int = 128 << 20,
+                  layer_size_bytes: int = 64 << 20, timeout: float = 60.0) -> Gateway:
     directory.mkdir(parents=True, exist_ok=True)
     credential = directory / "credential"
     credential.write_text(enroll_gateway(cluster) + "\n")
@@ -73,7 +74,7 @@ def start_gateway(cluster: DevCluster, directory: Path, *, templates: dict[str, 
         f'[ctrl]\nurl = "{cluster.ctrl_url}"\ncredential_file = "{credential}"\n'
         f"[templates]\n{aliases}"
         f"[sandbox]\ndefault_timeout_s = {default_timeout_s}\ncpu_millis = 500\n"
-        f"memory_bytes = {128 << 20}\nlayer_size_bytes = {64 << 20}\n")
+        f"memory_bytes = {memory_bytes}\nlayer_size_bytes = {layer_size_bytes}\n")
     log = directory / "gateway.log"
     with open(log, "ab") as out:
         process = subprocess.Popen(

@@ -164,3 +164,34 @@ def test_connect_and_kill(e2b: E2bSetup) -> None:
 def test_unsupported_options_are_refused_by_name(e2b: E2bSetup) -> None:
     with pytest.raises(SandboxException, match="mcp"):
         Sandbox.create("base", mcp={"x": {}}, **e2b.opts())
+
+
+def test_an_expired_timeout_kills_the_sandbox(e2b: E2bSetup) -> None:
+    sbx = Sandbox.create("base", timeout=600, **e2b.opts())
+    sbx.set_timeout(1)
+
+    def gone() -> bool:
+        try:
+            Sandbox.get_info(sbx.sandbox_id, **e2b.opts())
+        except NotFoundException:
+            return True
+        return False
+
+    wait_until_sync(gone, "the sandbox is killed at the end of its timeout", timeout=120.0,
+                    interval=0.5)
+    state = e2b.cluster.api("GET", f"/v1/workspaces/ws-{sbx.sandbox_id}")["state"]
+    assert state in ("DELETING", "DELETED")
+
+
+def test_an_expired_timeout_pauses_with_on_timeout_pause(e2b: E2bSetup) -> None:
+    sbx = Sandbox.create("base", timeout=2, **e2b.opts(),
+                         lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        wait_until_sync(
+            lambda: Sandbox.get_info(sbx.sandbox_id, **e2b.opts()).state.value == "paused",
+            "the sandbox is paused at the end of its timeout", timeout=120.0, interval=0.5)
+        again = Sandbox.connect(sbx.sandbox_id, **e2b.opts())
+        assert again.get_info().state.value == "running"
+        assert again.commands.run("echo back").stdout == "back\n"
+    finally:
+        sbx.kill()

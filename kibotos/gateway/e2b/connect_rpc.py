@@ -12,6 +12,7 @@ and the error body ``{"code", "message"}`` with the HTTP status of its code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import struct
@@ -97,9 +98,11 @@ async def _one_envelope(request: Request) -> bytes:
     a client may keep its request body open (the SDK sends it as a bidirectional
     stream), so the end of the body is not waited for."""
     data = bytearray()
-    stream = request.stream()
-    while True:
-        if len(data) >= _HEADER.size:
+    async with contextlib.aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            data += chunk
+            if len(data) < _HEADER.size:
+                continue
             flags, size = _HEADER.unpack_from(data)
             if flags & COMPRESSED:
                 raise InvalidArgument("compressed messages are not supported (send identity)")
@@ -107,11 +110,7 @@ async def _one_envelope(request: Request) -> bytes:
                 raise InvalidArgument(f"the request is larger than {MAX_MESSAGE} bytes")
             if len(data) >= _HEADER.size + size:
                 return bytes(data[_HEADER.size:_HEADER.size + size])
-        try:
-            chunk = await stream.__anext__()
-        except StopAsyncIteration:
-            raise InvalidArgument("the stream request ended before its message") from None
-        data += chunk
+    raise InvalidArgument("the stream request ended before its message")
 
 
 async def _read(request: Request) -> bytes:
