@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kibotos.dev import DevCluster
+from kibotos.dev.procs import tail
 
 
 def _public_key() -> str:
@@ -91,3 +97,47 @@ def start_gateway(cluster: DevCluster, directory: Path, *, templates: dict[str, 
         time.sleep(0.1)
     api, sandbox = (f"http://{f.read_text().strip()}" for f in files)
     return Gateway(process, directory, api, sandbox, log)
+
+
+@dataclass
+class E2bSetup:
+    cluster: DevCluster
+    gateway: Gateway
+    key: str  # team blue
+    other_key: str  # team red
+
+    def opts(self, key: str | None = None) -> dict[str, str]:
+        """The SDK's connection options for this gateway (what E2B_API_KEY,
+        E2B_API_URL and E2B_SANDBOX_URL say in a user's environment)."""
+        return {"api_key": key or self.key, "api_url": self.gateway.api_url,
+                "sandbox_url": self.gateway.sandbox_url}
+
+
+@contextmanager
+def e2b_cluster(prefix: str, up: dict[str, Any], prepare: Callable[[DevCluster], None],
+                templates: dict[str, str], **gateway: Any) -> Iterator[E2bSetup]:
+    """A dev cluster (``DevCluster.up(**up)``, then `prepare`), a gateway in front of
+    it and keys of teams blue and red; everything stopped (logs printed) on the way out.
+    The directory is short: guest agent sockets must fit sun_path."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    cluster = DevCluster(base / "c", timeout=180)
+    started = None
+    try:
+        cluster.up(**up)
+        prepare(cluster)
+        started = start_gateway(cluster, base / "gw", templates=templates, **gateway)
+        yield E2bSetup(cluster, started, api_key(cluster, "blue-ci", "blue"),
+                       api_key(cluster, "red-ci", "red"))
+    finally:
+        try:
+            if started is not None:
+                started.stop()
+                print(f"----- {started.log} (last lines)\n{tail(started.log, 60)}")
+            cluster.down(grace=10)
+        finally:
+            for svc in cluster.services():
+                print(f"----- {svc.log} (last lines)\n{tail(svc.log, 40)}")
+            shutil.rmtree(base, ignore_errors=True)
+            for link in Path("/tmp").glob("kibotos-dev-*"):  # the cluster's short links
+                if link.is_symlink() and Path(os.readlink(link)).is_relative_to(base):
+                    link.unlink(missing_ok=True)

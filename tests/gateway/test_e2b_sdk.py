@@ -13,7 +13,6 @@ import os
 
 import httpx
 import pytest
-from conftest import E2bSetup
 from e2b import (
     AuthenticationException,
     CommandExitException,
@@ -22,6 +21,7 @@ from e2b import (
     SandboxException,
     SandboxQuery,
 )
+from gateway_proc import E2bSetup
 
 from kibotos.testing.waiting import wait_until_sync
 

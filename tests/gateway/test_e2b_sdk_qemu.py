@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import E2bSetup
 from e2b import CommandExitException, Sandbox
-from gateway_proc import api_key, start_gateway
+from gateway_proc import E2bSetup, e2b_cluster
 
 from kibotos.dev import DevCluster
-from kibotos.dev.procs import tail
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
-from e2e_links import remove_short_links_into, vm_test_cache
+from e2e_links import vm_test_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
 
@@ -36,30 +32,17 @@ TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "debugfs", "dpkg-deb"
 @pytest.fixture(scope="module")
 def qemu_e2b() -> Iterator[E2bSetup]:
     cache = vm_test_cache(TOOLS, "the E2B gateway's qemu test", "debootstrap")
-    base = Path(tempfile.mkdtemp(prefix="kgq", dir="/tmp"))
-    cluster = DevCluster(base / "c", timeout=180)
-    gateway = None
-    try:
-        cluster.up(1, vmm_backend="qemu")
+
+    def build_template(cluster: DevCluster) -> None:
         build = cluster.kibo("template", "build", "kibotos-base", "--recipe",
                              str(REPO / "packaging/template/kibotos-base.toml"),
                              "--cache-dir", str(cache), timeout=1800)
         assert build.returncode == 0, build.stderr
-        gateway = start_gateway(cluster, base / "gw", templates={"base": "kibotos-base"},
-                                memory_bytes=512 << 20, layer_size_bytes=1 << 30)
-        yield E2bSetup(cluster, gateway, api_key(cluster, "vm-ci", "blue"),
-                       api_key(cluster, "vm-other", "red"))
-    finally:
-        try:
-            if gateway is not None:
-                gateway.stop()
-                print(f"----- {gateway.log} (last lines)\n{tail(gateway.log, 60)}")
-            cluster.down(grace=10)
-        finally:
-            for svc in cluster.services():
-                print(f"----- {svc.log} (last lines)\n{tail(svc.log, 40)}")
-            shutil.rmtree(base, ignore_errors=True)
-            remove_short_links_into(base)
+
+    with e2b_cluster("kgq", {"nodes": 1, "vmm_backend": "qemu"}, build_template,
+                     {"base": "kibotos-base"}, memory_bytes=512 << 20,
+                     layer_size_bytes=1 << 30) as setup:
+        yield setup
 
 
 def test_a_microvm_sandbox_runs_commands_moves_files_and_survives_a_pause(
