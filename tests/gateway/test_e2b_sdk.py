@@ -45,6 +45,12 @@ def test_create_returns_a_running_sandbox(sandbox: Sandbox, e2b: E2bSetup) -> No
     assert info.template_id == "base"
     assert info.state.value == "running"
     assert sandbox.is_running()
+    # A get or a list shows no secret: the envd access token is only in create and
+    # connect answers.
+    for path in (f"/sandboxes/{sandbox.sandbox_id}", "/v2/sandboxes"):
+        shown = httpx.get(e2b.gateway.api_url + path, headers={"X-API-Key": e2b.key})
+        assert shown.status_code == 200, shown.text
+        assert "envdAccessToken" not in shown.text
     ws = e2b.cluster.api("GET", f"/v1/workspaces/ws-{sandbox.sandbox_id}")
     assert ws["state"] == "AVAILABLE"
     assert ws["labels"] == {"e2b.team": "blue"}

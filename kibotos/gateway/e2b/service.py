@@ -99,9 +99,12 @@ class SandboxService:
         return out
 
     def detail_json(self, ws: dict[str, Any], record: SandboxRecord | None) -> dict[str, Any]:
-        """E2B's ``SandboxDetail`` / ``ListedSandbox``."""
+        """E2B's ``SandboxDetail`` / ``ListedSandbox``: without the access token (a get
+        or a list shows no secret; create and connect hand it out)."""
         res = ws["resources"]
-        return {**self.sandbox_json(ws, record),
+        shown = self.sandbox_json(ws, record)
+        del shown["envdAccessToken"]
+        return {**shown,
                 "startedAt": ws["created_at"],
                 "endAt": _iso(record.end_at if record else None),
                 "cpuCount": max(1, res["cpu_millis"] // 1000),
@@ -111,6 +114,10 @@ class SandboxService:
                 "metadata": dict(record.metadata) if record else {}}
 
     # ------------------------------------------------------------------ writes
+
+    async def _put(self, record: SandboxRecord) -> None:
+        """Write a record (fsync and rename) off the event loop."""
+        await trio.to_thread.run_sync(self.records.put, record)
 
     def _end_at(self, timeout: int | None) -> float:
         seconds = self.config.sandbox.default_timeout_s if timeout is None else timeout
@@ -142,7 +149,7 @@ class SandboxService:
             metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
             end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
             auto_resume=bool(body.autoResume and body.autoResume.enabled))
-        self.records.put(record)
+        await self._put(record)
         log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)
         try:
             ws = await self.wait_available(ws)
@@ -159,7 +166,7 @@ class SandboxService:
             end_at = self._end_at(timeout)
             if record.end_at is None or record.end_at < end_at:
                 record.end_at = end_at
-                self.records.put(record)
+                await self._put(record)
         resumed = ws["state"] in PAUSED_STATES
         if ws["state"] == "STOPPING":
             ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=60)
@@ -172,7 +179,7 @@ class SandboxService:
         await self.find(team, sid)
         record = self.records.get(sid) or SandboxRecord(sid, team.team, "")
         record.end_at = self._end_at(timeout)
-        self.records.put(record)
+        await self._put(record)
 
     async def pause(self, team: Team, sid: str, memory: bool | None) -> None:
         if memory:
@@ -200,7 +207,7 @@ class SandboxService:
                 ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
             if ws["state"] in ("STOPPED", "FAILED"):
                 await self.ctrl.act(ws["workspace_id"], "delete")
-        self.records.drop(sid)
+        await trio.to_thread.run_sync(self.records.drop, sid)
 
     # ------------------------------------------------------------------ lifetimes
 
@@ -228,12 +235,12 @@ class SandboxService:
         try:
             ws = await self.ctrl.workspace(workspace_id(sid))
         except NotFound:
-            self.records.drop(sid)
+            await trio.to_thread.run_sync(self.records.drop, sid)
             return
         if ws["state"] in RUNNING_STATES:
             await self.ctrl.act(ws["workspace_id"], "stop")
         record.end_at = None
-        self.records.put(record)
+        await self._put(record)
 
 
 def _network(body: NewSandbox) -> dict[str, Any] | None:
