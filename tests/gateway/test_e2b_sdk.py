@@ -201,3 +201,15 @@ def test_an_expired_timeout_pauses_with_on_timeout_pause(e2b: E2bSetup) -> None:
         assert again.commands.run("echo back").stdout == "back\n"
     finally:
         sbx.kill()
+
+
+def test_metrics_count_both_apis(sandbox: Sandbox, e2b: E2bSetup) -> None:
+    sandbox.commands.run("true")
+    text = httpx.get(f"{e2b.gateway.api_url}/metrics").text
+    start = ('kibotos_gateway_e2b_http_requests_total{api="envd",method="POST",'
+             'route="/process.Process/Start",status="200"}')
+    create = ('kibotos_gateway_e2b_http_requests_total{api="control",method="POST",'
+              'route="/v2/sandboxes",status="201"}')
+    assert start in text
+    assert create in text
+    assert 'kibotos_gateway_e2b_http_body_bytes_total{api="envd",direction="in"}' in text

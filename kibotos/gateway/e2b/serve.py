@@ -2,7 +2,8 @@
 
 It serves E2B's control API on ``listen`` and envd's API for every sandbox on
 ``sandbox_listen`` (hypercorn's trio worker, as ctrl), runs the reaper that ends
-sandboxes whose lifetime is over, and holds the processes started through envd's
+sandboxes whose lifetime is over, counts both listeners' requests (``GET /metrics`` on
+``listen``: `kibotos.gateway.e2b.metrics`), and holds the processes started through envd's
 ``Start`` (they outlive the request that started them, as in envd).  The bound
 addresses (``listen`` may use port 0) go to ``task_status`` and, atomically, to
 ``<state_dir>/listen-address`` and ``<state_dir>/sandbox-listen-address``, removed on a
@@ -18,13 +19,13 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
-from starlette.applications import Starlette
 
 from kibotos import atomicfile
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.control_api import build_control_app
 from kibotos.gateway.e2b.ctrl_client import CtrlClient
 from kibotos.gateway.e2b.envd_api import build_envd_app
+from kibotos.gateway.e2b.metrics import ASGIApp, GatewayMetrics
 from kibotos.gateway.e2b.processes import ProcessTable
 from kibotos.gateway.e2b.sandboxes import AccessTokens, Records
 from kibotos.gateway.e2b.service import SandboxService
@@ -73,9 +74,13 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
             if handle_signals:
                 nursery.start_soon(_signals, nursery.cancel_scope)
             processes = ProcessTable(nursery)
-            apps: list[tuple[Starlette, str]] = [
-                (build_control_app(service), config.listen),
-                (build_envd_app(service, processes), config.sandbox_listen)]
+            metrics = GatewayMetrics()
+            control = build_control_app(service)
+            control.add_route("/metrics", metrics.endpoint, methods=["GET"])
+            apps: list[tuple[ASGIApp, str]] = [
+                (metrics.middleware(control, "control"), config.listen),
+                (metrics.middleware(build_envd_app(service, processes), "envd"),
+                 config.sandbox_listen)]
             addresses = []
             for app, listen in apps:
                 binds: list[str] = await nursery.start(
