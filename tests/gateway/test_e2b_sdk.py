@@ -17,6 +17,7 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     NotFoundException,
+    PtySize,
     Sandbox,
     SandboxException,
     SandboxQuery,
@@ -213,3 +214,15 @@ def test_metrics_count_both_apis(sandbox: Sandbox, e2b: E2bSetup) -> None:
     assert start in text
     assert create in text
     assert 'kibotos_gateway_e2b_http_body_bytes_total{api="envd",direction="in"}' in text
+
+
+def test_a_pty_takes_input_and_shows_output(sandbox: Sandbox) -> None:
+    seen = bytearray()
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=60)
+    sandbox.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; echo pty-$((6*7)); exit 5\n")
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait(on_pty=seen.extend)
+    assert ended.value.exit_code == 5
+    assert b"30 100" in seen
+    assert b"pty-42" in seen
