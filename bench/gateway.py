@@ -133,7 +133,8 @@ def main() -> None:
           "test_inputs": True, "vmm_backend": "testvmm", "node_env": NODE_ENV,
           "cpu": "16", "memory": "8G"}
     try:
-        with e2b_cluster("kbg", up, _upload_tiny, {"base": "tiny"}) as setup:
+        with e2b_cluster("kbg", up, _upload_tiny, {"base": "tiny"}, memory_bytes=128 << 20,
+                         layer_size_bytes=64 << 20) as setup:
             result = measure(setup, args.runs, args.concurrent, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

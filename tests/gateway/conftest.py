@@ -37,5 +37,6 @@ def _upload_tiny(cluster: DevCluster) -> None:
 def e2b() -> Iterator[E2bSetup]:
     up = {"nodes": 1, "reconcile_interval": "2s", "session_timeout": "5s",
           "test_inputs": True, "vmm_backend": "testvmm", "node_env": NODE_ENV}
-    with e2b_cluster("kgw", up, _upload_tiny, {"base": "tiny"}) as setup:
+    with e2b_cluster("kgw", up, _upload_tiny, {"base": "tiny"}, memory_bytes=128 << 20,
+                     layer_size_bytes=64 << 20) as setup:
         yield setup

@@ -1,5 +1,5 @@
-"""The E2B gateway tests' cluster: a dev cluster, a gateway in front of it
-(`kibotos.dev.gateway`) and API keys of two teams."""
+"""The E2B gateway tests' cluster: a dev cluster with its E2B gateway
+(`DevCluster.start_e2b_gateway`) and API keys of two teams."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from kibotos.dev import DevCluster
-from kibotos.dev.gateway import Gateway, api_key, start_gateway
+from kibotos.dev.gateway import GatewayUrls, api_key
 from kibotos.dev.procs import tail
 
 
 @dataclass
 class E2bSetup:
     cluster: DevCluster
-    gateway: Gateway
+    gateway: GatewayUrls
     key: str  # team blue
     other_key: str  # team red
 
@@ -34,23 +34,19 @@ class E2bSetup:
 @contextmanager
 def e2b_cluster(prefix: str, up: dict[str, Any], prepare: Callable[[DevCluster], None],
                 templates: dict[str, str], **gateway: Any) -> Iterator[E2bSetup]:
-    """A dev cluster (``DevCluster.up(**up)``, then `prepare`), a gateway in front of
-    it and keys of teams blue and red; everything stopped (logs printed) on the way out.
-    The directory is short: guest agent sockets must fit sun_path."""
+    """A dev cluster (``DevCluster.up(**up)``, then `prepare`), its gateway and keys of
+    teams blue and red; everything stopped (logs printed) on the way out.  The
+    directory is short: guest agent sockets must fit sun_path."""
     base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     cluster = DevCluster(base / "c", timeout=180)
-    started = None
     try:
         cluster.up(**up)
         prepare(cluster)
-        started = start_gateway(cluster, base / "gw", templates=templates, **gateway)
-        yield E2bSetup(cluster, started, api_key(cluster, "blue-ci", "blue"),
+        urls = cluster.start_e2b_gateway(templates=templates, **gateway)
+        yield E2bSetup(cluster, urls, api_key(cluster, "blue-ci", "blue"),
                        api_key(cluster, "red-ci", "red"))
     finally:
         try:
-            if started is not None:
-                started.stop()
-                print(f"----- {started.log} (last lines)\n{tail(started.log, 60)}")
             cluster.down(grace=10)
         finally:
             for svc in cluster.services():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -226,3 +228,21 @@ def test_a_pty_takes_input_and_shows_output(sandbox: Sandbox) -> None:
     assert ended.value.exit_code == 5
     assert b"30 100" in seen
     assert b"pty-42" in seen
+
+
+def test_the_clusters_e2b_env_is_all_an_sdk_script_needs(e2b: E2bSetup) -> None:
+    env_file = e2b.gateway.env_file
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    settings = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert set(settings) == {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"}
+    script = ("from e2b import Sandbox\n"
+              "s = Sandbox.create()\n"
+              "print(s.commands.run('echo from a script').stdout, end='')\n"
+              "s.kill()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    done = subprocess.run([sys.executable, "-c", script], env={**env, **settings},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "from a script\n"
+    status = {p.name: p for p in e2b.cluster.status()}
+    assert status["e2b-gateway"].pid is not None
