@@ -180,3 +180,23 @@ async def test_connect_server_stream_ends_with_the_error(rpc: httpx.AsyncClient)
         "content-type": "application/connect+json"})
     assert _frames(r.content) == [(END_STREAM, json.dumps({"error": {
         "code": "unauthenticated", "message": "no token"}}).encode())]
+
+
+def test_serve_refuses_a_bad_config_before_it_listens(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kibotos.cli.main import kibotos_cli
+
+    bad = tmp_path / "gateway.toml"
+    bad.write_text('state_dir = "/tmp/x"\nlisten = 3000\n[ctrl]\nurl = "ftp://x"\n'
+                   'credential_file = "/nonexistent"\n')
+    result = CliRunner().invoke(kibotos_cli, ["gateway", "e2b", "serve", "--config", str(bad)])
+    assert result.exit_code == 10, result.output
+    assert "listen" in result.output
+    assert "ctrl.url" in result.output
+    good = tmp_path / "ok.toml"
+    good.write_text(f'state_dir = "{tmp_path / "s"}"\n[ctrl]\nurl = "http://127.0.0.1:1"\n'
+                    f'credential_file = "{tmp_path / "missing"}"\n')
+    result = CliRunner().invoke(kibotos_cli, ["gateway", "e2b", "serve", "--config", str(good)])
+    assert result.exit_code == 13, result.output
+    assert "credential file" in result.output

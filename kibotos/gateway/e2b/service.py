@@ -212,18 +212,30 @@ class SandboxService:
     # ------------------------------------------------------------------ lifetimes
 
     async def reap_forever(self) -> None:
-        """End every sandbox whose lifetime is over: kill (delete) or pause (stop)."""
-        while True:
-            await trio.sleep(REAP_INTERVAL)
-            now = time.time()
-            for record in self.records.all():
-                if record.end_at is None or record.end_at > now:
-                    continue
-                try:
-                    await self._expire(record)
-                except KibotosError as exc:
-                    log.warning("sandbox %s: its lifetime ended, but %s failed: %s",
-                                record.sandbox_id, record.on_timeout, exc.message)
+        """End every sandbox whose lifetime is over: kill (delete) or pause (stop).
+        Each runs in a task of its own (a kill waits for the stop), at most one per
+        sandbox at a time."""
+        busy: set[str] = set()
+
+        async def expire(record: SandboxRecord) -> None:
+            try:
+                await self._expire(record)
+            except KibotosError as exc:
+                log.warning("sandbox %s: its lifetime ended, but %s failed: %s",
+                            record.sandbox_id, record.on_timeout, exc.message)
+            finally:
+                busy.discard(record.sandbox_id)
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                await trio.sleep(REAP_INTERVAL)
+                now = time.time()
+                for record in self.records.all():
+                    if record.end_at is None or record.end_at > now \
+                            or record.sandbox_id in busy:
+                        continue
+                    busy.add(record.sandbox_id)
+                    nursery.start_soon(expire, record)
 
     async def _expire(self, record: SandboxRecord) -> None:
         sid = record.sandbox_id
