@@ -23,6 +23,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    ServiceBusyException,
 )
 from gateway_proc import E2bSetup
 
@@ -246,3 +247,16 @@ def test_the_clusters_e2b_env_is_all_an_sdk_script_needs(e2b: E2bSetup) -> None:
     assert done.stdout == "from a script\n"
     status = {p.name: p for p in e2b.cluster.status()}
     assert status["e2b-gateway"].pid is not None
+
+
+def test_network_options_become_the_workspace_policy(e2b: E2bSetup) -> None:
+    """allow_internet_access and allow_out / deny_out are ctrl's network policy; this
+    cluster's node has no [network], so ctrl refuses to place it, and the caller gets
+    ctrl's reason instead of a sandbox without the policy."""
+    with pytest.raises(ServiceBusyException, match="no network on the node") as refused:
+        Sandbox.create("base", allow_internet_access=False,
+                       network={"allow_out": ["198.18.0.1/32"]}, **e2b.opts())
+    assert str(refused.value).startswith("503: ")
+    listed = e2b.cluster.api("GET", "/v1/workspaces", params={"label": "e2b.team=blue"})
+    assert all(ws["network"]["policy"] is None or ws["state"] in ("DELETING", "DELETED")
+               for ws in listed["workspaces"])

@@ -21,9 +21,11 @@ _CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 MAX_TIMEOUT = 366 * 86400
 
 #: kibotos error codes as E2B's HTTP statuses (the SDK picks its exception by them).
+#: ``resource_exhausted`` (no node can take the Workspace) is 503, "busy, retry": E2B's
+#: 429 would make the SDK say "rate limit", which the gateway has none of.
 STATUS = {"invalid_argument": 400, "unauthenticated": 401, "permission_denied": 403,
           "not_found": 404, "already_exists": 409, "aborted": 409,
-          "failed_precondition": 409, "resource_exhausted": 429, "internal": 500,
+          "failed_precondition": 409, "resource_exhausted": 503, "internal": 500,
           "unavailable": 503, "deadline_exceeded": 504}
 
 
