@@ -260,3 +260,22 @@ def test_network_options_become_the_workspace_policy(e2b: E2bSetup) -> None:
     listed = e2b.cluster.api("GET", "/v1/workspaces", params={"label": "e2b.team=blue"})
     assert all(ws["network"]["policy"] is None or ws["state"] in ("DELETING", "DELETED")
                for ws in listed["workspaces"])
+
+
+def test_envd_is_also_routed_by_host_name(sandbox: Sandbox, e2b: E2bSetup) -> None:
+    """``49983-<sandbox>.<domain>``, what the SDK uses without E2B_SANDBOX_URL."""
+    connected = httpx.post(f"{e2b.gateway.api_url}/v2/sandboxes/{sandbox.sandbox_id}/connect",
+                           json={"timeout": 600}, headers={"X-API-Key": e2b.key})
+    assert connected.status_code == 200, connected.text
+    token = connected.json()["envdAccessToken"]
+    stat = httpx.post(f"{e2b.gateway.sandbox_url}/filesystem.Filesystem/Stat",
+                      json={"path": "/"}, headers={
+                          "Host": f"49983-{sandbox.sandbox_id}.sandbox.example",
+                          "X-Access-Token": token})
+    assert stat.status_code == 200, stat.text
+    assert stat.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    other_port = httpx.post(f"{e2b.gateway.sandbox_url}/filesystem.Filesystem/Stat",
+                            json={"path": "/"}, headers={
+                                "Host": f"8080-{sandbox.sandbox_id}.sandbox.example",
+                                "X-Access-Token": token})
+    assert other_port.status_code == 404
