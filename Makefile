@@ -6,7 +6,7 @@ PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 # Each built-in plugin's one module, plugins/<name>/kibotos_<name>, for mypy.
 PLUGIN_MODULES := $(foreach p,$(PLUGINS),$(p)kibotos_$(notdir $(p:/=)))
 
-.PHONY: venv demo test test-fast lint clean deb
+.PHONY: venv demo test test-fast lint clean deb envd-protos e2b-js-sdk
 
 $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,19 @@ test: venv
 # The inner loop: skip the slow end-to-end tests.
 test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow' -x -q
+
+# The E2B gateway's envd messages, from the .proto files beside them (protoc from
+# grpcio-tools, a dev dependency); the generated modules are committed.
+ENVD_PB := kibotos/gateway/e2b/envd_pb
+envd-protos: venv
+	cd $(ENVD_PB) && ../../../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. \
+		--pyi_out=. process.proto filesystem.proto
+
+# The E2B JavaScript SDK for tests/gateway/test_e2b_js_sdk.py, installed by npm into the
+# test cache (tests never fetch anything themselves).
+E2B_JS := $(or $(KIBOTOS_TEST_CACHE),/var/cache/kibotos-test)/e2b-js
+e2b-js-sdk:
+	mkdir -p $(E2B_JS) && cd $(E2B_JS) && npm install --no-audit --no-fund --no-save e2b@2.51.0
 
 # The Debian package, from a clean copy of HEAD, into dist/ (docs/packaging.md).
 deb:

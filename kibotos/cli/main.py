@@ -24,6 +24,7 @@ _KIBOTOS_GROUPS = {
     "dataplane": "kibotos.cli.dataplane_cmds:dataplane_group",
     "egress": "kibotos.cli.egress_cmds:egress_group",
     "plugins": "kibotos.cli.plugins_cmds:plugins_group",
+    "gateway": "kibotos.cli.gateway_cmds:gateway_group",
 }
 _KIBO_GROUPS = {
     "enroll": "kibotos.cli.enrollment_cmds:enroll_command",
@@ -36,6 +37,7 @@ _KIBO_GROUPS = {
     "transfer": "kibotos.cli.transfer_cmds:transfer_group",
     "egress": "kibotos.cli.network_cmds:egress_group",
     "resolver": "kibotos.cli.network_cmds:resolver_group",
+    "api-key": "kibotos.cli.api_key_cmds:api_key_group",
 }
 
 

@@ -28,6 +28,7 @@ import httpx
 
 from kibotos import atomicfile, config, errors
 from kibotos.cli import kibo_config
+from kibotos.dev import gateway as e2b_gateway
 from kibotos.dev import layout as lay
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 from kibotos.dev.units import stop_vmm_units
@@ -83,8 +84,14 @@ class DevCluster:
         return Service(node_id, (script("kibotos"), "node", "serve", "--config", str(cfg)),
                        cfg, d / "node.log", d / "node.pid")
 
+    def gateway_service(self) -> Service:
+        """The E2B gateway (`start_e2b_gateway`), a service once its config exists."""
+        return e2b_gateway.service(self.dir, script("kibotos"))
+
     def services(self) -> list[Service]:
-        return [self.ctrl_service(), *(self.node_service(n) for n in self.node_ids())]
+        gateway = self.gateway_service()
+        return [self.ctrl_service(), *(self.node_service(n) for n in self.node_ids()),
+                *([gateway] if gateway.config.exists() else [])]
 
     def node_ids(self) -> list[str]:
         return self.layout.node_ids()
@@ -152,9 +159,12 @@ class DevCluster:
     def down(self, grace: float = DEFAULT_GRACE) -> list[str]:
         """Stop every process of this cluster (nodes first, each with the data-plane
         processes and VMM units it started, which outlive a node by design); return the
-        names of the node and ctrl processes and of the VMM units stopped."""
+        names of the node and ctrl processes and of the VMM units stopped.  The E2B
+        gateway, a client of both, stops first."""
+        gateway = self.gateway_service()
+        stopped = self._sup.stop([gateway], grace) if gateway.config.exists() else []
         nodes = [self.node_service(n) for n in self.node_ids()]
-        stopped = self._sup.stop(nodes, grace)
+        stopped += self._sup.stop(nodes, grace)
         for svc in nodes:
             self._stop_dataplane(svc)
             stopped += stop_vmm_units(svc.config, timeout=grace)
@@ -196,7 +206,35 @@ class DevCluster:
         for node_id in self.node_ids():
             pid = self._sup.pid(self.node_service(node_id))
             out.append(ProcessStatus(node_id, pid, statuses.get(node_id)))
+        gateway = self.gateway_service()
+        if gateway.config.exists():
+            out.append(ProcessStatus(gateway.name, self._sup.pid(gateway), None))
         return out
+
+    # ------------------------------------------------------------------ E2B gateway
+
+    def start_e2b_gateway(self, *, templates: Mapping[str, str] | None = None,
+                          default_timeout_s: int = 300, memory_bytes: int = 512 << 20,
+                          layer_size_bytes: int = 1 << 30) -> e2b_gateway.GatewayUrls:
+        """Start the E2B gateway (docs/gateways.md) with its own operator identity, wait
+        until it listens, create an API key of team ``default`` and write DIR/e2b.env.
+        `templates` are its aliases (default: ``base`` is ``kibotos-base``)."""
+        e2b_gateway.write_config(
+            self, templates=dict(templates or e2b_gateway.DEFAULT_TEMPLATES),
+            default_timeout_s=default_timeout_s, memory_bytes=memory_bytes,
+            layer_size_bytes=layer_size_bytes)
+        svc = self.gateway_service()
+        self._sup.start(svc)
+        try:
+            api, sandbox = e2b_gateway.wait_listening(
+                self.dir, lambda: self._sup.exit_status(svc.name),
+                time.monotonic() + self.timeout)
+        except RuntimeError as exc:
+            self._sup.stop([svc], 5.0)
+            raise ClusterError(str(exc)) from None
+        key = e2b_gateway.api_key(self, "dev", "default")
+        env = e2b_gateway.write_env(self.dir, api, sandbox, key)
+        return e2b_gateway.GatewayUrls(api, sandbox, key, env)
 
     # ------------------------------------------------------------------ ctrl
 

@@ -14,7 +14,9 @@ from kibotos.ctrl.live.services import CtrlServices
 DOCUMENTED = {
     ("get", "/v1/health"), ("post", "/v1/enrollment/exchange"), ("get", "/v1/whoami"),
     ("post", "/v1/enrollment/grants"), ("get", "/v1/enrollment/grants"),
-    ("post", "/v1/enrollment/revoke"), ("get", "/v1/nodes"), ("get", "/v1/nodes/{node_id}"),
+    ("post", "/v1/enrollment/revoke"), ("post", "/v1/api-keys"), ("get", "/v1/api-keys"),
+    ("post", "/v1/api-keys/{key_id}/revoke"), ("post", "/v1/api-keys/verify"),
+    ("get", "/v1/nodes"), ("get", "/v1/nodes/{node_id}"),
     ("post", "/v1/nodes/{node_id}/drain"), ("post", "/v1/nodes/{node_id}/cancel-drain"),
     ("post", "/v1/nodes/{node_id}/isolate"), ("post", "/v1/nodes/{node_id}/retire"),
     ("get", "/v1/overcommit"), ("put", "/v1/overcommit/default"),

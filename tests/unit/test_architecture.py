@@ -6,6 +6,9 @@ fails here and names the line, instead of eroding the layers unnoticed.
    each other, with two exceptions: `kibotos.protocol`, the messages every role shares
    (it is not a role, so everyone may import it), and the data plane's control client,
    the modules the node drives its data-plane process with (`NODE_USES_OF_DATAPLANE`).
+   The gateways (`kibotos.gateway`) are a role too, clients of ctrl's HTTP API and of
+   the data plane like `kibo`: they import only the data plane's client ends
+   (`GATEWAY_USES_OF_DATAPLANE`), never ctrl or the node.
    Imports under ``if TYPE_CHECKING:`` count too: a type is a dependency.
 2. Shared modules (the rest of `kibotos`) import no role package: a role that imports
    one must not reach another role through it.  The entry points `kibotos.cli` and
@@ -50,7 +53,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ROLES = ("kibotos.ctrl", "kibotos.node", "kibotos.dataplane")
+ROLES = ("kibotos.ctrl", "kibotos.node", "kibotos.dataplane", "kibotos.gateway")
 ENTRY_POINTS = ("kibotos.cli", "kibotos.dev")
 #: The data plane's control client: what the node imports to build, start, feed and
 #: scrape its data-plane process (kibotos/node/dataplane/).  Nothing else of the data plane.
@@ -59,6 +62,12 @@ NODE_USES_OF_DATAPLANE = frozenset({
     "kibotos.dataplane.control",  # the control socket's client end
     "kibotos.dataplane.metrics",  # summing counters over generations
     "kibotos.dataplane.state",  # the state message the node hands over
+})
+#: The data plane's client ends: what a gateway runs processes and moves files with.
+GATEWAY_USES_OF_DATAPLANE = frozenset({
+    "kibotos.dataplane.client",  # exec over a WebSocket
+    "kibotos.dataplane.exec_session",  # the exec request's shape
+    "kibotos.dataplane.files_client",  # the file endpoints
 })
 SDK = "kibotos.sdk"
 SYNCHRONOUS = ("kibotos.ctrl.model", "kibotos.ctrl.pools", "kibotos.ctrl.wire")
@@ -211,7 +220,8 @@ def _resolve(target: str, tree: dict[str, Path]) -> str | None:
 
 
 def role_violations(root: Path) -> list[str]:
-    """Rule 1: a role imports another role only through `NODE_USES_OF_DATAPLANE`."""
+    """Rule 1: a role imports another role only through `NODE_USES_OF_DATAPLANE` (the
+    node) and `GATEWAY_USES_OF_DATAPLANE` (the gateways)."""
     out = []
     for imp in imports(root):
         own, other = _role(imp.module), _role(imp.target)
@@ -219,6 +229,9 @@ def role_violations(root: Path) -> list[str]:
             continue
         if own == "kibotos.node" and _within(imp.target, "kibotos.dataplane") and any(
                 _within(imp.target, m) for m in NODE_USES_OF_DATAPLANE):
+            continue
+        if own == "kibotos.gateway" and any(
+                _within(imp.target, m) for m in GATEWAY_USES_OF_DATAPLANE):
             continue
         out.append(f"{_where(imp, root)} ({own} never imports {other})")
     return out

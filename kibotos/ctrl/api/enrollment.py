@@ -1,10 +1,16 @@
-"""HTTP API of identity and enrollment: exchange, whoami, grants, revoke.
+"""HTTP API of identity and enrollment: exchange, whoami, grants, revoke; and the API
+keys gateways' callers present (create, list, revoke, and verify for a gateway).
 
 A created grant's token is shown once and never stored, not even in the command
 journal: the journal keeps the result without it.  Replaying the create (same command
 ID, same input) while the grant is still pending issues a fresh secret for the same
 grant and returns it; the old token stops working.  Once the grant was exchanged,
-revoked or has expired, the replay is refused with failed_precondition.
+revoked or has expired, the replay is refused with failed_precondition.  An API key's
+create follows the same rule (`api_keys.reissue`).
+
+A gateway verifies its callers' keys with its own operator identity
+(``POST /v1/api-keys/verify``): the key is a body field, never a header ctrl would
+take for the gateway's own credential.
 """
 
 from __future__ import annotations
@@ -18,10 +24,19 @@ from starlette.requests import Request
 
 from kibotos._version import __version__
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body
-from kibotos.ctrl.model import enrollment
+from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body
+from kibotos.ctrl.model import api_keys, enrollment
 from kibotos.ctrl.pools import facts as pool_facts
 from kibotos.ctrl.store.models import EnrollmentGrant
+from kibotos.ctrl.wire.api_keys import (
+    ApiKeyCreateIn,
+    ApiKeyCreateOut,
+    ApiKeyListOut,
+    ApiKeyOut,
+    ApiKeyRevokeIn,
+    ApiKeyVerifyIn,
+    ApiKeyVerifyOut,
+)
 from kibotos.ctrl.wire.base import (
     ExchangeIn,
     ExchangeOut,
@@ -113,6 +128,41 @@ def routes(api: Api) -> list[Route]:
                 await ctx.sessions.close(node_id, CloseReason.REVOKED)
         return outcome.result
 
+    async def create_api_key(request: Request, caller: Caller | None) -> dict[str, Any]:
+        assert caller is not None
+        body = await read_body(request, ApiKeyCreateIn)
+        keys: list[str] = []
+
+        def txn(session: Session) -> dict[str, Any]:
+            record, key = api_keys.create(session, name=body.name, team=body.team,
+                                          created_by=caller.identity_id, now=ctx.now())
+            keys.append(key)
+            return record
+
+        outcome = await api.journal.execute(
+            operation="api_key.create", params={}, body=body,
+            identity_id=caller.identity_id, fn=txn)
+        key_id = str(outcome.result["key_id"])
+        key = await ctx.store.write(lambda s: api_keys.reissue(s, key_id)) \
+            if outcome.replayed else keys[0]
+        return {**outcome.result, "key": key}
+
+    async def list_api_keys(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await ctx.store.run(api_keys.list_all)
+
+    async def revoke_api_key(request: Request, caller: Caller | None) -> dict[str, Any]:
+        key_id = request.path_params["key_id"]
+        body = await read_body(request, ApiKeyRevokeIn)
+        outcome = await api.journal.execute(
+            operation="api_key.revoke", params={"key_id": key_id}, body=body,
+            identity_id=identity_of(caller),
+            fn=lambda s: api_keys.revoke(s, key_id, ctx.now()))
+        return outcome.result
+
+    async def verify_api_key(request: Request, caller: Caller | None) -> dict[str, Any]:
+        body = await read_body(request, ApiKeyVerifyIn)
+        return await ctx.store.run(partial(api_keys.verify, token=body.key))
+
     return [
         Route("GET", "/v1/health", health, "anyone", "Liveness and version of ctrl",
               result=HealthOut),
@@ -129,4 +179,15 @@ def routes(api: Api) -> list[Route]:
         Route("POST", "/v1/enrollment/revoke", revoke, "operator",
               "Revoke a grant or an identity; a revoked identity is refused at once",
               body=RevokeIn, result=RevokeOut),
+        Route("POST", "/v1/api-keys", create_api_key, "operator",
+              "Create an API key of a team for the gateways (the key is shown once)",
+              body=ApiKeyCreateIn, result=ApiKeyCreateOut),
+        Route("GET", "/v1/api-keys", list_api_keys, "operator",
+              "List API keys (never their secrets)", result=ApiKeyListOut),
+        Route("POST", "/v1/api-keys/{key_id}/revoke", revoke_api_key, "operator",
+              "Revoke an API key; a gateway refuses it from then on",
+              body=ApiKeyRevokeIn, result=ApiKeyOut),
+        Route("POST", "/v1/api-keys/verify", verify_api_key, "operator",
+              "Whose API key a gateway's caller presented (unauthenticated if none's)",
+              body=ApiKeyVerifyIn, result=ApiKeyVerifyOut),
     ]

@@ -448,3 +448,19 @@ class Resolver(Base):
     revision: Mapped[int] = mapped_column(BigInteger, default=1)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class ApiKey(Base):
+    """An API key a gateway's callers present (docs/gateways.md): it belongs to a team,
+    and a gateway shows a key only its own team's Workspaces.  Only sha256(secret) is
+    kept; the key itself is shown once, when it is created."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    team: Mapped[str] = mapped_column(String(63), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(String(40))
+    revoked_at: Mapped[datetime | None]

@@ -1,0 +1,45 @@
+"""``kibotos gateway e2b serve --config FILE``: the E2B gateway role (docs/gateways.md).
+
+The configuration is read and checked before anything listens, so a mistake is one
+line naming the field and the exit code of its error kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from kibotos import config as config_mod
+from kibotos.cli.ctrl_cmds import _fail_cleanly
+
+
+@click.group("gateway")
+def gateway_group() -> None:
+    """Gateways: other systems' APIs over this cluster."""
+
+
+@gateway_group.group("e2b")
+def e2b_group() -> None:
+    """The E2B gateway: the official E2B SDKs, unchanged, against this cluster."""
+
+
+@e2b_group.command("serve")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The gateway's TOML configuration (docs/gateways.md).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@_fail_cleanly
+def serve(config_path: str, log_level: str) -> None:
+    """Serve E2B's control API and envd's API until SIGTERM or SIGINT."""
+    import trio
+
+    from kibotos.gateway.e2b.config import GatewayConfig
+    from kibotos.gateway.e2b.serve import serve_e2b_gateway
+
+    cfg = config_mod.load(GatewayConfig, config_path)
+    cfg.read_credential()  # refused now, with its reason, rather than at the first call
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    trio.run(serve_e2b_gateway, cfg)

@@ -1,0 +1,135 @@
+"""envd's API on the sandbox URL (``E2B_SANDBOX_URL``): one server for every sandbox,
+routed by the ``E2b-Sandbox-Id`` header the SDK sends, or by a host name
+``<port>-<sandbox>.<domain>``.
+
+Every call but ``/health`` must carry the sandbox's ``X-Access-Token`` (every sandbox
+of this gateway is "secure"): the token is what only a key of the sandbox's team was
+given, so a call without it, or with another sandbox's, is ``unauthenticated`` before
+anything is looked up.  ``/health`` answers 204 while the sandbox is AVAILABLE and
+502 otherwise (what the SDK's ``is_running`` reads).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kibotos.errors import KibotosError, NotFound, Unauthenticated
+from kibotos.gateway.e2b import envd_files
+from kibotos.gateway.e2b.connect_rpc import Unimplemented, server_stream, unary, unary_error
+from kibotos.gateway.e2b.ctrl_client import DataplaneSession
+from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as fs_pb
+from kibotos.gateway.e2b.envd_pb import process_pb2 as proc_pb
+from kibotos.gateway.e2b.envd_process import DEFAULT_KEEPALIVE, ProcessService
+from kibotos.gateway.e2b.processes import ProcessTable
+from kibotos.gateway.e2b.sandboxes import workspace_id
+from kibotos.gateway.e2b.service import SandboxService
+
+ENVD_PORT = "49983"
+_HOST = re.compile(r"(\d{1,5})-([0-9a-z]{26})\.")
+
+
+@dataclass
+class SandboxCall:
+    """One authorized envd call: its sandbox, default env and keepalive interval."""
+
+    sandbox_id: str
+    env_vars: dict[str, str]
+    keepalive: float
+    service: SandboxService
+
+    async def session(self) -> DataplaneSession:
+        return await self.service.ctrl.session(workspace_id(self.sandbox_id))
+
+
+def _sandbox_of(request: Request) -> str:
+    sid = request.headers.get("e2b-sandbox-id")
+    if sid is None:
+        m = _HOST.match(request.headers.get("host", ""))
+        if m is None or m.group(1) != ENVD_PORT:
+            raise NotFound("no sandbox named: send E2b-Sandbox-Id, or use the host name "
+                           f"{ENVD_PORT}-<sandbox>.<domain>")
+        sid = m.group(2)
+    workspace_id(sid)  # NotFound for an ID no sandbox can have
+    return sid
+
+
+def _keepalive(request: Request) -> float:
+    text = request.headers.get("keepalive-ping-interval", "")
+    return float(min(int(text), 3600)) if text.isascii() and text.isdigit() and int(text) \
+        else DEFAULT_KEEPALIVE
+
+
+def build_envd_app(service: SandboxService, processes: ProcessTable) -> Starlette:
+    async def authorize(request: Request) -> SandboxCall:
+        sid = _sandbox_of(request)
+        if not service.tokens.matches(sid, request.headers.get("x-access-token")):
+            raise Unauthenticated(f"sandbox {sid}: missing or wrong X-Access-Token")
+        record = service.records.get(sid)
+        return SandboxCall(sid, dict(record.env_vars) if record else {},
+                           _keepalive(request), service)
+
+    def rest(handler: Callable[[Request, SandboxCall], Awaitable[Response]]
+             ) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request, await authorize(request))
+            except KibotosError as exc:
+                return envd_files.rest_error(exc)
+
+        return run
+
+    async def health(request: Request) -> Response:
+        try:
+            ws = await service.ctrl.workspace(workspace_id(_sandbox_of(request)))
+        except KibotosError:
+            return Response(status_code=502)
+        return Response(status_code=204 if ws["state"] == "AVAILABLE" else 502)
+
+    async def envs(request: Request, call: SandboxCall) -> Response:
+        return JSONResponse(call.env_vars)
+
+    async def not_served(request: Request) -> Response:
+        return unary_error(Unimplemented(
+            f"{request.url.path.strip('/')} is not served by this kibotos gateway"))
+
+    procs, fs = ProcessService(processes), envd_files.FilesystemService()
+    rpc: list[tuple[str, Any]] = [
+        ("process.Process/Start", server_stream(proc_pb.StartRequest, authorize, procs.start)),
+        ("process.Process/Connect",
+         server_stream(proc_pb.ConnectRequest, authorize, procs.connect)),
+        ("process.Process/List", unary(proc_pb.ListRequest, authorize, procs.list)),
+        ("process.Process/SendInput",
+         unary(proc_pb.SendInputRequest, authorize, procs.send_input)),
+        ("process.Process/CloseStdin",
+         unary(proc_pb.CloseStdinRequest, authorize, procs.close_stdin)),
+        ("process.Process/SendSignal",
+         unary(proc_pb.SendSignalRequest, authorize, procs.send_signal)),
+        ("process.Process/Update", unary(proc_pb.UpdateRequest, authorize, procs.update)),
+        ("filesystem.Filesystem/Stat", unary(fs_pb.StatRequest, authorize, fs.stat)),
+        ("filesystem.Filesystem/MakeDir",
+         unary(fs_pb.MakeDirRequest, authorize, fs.make_dir)),
+        ("filesystem.Filesystem/Move", unary(fs_pb.MoveRequest, authorize, fs.move)),
+        ("filesystem.Filesystem/ListDir",
+         unary(fs_pb.ListDirRequest, authorize, fs.list_dir)),
+        ("filesystem.Filesystem/Remove", unary(fs_pb.RemoveRequest, authorize, fs.remove)),
+    ]
+    routes = [Route(f"/{path}", endpoint, methods=["POST"]) for path, endpoint in rpc]
+    routes += [Route(f"/{path}", not_served, methods=["POST"]) for path in (
+        "process.Process/StreamInput", "filesystem.Filesystem/WatchDir",
+        "filesystem.Filesystem/CreateWatcher", "filesystem.Filesystem/GetWatcherEvents",
+        "filesystem.Filesystem/RemoveWatcher")]
+    routes += [
+        Route("/health", health, methods=["GET"]),
+        Route("/envs", rest(envs), methods=["GET"]),
+        Route("/files", rest(envd_files.download), methods=["GET"]),
+        Route("/files", rest(envd_files.upload), methods=["POST"]),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,270 @@
+"""The sandbox operations both of the gateway's APIs act through: create, find (within
+a team), list, connect, pause, kill, timeouts, and the reaper that ends sandboxes whose
+lifetime is over.
+
+Access is decided on ctrl's record alone: a Workspace is a team's sandbox when its
+`TEAM_LABEL` says so.  Another team's sandbox, a Workspace the gateway did not make and
+an ID no Workspace can have are all "not found", so a key learns nothing about other
+teams' sandboxes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+
+from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, NotFound
+from kibotos.gateway.e2b.config import GatewayConfig
+from kibotos.gateway.e2b.ctrl_client import CtrlClient, Team
+from kibotos.gateway.e2b.sandboxes import (
+    ENVD_VERSION,
+    PAUSED_STATES,
+    RUNNING_STATES,
+    TEAM_LABEL,
+    AccessTokens,
+    Records,
+    SandboxRecord,
+    e2b_state,
+    sandbox_id,
+    workspace_id,
+)
+from kibotos.gateway.e2b.wire import NewSandbox
+
+log = logging.getLogger("kibotos.gateway.e2b")
+
+#: How often the reaper looks for sandboxes whose lifetime is over.
+REAP_INTERVAL = 1.0
+#: How long a create or connect waits for the Workspace to be AVAILABLE.
+READY_TIMEOUT = 600.0
+_NEVER = "9999-12-31T23:59:59Z"
+
+
+def _iso(unix: float | None) -> str:
+    if unix is None:
+        return _NEVER
+    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
+class SandboxService:
+    def __init__(self, config: GatewayConfig, ctrl: CtrlClient, records: Records,
+                 tokens: AccessTokens) -> None:
+        self.config = config
+        self.ctrl = ctrl
+        self.records = records
+        self.tokens = tokens
+
+    # ------------------------------------------------------------------ finding
+
+    async def find(self, team: Team, sid: str) -> dict[str, Any]:
+        """The team's Workspace of sandbox `sid` (any state but gone)."""
+        try:
+            ws = await self.ctrl.workspace(workspace_id(sid))
+        except NotFound:
+            raise NotFound(f"sandbox {sid} not found") from None
+        if ws.get("labels", {}).get(TEAM_LABEL) != team.team or e2b_state(ws["state"]) is None:
+            raise NotFound(f"sandbox {sid} not found")
+        return ws
+
+    async def wait_available(self, ws: dict[str, Any]) -> dict[str, Any]:
+        """Wait until the Workspace settles; AVAILABLE or an error naming its state."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while ws["state"] not in ("AVAILABLE", "STOPPED", "FAILED", "DELETED"):
+            if time.monotonic() > deadline:
+                raise FailedPrecondition(f"sandbox {sandbox_id(ws['workspace_id'])} is "
+                                         f"still {ws['state']} after {READY_TIMEOUT:g}s")
+            ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
+        if ws["state"] != "AVAILABLE":
+            reason = f": {ws['reason']}" if ws.get("reason") else ""
+            raise FailedPrecondition(f"sandbox {sandbox_id(ws['workspace_id'])} is "
+                                     f"{ws['state']}{reason}")
+        return ws
+
+    # ------------------------------------------------------------------ JSON
+
+    def sandbox_json(self, ws: dict[str, Any], record: SandboxRecord | None) -> dict[str, Any]:
+        """E2B's ``Sandbox`` (create and connect)."""
+        sid = sandbox_id(ws["workspace_id"])
+        out: dict[str, Any] = {
+            "templateID": record.template_id if record else ws["template"]["name"],
+            "sandboxID": sid, "clientID": "kibotos", "envdVersion": ENVD_VERSION,
+            "envdAccessToken": self.tokens.token(sid)}
+        if self.config.domain:
+            out["domain"] = self.config.domain
+        return out
+
+    def detail_json(self, ws: dict[str, Any], record: SandboxRecord | None) -> dict[str, Any]:
+        """E2B's ``SandboxDetail`` / ``ListedSandbox``: without the access token (a get
+        or a list shows no secret; create and connect hand it out)."""
+        res = ws["resources"]
+        shown = self.sandbox_json(ws, record)
+        del shown["envdAccessToken"]
+        return {**shown,
+                "startedAt": ws["created_at"],
+                "endAt": _iso(record.end_at if record else None),
+                "cpuCount": max(1, res["cpu_millis"] // 1000),
+                "memoryMB": res["memory_bytes"] >> 20,
+                "diskSizeMB": (ws["layer"]["size_bytes"] or 0) >> 20,
+                "state": e2b_state(ws["state"]),
+                "metadata": dict(record.metadata) if record else {}}
+
+    # ------------------------------------------------------------------ writes
+
+    async def _put(self, record: SandboxRecord) -> None:
+        """Write a record (fsync and rename) off the event loop."""
+        await trio.to_thread.run_sync(self.records.put, record)
+
+    def _end_at(self, timeout: int | None) -> float:
+        seconds = self.config.sandbox.default_timeout_s if timeout is None else timeout
+        cap = self.config.sandbox.max_timeout_s
+        if cap and seconds > cap:
+            raise InvalidArgument(f"timeout {seconds}s is longer than this gateway allows "
+                                  f"({cap}s)")
+        return time.time() + seconds
+
+    async def create(self, team: Team, body: NewSandbox) -> dict[str, Any]:
+        missing = body.unsupported()
+        if missing:
+            raise InvalidArgument(f"not supported by this kibotos gateway: "
+                                  f"{', '.join(missing)}")
+        end_at = self._end_at(body.timeout)
+        request: dict[str, Any] = {
+            "template": self.config.template_for(body.templateID),
+            "labels": {TEAM_LABEL: team.team},
+            "cpu_millis": self.config.sandbox.cpu_millis,
+            "memory_bytes": self.config.sandbox.memory_bytes,
+            "layer_size_bytes": self.config.sandbox.layer_size_bytes}
+        network = _network(body)
+        if network is not None:
+            request["network"] = network
+        ws = await self.ctrl.create_workspace(request)
+        sid = sandbox_id(ws["workspace_id"])
+        record = SandboxRecord(
+            sandbox_id=sid, team=team.team, template_id=body.templateID,
+            metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
+            end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
+            auto_resume=bool(body.autoResume and body.autoResume.enabled))
+        await self._put(record)
+        log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)
+        try:
+            ws = await self.wait_available(ws)
+        except KibotosError:
+            await self._delete(sid)
+            raise
+        return self.sandbox_json(ws, record)
+
+    async def connect(self, team: Team, sid: str, timeout: int) -> tuple[bool, dict[str, Any]]:
+        """(resumed, Sandbox): a paused sandbox is started (its layer was kept)."""
+        ws = await self.find(team, sid)
+        record = self.records.get(sid)
+        if record is not None:
+            end_at = self._end_at(timeout)
+            if record.end_at is None or record.end_at < end_at:
+                record.end_at = end_at
+                await self._put(record)
+        resumed = ws["state"] in PAUSED_STATES
+        if ws["state"] == "STOPPING":
+            ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=60)
+        if ws["state"] == "STOPPED":
+            ws = await self.ctrl.act(ws["workspace_id"], "start")
+        ws = await self.wait_available(ws)
+        return resumed, self.sandbox_json(ws, record)
+
+    async def set_timeout(self, team: Team, sid: str, timeout: int) -> None:
+        await self.find(team, sid)
+        record = self.records.get(sid) or SandboxRecord(sid, team.team, "")
+        record.end_at = self._end_at(timeout)
+        await self._put(record)
+
+    async def pause(self, team: Team, sid: str, memory: bool | None) -> None:
+        if memory:
+            raise InvalidArgument("a memory snapshot is not supported by this kibotos "
+                                  "gateway: pause(mode=\"filesystem\") keeps the files")
+        ws = await self.find(team, sid)
+        if ws["state"] not in RUNNING_STATES:
+            return
+        await self.ctrl.act(ws["workspace_id"], "stop")
+
+    async def kill(self, team: Team, sid: str) -> None:
+        await self.find(team, sid)
+        await self._delete(sid)
+
+    async def _delete(self, sid: str) -> None:
+        """Kill: stop at once (ctrl deletes only a stopped Workspace), then delete."""
+        with contextlib.suppress(NotFound):  # gone already: what a kill wants
+            ws = await self.ctrl.workspace(workspace_id(sid))
+            if ws["state"] in RUNNING_STATES:
+                ws = await self.ctrl.act(ws["workspace_id"], "stop", force=True)
+            deadline = time.monotonic() + READY_TIMEOUT
+            while ws["state"] not in ("STOPPED", "FAILED", "DELETING", "DELETED"):
+                if time.monotonic() > deadline:
+                    raise FailedPrecondition(f"sandbox {sid} is still {ws['state']}")
+                ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
+            if ws["state"] in ("STOPPED", "FAILED"):
+                await self.ctrl.act(ws["workspace_id"], "delete")
+        await trio.to_thread.run_sync(self.records.drop, sid)
+
+    # ------------------------------------------------------------------ lifetimes
+
+    async def reap_forever(self) -> None:
+        """End every sandbox whose lifetime is over: kill (delete) or pause (stop).
+        Each runs in a task of its own (a kill waits for the stop), at most one per
+        sandbox at a time."""
+        busy: set[str] = set()
+
+        async def expire(record: SandboxRecord) -> None:
+            try:
+                await self._expire(record)
+            except KibotosError as exc:
+                log.warning("sandbox %s: its lifetime ended, but %s failed: %s",
+                            record.sandbox_id, record.on_timeout, exc.message)
+            finally:
+                busy.discard(record.sandbox_id)
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                await trio.sleep(REAP_INTERVAL)
+                now = time.time()
+                for record in self.records.all():
+                    if record.end_at is None or record.end_at > now \
+                            or record.sandbox_id in busy:
+                        continue
+                    busy.add(record.sandbox_id)
+                    nursery.start_soon(expire, record)
+
+    async def _expire(self, record: SandboxRecord) -> None:
+        sid = record.sandbox_id
+        if record.on_timeout == "kill":
+            log.info("sandbox %s: lifetime over, killing it", sid)
+            await self._delete(sid)
+            return
+        log.info("sandbox %s: lifetime over, pausing it", sid)
+        try:
+            ws = await self.ctrl.workspace(workspace_id(sid))
+        except NotFound:
+            await trio.to_thread.run_sync(self.records.drop, sid)
+            return
+        if ws["state"] in RUNNING_STATES:
+            await self.ctrl.act(ws["workspace_id"], "stop")
+        record.end_at = None
+        await self._put(record)
+
+
+def _network(body: NewSandbox) -> dict[str, Any] | None:
+    """The network policy asked for, or None (the deployment's default)."""
+    net = body.network
+    allow = net.allowOut if net else None
+    deny = net.denyOut if net else None
+    if body.allow_internet_access is None and allow is None and deny is None:
+        return None
+    policy: dict[str, Any] = {"public_egress": body.allow_internet_access is not False}
+    if allow is not None:
+        policy["allow_out"] = list(allow)
+    if deny is not None:
+        policy["deny_out"] = list(deny)
+    return policy

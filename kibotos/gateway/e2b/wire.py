@@ -1,0 +1,106 @@
+"""E2B's control-API request bodies as the gateway accepts them (pydantic, strict), and
+its error body.
+
+Unknown fields are refused, naming them, and so is every option kibotos cannot honour
+(`unsupported`): a caller learns at once that a feature is missing instead of getting a
+sandbox without it.  Field names are E2B's (camelCase, and ``allow_internet_access``
+as E2B spells it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from starlette.responses import JSONResponse
+
+from kibotos.errors import KibotosError
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
+#: How long E2B lets one call ask for (seconds); kibotos adds its own cap from config.
+MAX_TIMEOUT = 366 * 86400
+
+#: kibotos error codes as E2B's HTTP statuses (the SDK picks its exception by them).
+#: ``resource_exhausted`` (no node can take the Workspace) is 503, "busy, retry": E2B's
+#: 429 would make the SDK say "rate limit", which the gateway has none of.
+STATUS = {"invalid_argument": 400, "unauthenticated": 401, "permission_denied": 403,
+          "not_found": 404, "already_exists": 409, "aborted": 409,
+          "failed_precondition": 409, "resource_exhausted": 503, "internal": 500,
+          "unavailable": 503, "deadline_exceeded": 504}
+
+
+class AutoResume(BaseModel):
+    model_config = _CONFIG
+    enabled: StrictBool = False
+
+
+class Network(BaseModel):
+    model_config = _CONFIG
+    allowOut: list[StrictStr] | None = None
+    denyOut: list[StrictStr] | None = None
+    allowPublicTraffic: StrictBool | None = None
+    maskRequestHost: StrictStr | None = None
+    egressProxy: dict[str, Any] | None = None
+    rules: Any = None
+    httpsPorts: Any = None
+
+
+class NewSandbox(BaseModel):
+    model_config = _CONFIG
+    templateID: StrictStr = Field(min_length=1, max_length=128)
+    timeout: StrictInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT)
+    autoPause: StrictBool = False
+    autoPauseMemory: StrictBool | None = None
+    autoResume: AutoResume | None = None
+    secure: StrictBool = True
+    allow_internet_access: StrictBool | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+    envVars: dict[StrictStr, StrictStr] | None = None
+    network: Network | None = None
+    mcp: Any = None
+    volumeMounts: list[Any] | None = None
+
+    def unsupported(self) -> list[str]:
+        """The options asked for that kibotos cannot do."""
+        out = []
+        if self.autoPauseMemory:
+            out.append("autoPauseMemory (memory snapshots)")
+        if self.mcp is not None:
+            out.append("mcp")
+        if self.volumeMounts:
+            out.append("volumeMounts")
+        net = self.network
+        if net is not None:
+            out += [f"network.{name}" for name in ("maskRequestHost", "egressProxy",
+                                                   "rules", "httpsPorts")
+                    if getattr(net, name) is not None]
+            if net.allowPublicTraffic is False:
+                out.append("network.allowPublicTraffic=false (the exposure gateway)")
+        return out
+
+
+class TimeoutBody(BaseModel):
+    model_config = _CONFIG
+    timeout: StrictInt = Field(ge=1, le=MAX_TIMEOUT)
+
+
+class ConnectBody(BaseModel):
+    model_config = _CONFIG
+    timeout: StrictInt = Field(default=300, ge=1, le=MAX_TIMEOUT)
+    memory: StrictBool | None = None
+
+
+class PauseBody(BaseModel):
+    model_config = _CONFIG
+    memory: StrictBool | None = None
+
+
+def error_response(exc: KibotosError) -> JSONResponse:
+    """E2B's error body, ``{"code": <HTTP status>, "message"}``."""
+    status = STATUS.get(exc.code, 500)
+    return JSONResponse({"code": status, "message": exc.message}, status_code=status)
+
+
+def describe(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                     for e in exc.errors())
