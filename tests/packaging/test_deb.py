@@ -143,6 +143,10 @@ def test_each_role_package_holds_its_own_files(debs: dict[str, Path]) -> None:
             "/lib/systemd/system/kibotos-vmm.slice"} <= node
     assert "/lib/systemd/system/kibotos-ctrl.service" in ctrl
     assert "/usr/bin/kibo" in cli
+    # Shell completion beside each command (click's, generated at build time).
+    for files_, cmd in ((common, "kibotos"), (node, "kibotos-node"), (cli, "kibo")):
+        assert f"/usr/share/bash-completion/completions/{cmd}" in files_, cmd
+        assert f"/usr/share/zsh/vendor-completions/_{cmd}" in files_, cmd
     assert not any(f.startswith("/lib/systemd") for f in cli | common)
 
 

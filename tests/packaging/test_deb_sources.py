@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SCRIPTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "debian").iterdir()
                  if p.suffix in (".postinst", ".prerm", ".postrm", ".preinst"))
-SCRIPTS += ["debian/build-venv.sh", "packaging/deb/build.sh"]
+SCRIPTS += ["debian/build-venv.sh", "debian/completions.sh", "packaging/deb/build.sh"]
 #: The binary packages by role (docs/packaging.md), in debian/control's order.
 PACKAGES = ["kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli"]
 
