@@ -144,6 +144,19 @@ class Container:
                                  f"\n{proc.stderr[-4000:]}")
         return proc
 
+    def host_in_netns(self, argv: Sequence[str], env: dict[str, str], *,
+                      timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        """A host program in the container's network namespace only (its files and
+        caches are the host's, its loopback the container's): how the test reaches the
+        container's ctrl, which has no other network."""
+        proc = subprocess.run(["nsenter", "-t", str(self.leader), "-n", "--", *argv],
+                              capture_output=True, text=True, timeout=timeout,
+                              env={"PATH": PATH, "LANG": "C.UTF-8", **env})
+        if proc.returncode != 0:
+            raise AssertionError(f"{argv} exited {proc.returncode}:\n{proc.stdout[-4000:]}"
+                                 f"\n{proc.stderr[-4000:]}")
+        return proc
+
     def _log_tail(self) -> str:
         self.log.flush()
         return (self.work / "nspawn.log").read_text(errors="replace")[-2000:]

@@ -6,21 +6,26 @@ container (tests/packaging/nspawn_container.py) for every step, in order.
 2. ctrl and one node configured from the shipped configs (a pool directory, the
    node's grant, an operator enrolled with ``kibo``), the units enabled: the node is
    READY, its data-plane unit runs, the path to the Instance directories is handed to
-   ``kibotos-vmm``; a Volume is created (a resource the node holds).
+   ``kibotos-vmm``.  Through ``kibo``: the ``kibotos-base`` Template is published (built
+   on the host into the VM tests' cache, published from the container's network
+   namespace), a Workspace boots (QEMU under TCG) with its VMM running as
+   ``kibotos-vmm`` with the group ``kvm``, exec works; a Volume is created.
 3. The failed-upgrade fallback (spec, "Troubleshooting"): the node stopped, a leftover
    with no owner in its storage root; upgrading to the next version (built by
    repacking with the version bumped) makes the old prerm's check refuse, dpkg says
    "trying script from the new package instead", and the new package's script, which
    only requires the node service stopped, lets the upgrade finish.
-4. An upgrade whose check passes: the old version's binary checks (the prerm says so),
-   no fallback, and the node starts on the new version and comes back READY.
-5. ``apt remove kibotos-node`` while the Volume exists is refused by the check, and
-   the node it stopped for the check runs again; after the Volume is deleted the
-   removal passes and no ``kibotos-dataplane-*`` unit remains.
+4. An upgrade with the Workspace running whose check passes: the old version's binary
+   checks (the prerm says so), no fallback; the node starts on the new version and
+   adopts the Instance without a guest restart (the same guest boot ID).
+5. ``apt remove kibotos-node`` while the Workspace runs and the Volume exists is refused
+   by the check, and the node it stopped for the check runs again; after both are
+   deleted the removal passes and no ``kibotos-dataplane-*`` or VMM unit remains.
 6. ``apt purge`` of all four leaves no file of the packages; the storage root, the pool,
    ctrl's store and the accounts stay (docs/uninstall.md).
 
-Booting a Workspace inside the container is not part of it yet (docs/packaging.md).
+The three versions are the built packages repacked (``dpkg-deb -R``, the versions in
+the control files and ``kibotos/_version.py`` bumped) as releases 0.1.1, 0.1.2, 0.1.3.
 The first run debootstraps the container's root file system (~3 min, cached); then the
 whole test takes a few minutes, most of it repacking and apt.
 """
@@ -29,8 +34,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,13 +44,20 @@ import pytest
 from nspawn_container import Container, missing_tools, rootfs
 
 from kibotos._version import __version__
+from kibotos.cli import template_images
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "packaging/template/kibotos-base.toml"
 
 pytestmark = [pytest.mark.slow, pytest.mark.systemd, pytest.mark.root]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CONFIG = "/etc/kibotos/node/config.toml"
 #: Bounded waits inside the container (seconds).
 READY_TIMEOUT = 120
-NEXT = ("0.1.1", "0.1.2")
+#: The three versions installed in turn: the build repacked as releases on one line,
+#: since a development build drives only the runtime of exactly its own version
+#: (docs/upgrades.md), so its Instances could not be adopted by the next one.
+VERSIONS = ("0.1.1", "0.1.2", "0.1.3")
 
 
 def _cache_root() -> Path:
@@ -75,6 +87,15 @@ def _repack(debs: dict[str, Path], out: Path, pep440: str) -> None:
         subprocess.run(["rm", "-rf", str(tree)], check=True)
 
 
+def _warm_template_cache(cache: Path) -> None:
+    """What ``kibo template build kibotos-base`` builds, built here, with the host's
+    network (the container has none): the Platform and the image, cached by their
+    inputs (shared with the VM tests, so usually already there)."""
+    recipe = template_images.load_recipe(RECIPE, "kibotos-base", cache)
+    template_images.build_image(recipe, cache)
+    template_images.platform_blobs(None, cache)
+
+
 @pytest.fixture(scope="module")
 def container(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[Container]:
@@ -84,11 +105,9 @@ def container(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
             pytest.fail(f"missing {missing} (packaging/apt-test-deps.txt)")
         pytest.skip(f"missing {missing}")
     packages = tmp_path_factory.mktemp("packages")
-    (packages / "v1").mkdir()
-    for deb in debs.values():
-        shutil.copy(deb, packages / "v1")
-    for i, pep440 in enumerate(NEXT, start=2):
+    for i, pep440 in enumerate(VERSIONS, start=1):
         _repack(debs, packages / f"v{i}", pep440)
+    _warm_template_cache(_cache_root())
     work = Path(tempfile.mkdtemp(prefix="kibotos-nspawn-", dir="/var/tmp"))
     box = Container(rootfs(_cache_root()), work, [(packages, "/packages")])
     try:
@@ -107,6 +126,12 @@ def apt(box: Container, args: str, *, ok: bool = True) -> str:
 def wait_ready(box: Container) -> None:
     box.run(f"timeout {READY_TIMEOUT} sh -c 'until kibo node list 2>/dev/null | "
             f"grep -q \"node-a *| READY\"; do sleep 0.5; done'", timeout=READY_TIMEOUT + 30)
+
+
+def boot_id(box: Container, ws: str) -> str:
+    """The guest's boot ID, through ``kibo workspace exec`` (the data plane)."""
+    return box.run(f"kibo workspace exec {ws} -- cat /proc/sys/kernel/random/boot_id"
+                   ).stdout.strip()
 
 
 def version_of(box: Container, package: str) -> str:
@@ -147,7 +172,23 @@ systemctl enable --now kibotos-node
     modes = box.run("cd /var/lib/kibotos/node && stat -c '%a %U:%G' . runtime "
                     "runtime/instances state").stdout.splitlines()
     assert modes == ["710 root:kibotos-vmm"] * 3 + ["700 root:root"], modes
-    box.run("kibo storage-pool set-capacity pool-a 1G")
+    box.run("kibo storage-pool set-capacity pool-a 4G")
+    kibo_config = f"/proc/{box.leader}/root/root/.config/kibotos/kibo.toml"
+    box.host_in_netns([str(Path(sys.executable).parent / "kibo"), "template", "build",
+                       "kibotos-base", "--recipe", str(RECIPE), "--cache-dir",
+                       str(_cache_root())], {"KIBO_CONFIG": kibo_config})
+    created = box.run("kibo workspace create --template kibotos-base --memory 512M "
+                      "--layer-size 1G --timeout 10m").stdout
+    found = re.search(r"workspace (ws-[0-9a-z]+) AVAILABLE on node node-a", created)
+    assert found, created
+    ws = found.group(1)
+    vmm = box.run("u=$(systemctl list-units 'kibotos-vmm-*' --plain --no-legend | "
+                  "cut -d' ' -f1); ps -o user:32=,supgrp:64= -p $(systemctl show -P MainPID $u)"
+                  ).stdout.split()
+    assert vmm[0] == "kibotos-vmm", vmm
+    assert "kvm" in vmm[1].split(","), vmm
+    booted = boot_id(box, ws)
+    assert re.fullmatch(r"[0-9a-f-]{36}", booted), booted
     created = box.run("kibo volume create --size 64M --pool pool-a").stdout
     volume = re.search(r"\bvol-[0-9a-z]+", created)
     assert volume, created
@@ -156,42 +197,51 @@ systemctl enable --now kibotos-node
     box.run("systemctl stop kibotos-node")
     box.run(["mkdir", "/var/lib/kibotos/node/runtime/instances/inst-leftover"])
     out = apt(box, "install /packages/v2/*.deb")
-    assert f"with the installed kibotos-node {__version__}" in out
+    assert f"with the installed kibotos-node {VERSIONS[0]}" in out
     assert "inst-leftover has no Instance record: a leftover with no owner" in out
     assert "check-maintenance --operation upgrade: 1 blocking item(s)" in out
     assert "old kibotos-node package pre-removal script subprocess returned error " \
            "exit status 1" in out
     assert "trying script from the new package instead" in out
     assert "the upgrade goes on with kibotos-node.service stopped" in out
-    assert version_of(box, "kibotos-node") == f"{NEXT[0]} install ok installed"
+    assert version_of(box, "kibotos-node") == f"{VERSIONS[1]} install ok installed"
     box.run(["rmdir", "/var/lib/kibotos/node/runtime/instances/inst-leftover"])
     box.run("systemctl start kibotos-node")
     wait_ready(box)
 
-    # 4. an upgrade whose check passes, with the installed (old) version's binary.
+    assert boot_id(box, ws) == booted
+
+    # 4. an upgrade whose check passes, with the installed (old) version's binary, with
+    #    the Workspace running: the new node adopts it, the guest does not restart.
     box.run("systemctl stop kibotos-node")
     out = apt(box, "install /packages/v3/*.deb")
-    assert f"with the installed kibotos-node {NEXT[0]}" in out
+    assert f"with the installed kibotos-node {VERSIONS[1]}" in out
+    assert "matches its launch record" in out
     assert "check-maintenance --operation upgrade: passed" in out
     assert "trying script from the new package" not in out
-    assert version_of(box, "kibotos-common") == f"{NEXT[1]} install ok installed"
+    assert version_of(box, "kibotos-common") == f"{VERSIONS[2]} install ok installed"
     assert box.run("systemctl is-active kibotos-node || true").stdout.strip() == "inactive"
     box.run("systemctl start kibotos-node")
     wait_ready(box)
-    assert NEXT[1] in box.run("kibo --version").stdout
+    assert VERSIONS[2] in box.run("kibo --version").stdout
+    assert boot_id(box, ws) == booted
 
-    # 5. remove: refused while the node holds the Volume, and the node runs again.
+    # 5. remove: refused while the Workspace runs and the node holds the Volume, and
+    #    the node runs again.
     out = apt(box, "remove kibotos-node", ok=False)
+    assert re.search(r"instance inst-\S+ is active or requires cleanup", out), out
     assert f"detached volume {volume.group(0)} in storage pool pool-a is held" in out
     assert "kibotos-node: not removed" in out
     assert box.run("systemctl is-active kibotos-node").stdout.strip() == "active"
-    assert version_of(box, "kibotos-node") == f"{NEXT[1]} install ok installed"
+    assert version_of(box, "kibotos-node") == f"{VERSIONS[2]} install ok installed"
     wait_ready(box)
-    box.run(f"kibo volume delete {volume.group(0)}")
+    box.run(f"kibo workspace stop {ws} --timeout 10m")
+    box.run(f"kibo workspace delete {ws} --wait --timeout 10m")
+    box.run(f"kibo volume delete {volume.group(0)} --wait --timeout 5m")
     out = apt(box, "remove kibotos-node")
     assert "check-maintenance --operation remove: passed" in out
     assert box.run("systemctl list-units 'kibotos-dataplane-*' 'kibotos-egress-*' "
-                   "--all --plain --no-legend").stdout.strip() == ""
+                   "'kibotos-vmm-*' --all --plain --no-legend").stdout.strip() == ""
     assert box.run("systemctl is-active kibotos-node || true").stdout.strip() == "inactive"
 
     # 6. purge: no file of the packages; state and accounts stay.
