@@ -1,7 +1,8 @@
 #!/bin/sh
 # Makes the package's virtual environment, /usr/lib/kibotos/venv, inside the staging
-# directory DEST (debian/kibotos), from the wheels in WHEELHOUSE only (no index, no
-# network), and the links into it.  Called by debian/rules (dh_auto_install).
+# directory DEST (debian/kibotos-common), from the wheels in WHEELHOUSE only (no index,
+# no network).  Called by debian/rules (dh_auto_install).  The commands' links into it
+# belong to the role packages (debian/kibotos-*.links).
 #
 # The venv is built in DEST but runs from /usr/lib/kibotos/venv, and also from any
 # other place the package is extracted to (`dpkg-deb -x pkg.deb /tmp/kibotos-next`,
@@ -30,7 +31,7 @@ if [ ! -d "$WHEELHOUSE" ]; then
 fi
 
 rm -rf "$DEST$VENV"
-mkdir -p "$DEST/usr/lib/kibotos" "$DEST/usr/bin"
+mkdir -p "$DEST/usr/lib/kibotos"
 "$PY" -m venv "$DEST$VENV"
 pip() { "$DEST$VENV/bin/python3" -m pip --no-input --disable-pip-version-check "$@"; }
 
@@ -107,20 +108,11 @@ if leftovers=$(grep -rlF -- "$DEST" "$DEST$VENV"); then
     exit 1
 fi
 
-# The commands, and the runtime directory of docs/upgrades.md (`check-upgrade
-# --runtime-dir /usr/lib/kibotos/node`): the directory that holds the kibotos package.
+# The commands the role packages link to (debian/kibotos-*.links): /usr/bin/kibotos
+# (common), kibotos-node and the runtime directory of docs/upgrades.md, `check-upgrade
+# --runtime-dir /usr/lib/kibotos/node`, the directory that holds the kibotos package
+# (node), kibo (cli).
 for cmd in kibotos kibo kibotos-node; do
     test -x "$DEST$VENV/bin/$cmd"
-    ln -sfn "../lib/kibotos/venv/bin/$cmd" "$DEST/usr/bin/$cmd"
 done
-ln -sfn "venv/$SITE" "$DEST/usr/lib/kibotos/node"
-
-# Shell completion (docs/cli.md): the scripts the kibo just built prints, where
-# bash-completion and zsh look for them.  No byte code may be left in the venv.
-mkdir -p "$DEST/usr/share/bash-completion/completions" "$DEST/usr/share/zsh/vendor-completions"
-PYTHONDONTWRITEBYTECODE=1 "$DEST$VENV/bin/kibo" completion bash \
-    > "$DEST/usr/share/bash-completion/completions/kibo"
-PYTHONDONTWRITEBYTECODE=1 "$DEST$VENV/bin/kibo" completion zsh \
-    > "$DEST/usr/share/zsh/vendor-completions/_kibo"
-grep -q '_kibo_completion' "$DEST/usr/share/bash-completion/completions/kibo"
-head -n 1 "$DEST/usr/share/zsh/vendor-completions/_kibo" | grep -qx '#compdef kibo'
+test -d "$DEST$VENV/$SITE/kibotos"

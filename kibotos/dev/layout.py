@@ -188,8 +188,14 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
     }
     if vmm_backend:
         doc["vmm"] = {"backend": vmm_backend}
-        if vmm_options:  # ``[vmm.<backend>]``: e.g. the test VMM's ``write_records``
-            doc["vmm"][vmm_backend] = dict(vmm_options)
+        options = dict(vmm_options or {})
+        if vmm_backend == "qemu":
+            # A dev cluster's directory is wherever it was made (a home, a test's 0700
+            # tmp), which the VMM account cannot traverse: its VMMs run as root, by an
+            # explicit choice the node warns about at start.
+            options = {"user": "root", **options}
+        if options:  # ``[vmm.<backend>]``: e.g. the test VMM's ``write_records``
+            doc["vmm"][vmm_backend] = options
     if test_inputs:
         doc["host"] = {"proc_root": layout.proc_root(node_id)}
         doc["testing"] = {"clock_skew_file": layout.clock_skew_file(node_id)}

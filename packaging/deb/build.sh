@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Debian package kibotos_<version>_amd64.deb from a clean copy of a git
-# revision (default HEAD: uncommitted changes in the work tree never leak into a
-# package) with `dpkg-buildpackage -us -uc -b`.  docs/packaging.md.
+# Builds the Debian packages kibotos-common_<version>_amd64.deb and
+# kibotos-{node,ctrl,cli}_<version>_all.deb from a clean copy of a git revision (default
+# HEAD: uncommitted changes in the work tree never leak into a package) with
+# `dpkg-buildpackage -us -uc -b`, and prints their paths, one a line.  docs/packaging.md.
 #
 #   packaging/deb/build.sh [--rev REV] [--out DIR]      (default: HEAD, ./dist)
 #
@@ -24,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --rev) rev=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -84,5 +85,7 @@ mkdir -p "$out"
 for f in "$work"/*.deb "$work"/*.buildinfo "$work"/*.changes; do
     [[ -e $f ]] && cp "$f" "$out/"
 done
-deb=$(cd "$work" && ls kibotos_*.deb)
-echo "$out/$deb"
+# The packages' paths, one a line (callers read them from stdout).
+for f in "$work"/*.deb; do
+    echo "$out/$(basename "$f")"
+done

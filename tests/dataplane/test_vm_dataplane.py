@@ -189,7 +189,7 @@ async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
               "platform_dir": str(platform_dir),
               "template_image": str(template_dir / "image"),
               "writable_layer": str(run_dir / "rw.img"), "memory": "256M"}
-    vmm = QemuVmm({"accelerator": "tcg"})
+    vmm = QemuVmm({"accelerator": "tcg", "user": "root"})  # pytest's 0700 tmp dirs
     await vmm.probe()
     socket = parse_launch(launch).dataplane_socket
     assert socket == run_dir / "agent-dp.sock"

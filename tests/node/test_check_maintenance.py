@@ -164,6 +164,41 @@ async def test_remove_passes_on_an_empty_node() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def test_a_node_that_never_ran_passes_without_asking_its_supervisor(
+        tmp_path: Path) -> None:
+    """Installed, never started (the package's prerm in a chroot, piuparts): no storage
+    root, so no service to look for; the systemd supervisor's bus is not even there,
+    and the example pool that was never made blocks no removal."""
+    text = f"""
+[node]
+id = "node-a"
+ctrl_url = "http://127.0.0.1:9"
+[storage]
+root = "{tmp_path / 'root'}"
+[[storage.pool]]
+id = "pool-a"
+path = "{tmp_path / 'pool-a'}"
+default = true
+[resources]
+cpu = 1
+memory = "1G"
+[supervisor]
+backend = "systemd"
+[supervisor.systemd]
+bus = "unix:path={tmp_path / 'no-bus'}"
+"""
+    config = parse(NodeConfig, tomllib.loads(text), "test node.toml")
+    for operation in ("upgrade", "remove"):
+        report = await maintenance_check.run(config, operation)
+        assert report.exit_code == 0, report.render()
+        assert any("no node ever ran on storage root" in line for line in report.of("ok"))
+    assert not (tmp_path / "root").exists()
+    # Once a node ran there (its storage root), the supervisor is asked: no bus.
+    (tmp_path / "root").mkdir()
+    with pytest.raises(Exception, match="no-bus"):
+        await maintenance_check.run(config, "remove")
+
+
 # ------------------------------------------------------------------ leftovers
 
 

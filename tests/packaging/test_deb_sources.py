@@ -17,8 +17,11 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-SCRIPTS = ["debian/kibotos.postinst", "debian/kibotos.prerm", "debian/kibotos.postrm",
-           "debian/build-venv.sh", "packaging/deb/build.sh"]
+SCRIPTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "debian").iterdir()
+                 if p.suffix in (".postinst", ".prerm", ".postrm", ".preinst"))
+SCRIPTS += ["debian/build-venv.sh", "debian/completions.sh", "packaging/deb/build.sh"]
+#: The binary packages by role (docs/packaging.md), in debian/control's order.
+PACKAGES = ["kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli"]
 
 
 def _pins() -> dict[str, str]:
@@ -61,14 +64,32 @@ def test_changelog_version_is_the_release_version() -> None:
     assert match.group(1) == debian, "add a debian/changelog entry for the new version"
 
 
+def test_the_packages_by_role() -> None:
+    control = (REPO / "debian/control").read_text()
+    assert re.findall(r"^Package: (\S+)$", control, re.M) == PACKAGES
+    # Only the node package runs maintainer checks and makes the accounts.
+    assert "useradd" in (REPO / "debian/kibotos-node.postinst").read_text()
+    assert not (REPO / "debian/kibotos-ctrl.postinst").exists()
+
+
 def test_every_unit_file_is_shipped_and_no_slice_is_handled_by_debhelper() -> None:
-    install = (REPO / "debian/kibotos.install").read_text()
-    assert "contrib/systemd/* lib/systemd/system/" in install
+    """Each file of contrib/systemd is installed by exactly one package: the slices and
+    the node's unit by kibotos-node, ctrl's unit by kibotos-ctrl."""
+    node = (REPO / "debian/kibotos-node.install").read_text()
+    ctrl = (REPO / "debian/kibotos-ctrl.install").read_text()
+    assert "contrib/systemd/kibotos-node.service lib/systemd/system/" in node
+    assert "contrib/systemd/*.slice lib/systemd/system/" in node
+    assert "contrib/systemd/kibotos-ctrl.service lib/systemd/system/" in ctrl
+    shipped = {p.name for p in (REPO / "contrib/systemd").iterdir()}
+    assert shipped == {"kibotos-node.service", "kibotos-ctrl.service"} | {
+        p.name for p in (REPO / "contrib/systemd").glob("*.slice")}
     rules = (REPO / "debian/rules").read_text()
-    call = rules[rules.index("dh_installsystemd --"):].split("\n\n", 1)[0]
-    assert ".slice" not in call
-    assert "--no-enable" in call
-    assert "--no-start" in call
+    calls = [c.split("\n\n", 1)[0] for c in rules.split("dh_installsystemd -p")[1:]]
+    assert len(calls) == 2, calls
+    for call in calls:
+        assert ".slice" not in call
+        assert "--no-enable" in call
+        assert "--no-start" in call
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

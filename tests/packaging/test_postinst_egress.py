@@ -1,4 +1,4 @@
-"""The postinst of the source tree makes the egress account (``kibotos-egress``) like
+"""The node package's postinst of the source tree makes the egress account (``kibotos-egress``) like
 the VMM account: a system user and group, no home, no shell, idempotent, and an
 account the operator made is kept.  Run against a private copy of /etc in a private
 mount namespace, so the host's accounts stay as they are (no package build needed:
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-POSTINST = ROOT / "debian" / "kibotos.postinst"
+POSTINST = ROOT / "debian" / "kibotos-node.postinst"
 ACCOUNTS = ("kibotos-vmm", "kibotos-egress")
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 

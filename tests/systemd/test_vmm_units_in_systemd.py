@@ -86,10 +86,9 @@ def check_vmm_unit(raw: Raw, name: str, expected_props: dict) -> dict:
 
 async def test_the_qemu_vmm_unit(sup: Supervisor, raw: Raw, tmp_path: Path):
     backend = pytest.importorskip("kibotos_qemu.backend")
-    options = {"accelerator": "tcg"}
+    # A non-root account needs the group kvm; without it, root (explicitly).
     as_user = has_group("kvm")
-    if as_user:
-        options["user"] = "nobody"
+    options = {"accelerator": "tcg", "user": "nobody" if as_user else "root"}
     vmm = backend.QemuVmm(options)
     await vmm.probe()
     spec = vmm.unit_for(base_launch(tmp_path))
@@ -107,6 +106,7 @@ async def test_the_qemu_vmm_unit(sup: Supervisor, raw: Raw, tmp_path: Path):
         groups = status.split("Groups:")[1].split("\n")[0].split()
         assert uid == 65534
         assert grp.getgrnam("kvm").gr_gid in {int(g) for g in groups}
+        assert service["UMask"] == 0o007
     else:
         assert uid == 0
     await sup.stop(spec.name, timeout=5)

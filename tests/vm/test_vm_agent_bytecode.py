@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 from kibotos_qemu.backend import QemuVmm
-from vm_harness import POWEROFF, launch_for, running_unit, wait_exit
+from vm_harness import POWEROFF, ROOT_TCG, launch_for, running_unit, wait_exit
 
 from kibotos.guest import open_guest_channel
 from kibotos.platform import build_template as bt
@@ -30,7 +30,7 @@ async def test_the_guest_imports_the_precompiled_agent(platform_dir: Path,
                                                        template_dir: Path, run_dir: Path):
     create_writable_layer(run_dir / "rw.img", 1 << 30)
     launch = launch_for(run_dir, platform_dir, template_dir)
-    vmm = QemuVmm({"accelerator": "tcg"})
+    vmm = QemuVmm(ROOT_TCG)
     async with running_unit(vmm.unit_for(launch)) as proc:
         await vmm.wait_ready(launch, timeout=BOOT_TIMEOUT)
         async with open_guest_channel(await vmm.guest_channel(launch)) as guest:

@@ -17,7 +17,7 @@ import pytest
 import trio
 from kibotos_direct.supervisor import DirectSupervisor
 from kibotos_qemu.backend import QemuVmm
-from vm_harness import POWEROFF, launch_for, running_unit, wait_exit
+from vm_harness import POWEROFF, ROOT_TCG, launch_for, running_unit, wait_exit
 
 from kibotos.errors import FailedPrecondition
 from kibotos.guest import LaunchConfig, Volume, open_guest_channel
@@ -39,7 +39,7 @@ def _realpath(path: str) -> str:
 
 
 async def _backend() -> QemuVmm:
-    vmm = QemuVmm({"accelerator": "tcg"})
+    vmm = QemuVmm(ROOT_TCG)
     facts = await vmm.probe()
     assert facts["accelerator"] == "tcg"
     return vmm
@@ -50,7 +50,7 @@ async def test_conformance(check: VmmCheck, platform_dir: Path, template_dir: Pa
                            run_dir: Path) -> None:
     create_writable_layer(run_dir / "rw.img", 1 << 30)
     supervisor = DirectSupervisor({"state_dir": str(run_dir / "units")})
-    await check(VmmCase(BackendFactory(QemuVmm, {"accelerator": "tcg"}),
+    await check(VmmCase(BackendFactory(QemuVmm, ROOT_TCG),
                         launch_for(run_dir, platform_dir, template_dir),
                         supervisor=supervisor, ready_timeout=BOOT_TIMEOUT))
 
@@ -179,7 +179,7 @@ async def test_the_platform_answers_the_probe_and_kvm_is_judged_by_a_real_boot(
     from kibotos_qemu import probe
 
     vmm = QemuVmm({"platform_dir": str(platform_dir), "cache_dir": str(tmp_path),
-                   "probe_timeout": 30})
+                   "probe_timeout": 30, "user": "root"})
     tcg = probe.probe_argv("qemu-system-x86_64", platform_dir / "vmlinux",
                            platform_dir / "initramfs", accel="tcg", host_mhz=vmm.host_mhz())
     booted, reason, _ = await probe.boot_probe(tcg, BOOT_TIMEOUT)
@@ -191,7 +191,7 @@ async def test_the_platform_answers_the_probe_and_kvm_is_judged_by_a_real_boot(
     assert kvm["reason"]
     assert kvm["cached"] is False
     again = await QemuVmm({"platform_dir": str(platform_dir), "cache_dir": str(tmp_path),
-                           "probe_timeout": 30}).probe()
+                           "probe_timeout": 30, "user": "root"}).probe()
     if not kvm["reason"].startswith("/dev/kvm"):  # a device that opens: the boot is cached
         assert again["kvm"]["cached"] is True
     assert again["accelerator"] == facts["accelerator"]

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import trio
 from kibotos_qemu import cmdline, probe
-from kibotos_qemu.backend import UNIT_PROPERTIES, QemuVmm
+from kibotos_qemu.backend import ROOT_WARNING, UNIT_PROPERTIES, QemuVmm
 from kibotos_qemu.launch import parse_launch
 from kibotos_qemu.ready import wait_hello
+from vm_harness import ROOT_TCG
 
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.guest import AGENT_PATH
@@ -55,7 +56,7 @@ def test_the_plugin_registers_the_qemu_backend():
 
 @pytest.mark.parametrize("check", VMM_UNIT_CHECKS, ids=check_id)
 async def test_conformance(check: VmmCheck, launch: dict) -> None:
-    await check(VmmCase(BackendFactory(QemuVmm, {"accelerator": "tcg"}), launch))
+    await check(VmmCase(BackendFactory(QemuVmm, ROOT_TCG), launch))
 
 
 # ----------------------------------------------------------------------------- launch
@@ -208,7 +209,7 @@ def test_the_wrapper_disables_thp_and_execs(tmp_path: Path):
 
 
 async def test_unit_has_the_spec_properties(launch: dict):
-    vmm = QemuVmm({"accelerator": "tcg", "proc_root": "/proc"})
+    vmm = QemuVmm({"accelerator": "tcg", "proc_root": "/proc", "user": "root"})
     with pytest.raises(FailedPrecondition, match="probe"):
         QemuVmm({}).unit_for(launch)
     facts = await vmm.probe()
@@ -221,21 +222,36 @@ async def test_unit_has_the_spec_properties(launch: dict):
                        "LimitMEMLOCK": "infinity", "PrivateMounts": False}.items():
         assert unit.properties[key] == value
     assert set(UNIT_PROPERTIES) <= set(unit.properties)
-    assert "User" not in unit.properties
     assert unit.argv[:4] == [sys.executable, "-I", "-S", "-c"]
     assert unit.argv[5] == vmm.qemu_binary
     assert unit.log_path == Path(launch["runtime_dir"]) / "vmm.log"
     assert unit.working_directory == Path(launch["runtime_dir"])
+    # Root only when asked for, and then the node is told to warn at startup.
+    assert "User" not in unit.properties
+    assert facts["user"] == "root"
+    assert facts["warnings"] == [ROOT_WARNING]
 
-    as_user = QemuVmm({"accelerator": "tcg", "user": "kibotos-vmm"})
-    await as_user.probe()
-    props = as_user.unit_for(launch).properties
+
+async def test_the_vmm_runs_as_the_non_root_account_by_default(launch: dict):
+    """spec: the KiboVM service runs directly as the non-root VMM account, with the
+    supplementary group kvm; its sockets and logs are not for other local users."""
+    props = QemuVmm({"accelerator": "tcg"}).unit_for(launch).properties
     assert props["User"] == "kibotos-vmm"
     assert props["SupplementaryGroups"] == ["kvm"]
+    assert props["UMask"] == 0o007
+    nobody = QemuVmm({"accelerator": "tcg", "user": "nobody"})
+    facts = await nobody.probe()
+    assert facts["user"] == "nobody"
+    assert facts["warnings"] == []
+    assert nobody.unit_for(launch).properties["User"] == "nobody"
+    # An account that is not there: the probe fails, so the node refuses creates.
+    with pytest.raises(FailedPrecondition, match="VMM account 'no-such-account-kibotos' "
+                       "does not exist"):
+        await QemuVmm({"accelerator": "tcg", "user": "no-such-account-kibotos"}).probe()
 
 
 def test_volume_devices_are_named_by_serial(launch: dict):
-    vmm = QemuVmm({"accelerator": "tcg"})
+    vmm = QemuVmm(ROOT_TCG)
     assert vmm.volume_devices(launch) == ["/dev/disk/by-id/virtio-vol-a",
                                           "/dev/disk/by-id/virtio-kibotos-vol1"]
     assert QemuVmm.GUEST_RETAINED_FILESYSTEMS == ("/run/kibotos/rw",)
@@ -251,7 +267,7 @@ def test_bad_options_are_refused():
 
 async def test_probe_needs_a_runnable_qemu(tmp_path: Path, launch: dict):
     with pytest.raises(FailedPrecondition, match="does not run"):
-        await QemuVmm({"qemu_binary": str(tmp_path / "no-qemu")}).probe()
+        await QemuVmm({"qemu_binary": str(tmp_path / "no-qemu"), "user": "root"}).probe()
     with pytest.raises(FailedPrecondition, match="no-such-qemu not found on PATH"):
         QemuVmm({"qemu_binary": "no-such-qemu", "accelerator": "tcg"}).unit_for(launch)
 
@@ -352,8 +368,8 @@ async def test_accelerator_kvm_refuses_a_host_where_kvm_does_not_boot(tmp_path: 
 
     monkeypatch.setattr(probe, "probe_kvm", no_kvm)
     with pytest.raises(FailedPrecondition, match="KVM is not usable here: probe guest"):
-        await QemuVmm({"qemu_binary": str(qemu), "accelerator": "kvm"}).probe()
-    facts = await QemuVmm({"qemu_binary": str(qemu)}).probe()
+        await QemuVmm({"qemu_binary": str(qemu), "accelerator": "kvm", "user": "root"}).probe()
+    facts = await QemuVmm({"qemu_binary": str(qemu), "user": "root"}).probe()
     assert facts["accelerator"] == "tcg"
     assert facts["qemu"]["version"] == "9.9.9"
 

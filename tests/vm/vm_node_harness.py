@@ -72,4 +72,5 @@ backend = "qemu"
 artifact_dirs = ["{base / 'artifacts'}"]
 [vmm.qemu]
 accelerator = "tcg"
+user = "root"  # pytest's 0700 temporary directories (vm_harness.ROOT_TCG)
 {extra}"""

@@ -117,10 +117,11 @@ def build_supervisor(config: NodeConfig, registries: Registries | None) -> Super
     return supervisor
 
 
-async def read_instances(paths: NodePaths, supervisor: Supervisor, report: Report
+async def read_instances(paths: NodePaths, supervisor: Supervisor | None, report: Report
                          ) -> list[InstanceView]:
-    """Every Instance directory with its records and its service; an unreadable record
-    or a directory without one is a ``blocked:`` line."""
+    """Every Instance directory with its records and its service (none without a
+    `supervisor`); an unreadable record or a directory without one is a ``blocked:``
+    line."""
     base = paths.runtime / "instances"
     try:
         dirs = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -139,7 +140,7 @@ async def read_instances(paths: NodePaths, supervisor: Supervisor, report: Repor
             report.blocked(f"instance directory {d} has no Instance record: a leftover "
                            "with no owner")
             continue
-        if view.unit_name:
+        if view.unit_name and supervisor is not None:
             view.unit = await supervisor.describe(view.unit_name)
         views.append(view)
     return views
@@ -191,11 +192,34 @@ async def check(config: NodeConfig, operation: str, report: Report, *,
     if operation not in OPERATIONS:
         raise FailedPrecondition(f"unknown operation {operation!r}: upgrade or remove")
     paths = NodePaths(config.storage.root)
-    supervisor = build_supervisor(config, registries)
+    # No node ever ran on this storage root when it does not exist (the node creates it
+    # first thing): it started no service, so the supervisor is not asked.  That lets
+    # the package's prerm check a node that was installed and never started where no
+    # systemd is booted (a chroot, piuparts).
+    ever_ran = paths.root.exists()
+    supervisor = build_supervisor(config, registries) if ever_ran else None
     views = await read_instances(paths, supervisor, report)
     for view in views:
         _judge(view, operation, report)
+    if supervisor is not None:
+        exempt = await _check_services(paths, supervisor, views, report)
+    else:
+        exempt = set()
+        report.ok(f"no node ever ran on storage root {paths.root} (it does not exist): "
+                  "no VMM service to check")
     owned = {v.instance_id for v in views}
+    _check_helpers(config, exempt, report, proc_root)
+    _check_host_leftovers(config, paths, owned, report, proc_root)
+    _check_registry(paths, report)
+    attached = _check_attachments(paths, views, report)
+    _check_objects(config, views, operation, report, attached, ever_ran=ever_ran)
+    return Findings(views)
+
+
+async def _check_services(paths: NodePaths, supervisor: Supervisor,
+                         views: list[InstanceView], report: Report) -> set[UnitInfo]:
+    """VMM services no Instance record names; returns the running units whose
+    processes may use the storage root (the Instances', data plane's, egress's)."""
     owned_units = {v.unit_name: v for v in views if v.unit_name}
     for info in await supervisor.list(VMM_PREFIX):
         if not owns_unit(info, supervisor, paths.runtime / "instances"):
@@ -206,12 +230,7 @@ async def check(config: NodeConfig, operation: str, report: Report, *,
     exempt = {v.unit for v in views if v.unit is not None and v.unit.active}
     for prefix in UNCHECKED_PREFIXES:
         exempt.update(u for u in await supervisor.list(prefix) if u.active)
-    _check_helpers(config, exempt, report, proc_root)
-    _check_host_leftovers(config, paths, owned, report, proc_root)
-    _check_registry(paths, report)
-    attached = _check_attachments(paths, views, report)
-    _check_objects(config, views, operation, report, attached)
-    return Findings(views)
+    return exempt
 
 
 def _check_helpers(config: NodeConfig, exempt: set[UnitInfo], report: Report,
@@ -322,9 +341,13 @@ def _check_attachments(paths: NodePaths, views: list[InstanceView], report: Repo
 
 
 def _check_objects(config: NodeConfig, views: list[InstanceView], operation: str,
-                   report: Report, attached: set[tuple[str, str, str]]) -> None:
+                   report: Report, attached: set[tuple[str, str, str]], *,
+                   ever_ran: bool = True) -> None:
     """`attached`: by the attachment records; an Instance record's ``held`` counts too
-    (records of a node from before attachment records; its next start writes them)."""
+    (records of a node from before attachment records; its next start writes them).
+    A pool that is not there blocks a removal only when a node ever ran on this storage
+    root: one installed and never started (the package's example pool is never made)
+    cannot have put anything into it."""
     attached = attached | {(str(h.get("pool_id")), str(h.get("kind")),
                             str(h.get("object_id")))
                            for v in views for h in (v.record or {}).get("held") or []
@@ -334,8 +357,10 @@ def _check_objects(config: NodeConfig, views: list[InstanceView], operation: str
         if not pool.path.is_dir():
             text = f"storage pool {pool.id}: {pool.path} is not there; its objects cannot " \
                    "be checked"
-            if operation == "remove":
+            if operation == "remove" and ever_ran:
                 report.blocked(text)
+            elif operation == "remove":
+                report.ok(text + " (no node ever ran on this storage root)")
             else:
                 report.ok(text + " (objects may stay for an upgrade)")
             continue

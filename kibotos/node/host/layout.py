@@ -17,6 +17,7 @@ from types import TracebackType
 
 from kibotos.config import NodeConfig, PoolSection
 from kibotos.errors import FailedPrecondition
+from kibotos.node.host.vmm_access import hand_path_to_instances
 from kibotos.node.storage.pools.dirs import SUBDIRS, prepare_pool_dirs
 
 #: Subdirectories of ``<storage.root>`` (docs/architecture.md, "Node state on disk").
@@ -59,7 +60,8 @@ class NodePaths:
 
 def prepare_root(paths: NodePaths) -> None:
     """Check the storage root and create its subdirectories (mode 0700: identity, launch
-    records and logs are not for other local users)."""
+    records and logs are not for other local users; the VMM group may only traverse
+    the root and runtime/ to the Instance directories, `kibotos.node.host.vmm_access`)."""
     root = paths.root
     if root.exists() and not root.is_dir():
         raise FailedPrecondition(f"prepare host layout: storage.root {root} is not a directory")
@@ -67,6 +69,8 @@ def prepare_root(paths: NodePaths) -> None:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in ROOT_DIRS:
             (root / name).mkdir(mode=0o700, exist_ok=True)
+        # The path to the Instance directories, for VMMs that run as kibotos-vmm.
+        hand_path_to_instances(root)
     except OSError as exc:
         raise FailedPrecondition(
             f"prepare host layout: create {exc.filename or root}: {exc.strerror}"

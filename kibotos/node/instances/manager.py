@@ -464,6 +464,9 @@ class VmInstanceManager:
             self.probe_result = await self.launcher.backend.probe()
             log.info("vmm backend ready", backend=self.launcher.backend.name,
                      accelerator=self.probe_result.get("accelerator"))
+            for warning in self.probe_result.get("warnings") or ():
+                log.warning("vmm backend warning", backend=self.launcher.backend.name,
+                            warning=str(warning))
         except Exception as exc:
             self.backend_error = exc.message if isinstance(exc, KibotosError) else repr(exc)
             log.error("vmm backend unusable: creates are refused",

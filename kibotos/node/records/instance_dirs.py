@@ -27,6 +27,7 @@ import trio
 from kibotos.backends import Supervisor
 from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.logs import EventLogger
+from kibotos.node.host.vmm_access import make_instance_dir
 from kibotos.node.instances.contract import CREATING, DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
 from kibotos.node.instances.lifecycle import Instance
 from kibotos.node.records import instance_records as records
@@ -50,6 +51,7 @@ class InstanceDirs:
 
     def __init__(self, root: Path, *, machine_logs_limit: int = machine_logs.DEFAULT_LIMIT
                  ) -> None:
+        self.root = root
         self.instances = root / "runtime" / "instances"
         self.registry = root / "runtime" / "registry"
         self.records = Registry(self.registry)
@@ -66,7 +68,7 @@ class InstanceDirs:
         if inst.dir.exists():
             raise FailedPrecondition(f"Instance directory {inst.dir} exists without a record "
                                      "this node knows; left alone")
-        inst.dir.mkdir(mode=0o700, parents=True)
+        make_instance_dir(self.root, inst.dir)  # root:kibotos-vmm 1770: the VMM works in it
         records.write_instance_record(inst.dir, inst.to_record())
 
     async def persist(self, inst: Instance) -> None:

@@ -7,9 +7,22 @@ Backend options (the node passes its ``[vmm.qemu]`` table; all optional)::
     platform_dir   path              Platform whose kernel boots the KVM probe guest
     cache_dir      path              where the probe answer is cached (per host boot)
     probe_timeout  seconds           default 20
-    user           account           run QEMU as this user, with supplementary group kvm
+    user           account           default kibotos-vmm: QEMU runs as this account, with
+                                     the supplementary group kvm; "root" only on the
+                                     operator's explicit request (a startup warning)
     python         path              interpreter of the no-THP wrapper (default: ours)
     proc_root      path              where /proc/cpuinfo is read (tests)
+
+Non-root by default (spec: node-and-vmm-processes, "VMM service": the KiboVM service
+"runs directly as the non-root VMM account, with the supplementary group kvm").  What
+such a QEMU opens is handed to the account by the node: the pools' block files are
+``root:kibotos-vmm`` 0660, the Instance directory (sockets, console log, the linked
+Template image and kernel) ``root:kibotos-vmm`` 1770 on a traversable path
+(`kibotos.node.host.vmm_access`); its stdout log is opened by the supervisor.  The
+unit's ``UMask=0007`` keeps the sockets and logs QEMU creates from other local users.
+This backend has no network devices yet, so there is no tap file descriptor to hand
+over.  An account that does not exist makes `probe` fail (the node refuses creates and
+says why).
 
 Readiness: `wait_ready` connects to the agent socket (retrying: the socket file exists
 before QEMU listens) and waits for the agent's hello, all within ``timeout``.  It never
@@ -51,6 +64,10 @@ UNIT_PROPERTIES: Mapping[str, Any] = {
     "LimitMEMLOCK": "infinity",
     "PrivateMounts": False,
 }
+DEFAULT_USER = "kibotos-vmm"
+#: What `probe` reports (and the node logs at startup) when QEMU runs as root.
+ROOT_WARNING = ("[vmm.qemu] user = \"root\": QEMU runs as root, not as the non-root VMM "
+                "account; a guest that escapes QEMU owns the host")
 _OPTIONS = {"qemu_binary", "accelerator", "platform_dir", "cache_dir", "probe_timeout",
             "user", "python", "proc_root"}
 
@@ -77,7 +94,7 @@ class QemuVmm(VmmBackend):
         self.platform_dir = opts.path_or_none("platform_dir")
         self.cache_dir = opts.path("cache_dir", default_cache_root() / "qemu")
         self.probe_timeout = opts.seconds("probe_timeout", 20.0)
-        self.user = opts.text_or_none("user")
+        self.user = opts.text("user", DEFAULT_USER)
         self.python = opts.text_or_none("python")
         self.proc_root = opts.path("proc_root", "/proc")
         self.probed: Mapping[str, Any] | None = None
@@ -96,6 +113,7 @@ class QemuVmm(VmmBackend):
     async def probe(self) -> Mapping[str, Any]:
         """Which accelerator this host runs guests with, and why (for ``kibo node get``
         and the node log).  KVM needs a real probe boot (see `kibotos_qemu.probe`)."""
+        warnings = self.check_account()
         version = await trio.to_thread.run_sync(self.qemu_version)
         if version is None:
             raise FailedPrecondition(f"qemu backend: {self.qemu_binary} does not run "
@@ -121,8 +139,21 @@ class QemuVmm(VmmBackend):
             "kvm": dict(kvm),
             "qemu": {"binary": self.qemu_binary, "version": version},
             "host_cpu_mhz": self.host_mhz(),
+            "user": self.user,
+            "warnings": warnings,
         }
         return self.probed
+
+    def check_account(self) -> list[str]:
+        """The account QEMU runs as must exist; root is allowed, with a warning."""
+        try:
+            entry = pwd.getpwnam(self.user)
+        except KeyError:
+            raise FailedPrecondition(
+                f"qemu backend: the VMM account {self.user!r} does not exist (the "
+                "kibotos-node package creates kibotos-vmm; or set [vmm.qemu] user)"
+            ) from None
+        return [ROOT_WARNING] if entry.pw_uid == 0 else []
 
     def host_mhz(self) -> int | None:
         try:
@@ -151,9 +182,10 @@ class QemuVmm(VmmBackend):
         spec = parse_launch(launch)
         props = dict(UNIT_PROPERTIES)
         props["Description"] = f"kibotos VMM (qemu) for {spec.instance_id}"
-        if self.user:
+        if self.user != "root":
             props["User"] = self.user
             props["SupplementaryGroups"] = ["kvm"]
+            props["UMask"] = 0o007
         if spec.network is not None:  # QEMU opens the node's tap in there, by name
             props["NetworkNamespacePath"] = str(spec.network.netns_path)
         return UnitSpec(

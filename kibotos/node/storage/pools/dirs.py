@@ -14,16 +14,19 @@ On an export with ``root_squash`` the ``chown`` fails; that error names the step
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 import stat
-import subprocess
 from pathlib import Path
 
 from kibotos.errors import FailedPrecondition
 
-VMM_GROUP = "kibotos-vmm"
+# The VMM group and the handing of paths to it live with the host layout (one place
+# for the storage root and the pools); re-exported for the pools' code.
+from kibotos.node.host.vmm_access import VMM_GROUP as VMM_GROUP
+from kibotos.node.host.vmm_access import set_owner as _set_owner
+from kibotos.node.host.vmm_access import vmm_gid as vmm_gid
+
 VOLUMES = "volumes"
 RETAINED_LAYERS = "retained-layers"
 #: Every directory the node keeps in a pool, by kind (spec: "Directory layout").
@@ -38,43 +41,6 @@ DATA_MODE = 0o710
 RECORD_MODE = 0o700
 BLOCK_FILE_MODE = 0o660
 _LABEL = {VOLUMES: "raw Volume", RETAINED_LAYERS: "retained layer"}
-
-
-def vmm_gid(group: str = VMM_GROUP) -> int:
-    """The VMM group's ID, creating the group (``groupadd --system``) if missing."""
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        pass
-    try:
-        proc = subprocess.run(["groupadd", "--system", group], capture_output=True,
-                              text=True, check=False, timeout=60)
-    except OSError as exc:
-        raise FailedPrecondition(f"create group {group}: groupadd: {exc.strerror or exc}"
-                                 ) from None
-    # 9: the group exists (another process created it meanwhile)
-    if proc.returncode not in (0, 9):
-        raise FailedPrecondition(f"create group {group}: groupadd --system failed: "
-                                 f"{proc.stderr.strip() or proc.returncode}")
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise FailedPrecondition(f"group {group} still missing after groupadd") from None
-
-
-def _set_owner(path: Path, gid: int, mode: int, step: str) -> None:
-    """chown root:<gid> then chmod, unless already so (a shared pool is prepared by
-    every node; rewriting the same values costs a round trip on NFS each)."""
-    st = os.lstat(path)
-    try:
-        if os.geteuid() == 0 and (st.st_uid != 0 or st.st_gid != gid):
-            os.chown(path, 0, gid, follow_symlinks=False)
-        if st.st_mode & 0o7777 != mode:
-            os.chmod(path, mode)
-    except OSError as exc:
-        raise FailedPrecondition(
-            f"{step}: chown root:{gid} / chmod {mode:o} {path}: {exc.strerror or exc} "
-            "(an export with root_squash refuses this: use no_root_squash)") from None
 
 
 def prepare_pool_dirs(pool_id: str, pool_path: Path, *, group: str = VMM_GROUP) -> None:
