@@ -13,6 +13,7 @@ few times (reads are safe, writes are replays); HTTP errors are not.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,12 +26,14 @@ from kibotos.errors import (
     ERROR_CLASSES,
     Aborted,
     DeadlineExceeded,
+    FailedPrecondition,
     Internal,
     KibotosError,
     Unavailable,
     error_from_wire,
 )
 from kibotos.ids import new_id
+from kibotos.tls.contexts import client_context, require_secure, verification_error
 
 _STATUS_CLASSES: dict[int, type[KibotosError]] = {}
 for _cls in ERROR_CLASSES.values():
@@ -65,15 +68,21 @@ class Client:
 
     def __init__(self, base_url: str, credential: str | None, *,
                  request_timeout: float = 30.0, deadline: Deadline | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 verify: ssl.SSLContext | None = None) -> None:
+        """`verify` checks ctrl's certificate (default: the system trust store); a
+        plain ``http://`` ctrl is refused unless it is on loopback."""
         self.base_url = base_url.rstrip("/")
+        if transport is None:
+            require_secure(self.base_url, "ctrl_url")
         self.request_timeout = request_timeout
         self.deadline = deadline or Deadline(None)
         headers = {"User-Agent": "kibo"}
         if credential:
             headers["Authorization"] = f"Bearer {credential}"
         self._http = httpx.Client(base_url=self.base_url, headers=headers,
-                                  transport=transport, follow_redirects=False)
+                                  transport=transport, follow_redirects=False,
+                                  verify=verify or client_context())
 
     def close(self) -> None:
         self._http.close()
@@ -163,6 +172,13 @@ class Client:
                     f"ctrl at {self.base_url} did not answer {method} {path} "
                     f"within {timeout:g}s") from None
             except httpx.TransportError as exc:
+                unverified = verification_error(exc)
+                if unverified is not None:  # retrying cannot fix it
+                    raise FailedPrecondition(
+                        f"ctrl at {self.base_url} presented a certificate that does not "
+                        f"verify ({unverified.verify_message}): pin the CA that signed it "
+                        "with `kibo enroll --ca-file` (ctrl's <state_dir>/cluster-ca.crt "
+                        "unless the operator gave ctrl a certificate)") from None
                 if attempt < len(RETRY_PAUSES) and not self._would_overrun(attempt):
                     time.sleep(RETRY_PAUSES[attempt])
                     attempt += 1

@@ -30,6 +30,8 @@ from kibotos import atomicfile, config, errors
 from kibotos.dev import layout as lay
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 from kibotos.dev.units import stop_vmm_units
+from kibotos.tls import local_ctrl
+from kibotos.tls.contexts import client_context
 
 T = TypeVar("T")
 
@@ -134,6 +136,9 @@ class DevCluster:
             ids = [f"node-{i}" for i in range(1, nodes + 1)]
             for node_id in ids:
                 lay.write_node_config(self.layout, node_id, ctrl_url=url, cpu=cpu,
+                                      ctrl_ca_file=local_ctrl.ca_file(
+                                          config.load(config.CtrlConfig,
+                                                      self.layout.ctrl_config)),
                                       memory=memory, shared_pool=shared_pool,
                                       test_inputs=test_inputs, vmm_backend=vmm_backend,
                                       shared_default=shared_default,
@@ -215,11 +220,13 @@ class DevCluster:
         address = self._wait(
             lambda: self._read_listen_address(svc), deadline,
             lambda: f"ctrl wrote no {self.layout.listen_address_file}", svc)
-        url = address if "://" in address else f"http://{address}"
+        ctrl_config = config.load(config.CtrlConfig, svc.config)
+        url = local_ctrl.ctrl_url(ctrl_config, address)
 
         def healthy() -> bool:
             try:
-                return httpx.get(f"{url}/v1/health", timeout=5.0).status_code == 200
+                return httpx.get(f"{url}/v1/health", timeout=5.0,
+                                 verify=local_ctrl.client_tls(ctrl_config)).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -260,7 +267,9 @@ class DevCluster:
         token = _GRANT.search(grant.stdout)
         if token is None:
             raise ClusterError(f"`kibotos ctrl grant` printed no grant token: {grant.stdout!r}")
+        ca = local_ctrl.ca_file(config.load(config.CtrlConfig, self.layout.ctrl_config))
         self._run([script("kibo"), "enroll", "--ctrl-url", url, "--grant", token.group(0),
+                   *(["--ca-file", str(ca)] if ca is not None else []),
                    "--config", str(self.layout.kibo_config)], "operator enrollment")
 
     def _node_grant(self, node_id: str) -> str:
@@ -363,6 +372,7 @@ class DevCluster:
         cfg = config.load(config.KiboConfig, self.layout.kibo_config)
         headers = {"Authorization": f"Bearer {cfg.credential}"} if cfg.credential else {}
         r = httpx.request(method, cfg.ctrl_url.rstrip("/") + path, headers=headers,
+                          verify=client_context(cfg.ctrl_ca),
                           timeout=30.0, **kwargs)
         try:
             body = r.json()

@@ -66,6 +66,7 @@ from kibotos.protocol import (
     parse,
 )
 from kibotos.protocol.values import MAX_ERROR_MESSAGE
+from kibotos.tls.contexts import verification_error
 
 log = EventLogger()
 
@@ -200,7 +201,12 @@ class ControlSession:
             except trio.TooSlowError:
                 drop = _Drop(f"ctrl did not answer within {self.timing.welcome_timeout:g}s")
             except (HandshakeError, ConnectionClosed, OSError, trio.BrokenResourceError) as exc:
-                drop = _Drop(f"{type(exc).__name__}: {exc}".rstrip(": "))
+                unverified = verification_error(exc)
+                if unverified is not None:  # a retry soon cannot fix it
+                    drop = _Drop(f"ctrl's certificate does not verify against "
+                                 f"node.ctrl_ca_file ({unverified.verify_message})", slow=True)
+                else:
+                    drop = _Drop(f"{type(exc).__name__}: {exc}".rstrip(": "))
             except NodeIsolated:
                 self._set_disconnected()
                 raise

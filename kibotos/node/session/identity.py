@@ -147,11 +147,12 @@ async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str, token: str,
 
 async def enroll(config: NodeConfig, path: Path, *,
                  client: httpx.AsyncClient | None = None) -> NodeIdentity:
-    """Exchange the grant once and store the identity."""
+    """Exchange the grant once and store the identity; ctrl's certificate is verified
+    against ``[node] ctrl_ca_file`` before the grant is sent."""
     token = read_grant(config.node.enrollment_grant_file)
     key = Ed25519PrivateKey.generate()
     own_client = client is None
-    http = client or httpx.AsyncClient(timeout=30.0)
+    http = client or httpx.AsyncClient(timeout=30.0, verify=config.node.ctrl_tls())
     try:
         result = await exchange_grant(http, config.node.ctrl_url, token, public_key_b64(key))
     finally:
