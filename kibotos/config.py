@@ -103,7 +103,7 @@ class CtrlTlsSection(_Strict):
 
     #: False: plain HTTP, which carries bearer credentials in clear text, so it is
     #: refused unless ``ctrl.listen`` is a loopback address.
-    enabled: bool = True
+    enabled: bool = Field(default=True, strict=True)  # "no" is not False
     #: The operator's certificate (PEM, leaf first) and key; both or neither.  Neither:
     #: ctrl issues its own from the cluster CA at every start and renews it.
     cert_file: Path | None = None

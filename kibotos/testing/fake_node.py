@@ -226,6 +226,8 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
             stream = trio.SSLStream(stream, ssl_context, server_hostname=parts.hostname,
                                     https_compatible=True)
     try:
+        if isinstance(stream, trio.SSLStream):
+            await stream.do_handshake()  # a certificate that does not verify fails here
         async with _unwrap_rejection(), trio.open_nursery() as ws_nursery:
             ws = await wrap_client_stream(ws_nursery, stream,  # type: ignore[arg-type]
                                           parts.hostname, SESSION_PATH,

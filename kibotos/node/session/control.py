@@ -201,12 +201,7 @@ class ControlSession:
             except trio.TooSlowError:
                 drop = _Drop(f"ctrl did not answer within {self.timing.welcome_timeout:g}s")
             except (HandshakeError, ConnectionClosed, OSError, trio.BrokenResourceError) as exc:
-                unverified = verification_error(exc)
-                if unverified is not None:  # a retry soon cannot fix it
-                    drop = _Drop(f"ctrl's certificate does not verify against "
-                                 f"node.ctrl_ca_file ({unverified.verify_message})", slow=True)
-                else:
-                    drop = _Drop(f"{type(exc).__name__}: {exc}".rstrip(": "))
+                drop = _Drop(f"{type(exc).__name__}: {exc}".rstrip(": "))
             except NodeIsolated:
                 self._set_disconnected()
                 raise
@@ -287,6 +282,19 @@ class ControlSession:
             else:
                 stream = await trio.open_tcp_stream(host, port)
         try:
+            if isinstance(stream, trio.SSLStream):
+                # Here, not inside trio-websocket, whose reader would swallow a
+                # certificate that does not verify into a silent wait for the welcome.
+                with trio.fail_after(self.timing.welcome_timeout):
+                    try:
+                        await stream.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        unverified = verification_error(exc)
+                        if unverified is None:
+                            raise
+                        raise _Drop(f"ctrl's certificate does not verify against "
+                                    f"node.ctrl_ca_file ({unverified.verify_message})",
+                                    slow=True) from None  # a retry soon cannot fix it
             headers = [(b"Authorization", f"Bearer {self.identity.credential}".encode())]
             with trio.fail_after(self.timing.welcome_timeout):
                 ws = await wrap_client_stream(
