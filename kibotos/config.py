@@ -111,6 +111,20 @@ class CtrlTlsSection(_Strict):
     #: Names and addresses the issued certificate carries, besides the listen host,
     #: this host's name, ``localhost``, 127.0.0.1 and ::1.
     server_names: list[str] = Field(default_factory=list)
+    #: How long a node's data-plane certificate is valid; the node renews it once a
+    #: third of it is left (tests shorten it).
+    dataplane_cert_lifetime: float = 7 * 86400.0
+
+    @field_validator("dataplane_cert_lifetime", mode="before")
+    @classmethod
+    def _lifetime(cls, v: Any) -> float:
+        try:
+            seconds = units.parse_duration(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        if not 60 <= seconds <= 90 * 86400:
+            raise ValueError("must be between 1m and 90d")
+        return seconds
 
     @model_validator(mode="after")
     def _pair(self) -> CtrlTlsSection:
