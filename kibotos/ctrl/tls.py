@@ -25,7 +25,8 @@ from pathlib import Path
 import trio
 
 from kibotos.config import CtrlConfig
-from kibotos.tls.ca import ClusterCA
+from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.tls.ca import ClusterCA, subject_names
 from kibotos.tls.server import ServerCertificate, due, write_pair
 
 log = logging.getLogger("kibotos.ctrl")
@@ -48,7 +49,11 @@ def server_names(config: CtrlConfig) -> list[str]:
         names.append(host)
     hostname = socket.gethostname()
     if hostname and hostname != "localhost":
-        names.append(hostname)
+        try:
+            subject_names([hostname])  # a host name that is no DNS name is left out
+            names.append(hostname)
+        except InvalidArgument:
+            pass
     names += ["localhost", "127.0.0.1", "::1"]
     return list(dict.fromkeys(names))
 
@@ -106,7 +111,7 @@ class CtrlTls:
             elif due(self.server.cert_file.read_bytes(),
                      now=now or dt.datetime.now(dt.UTC), lifetime=LIFETIME):
                 self.issue(now)
-        except Exception as exc:  # a broken file must not end ctrl; it still serves
+        except (KibotosError, OSError) as exc:  # a broken file must not end ctrl
             log.error("ctrl: TLS certificate not renewed, the current one stays: %s", exc)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,

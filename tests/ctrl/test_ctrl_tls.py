@@ -33,7 +33,7 @@ from kibotos.ctrl.serve import (
     prepare_tls,
     serve_ctrl,
 )
-from kibotos.ctrl.tls import LIFETIME, CtrlTls
+from kibotos.ctrl.tls import LIFETIME, CtrlTls, server_names
 from kibotos.errors import InvalidArgument
 from kibotos.tls.ca import ClusterCA, cert_path
 from kibotos.tls.contexts import client_context
@@ -207,3 +207,12 @@ async def test_the_issued_certificate_is_renewed_when_due(tmp_path: Path) -> Non
         assert await health_over(after) == b"HTTP/1.1 200 "
         for stream in (before, after):
             await stream.aclose()
+
+
+def test_issued_names_skip_a_host_name_that_is_no_dns_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = config_with(tmp_path, server_names=["ctrl.example"])
+    monkeypatch.setattr("socket.gethostname", lambda: "build_host")
+    assert server_names(config) == ["ctrl.example", "127.0.0.1", "localhost", "::1"]
+    monkeypatch.setattr("socket.gethostname", lambda: "ctrl-7")
+    assert "ctrl-7" in server_names(config)
