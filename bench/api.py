@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import ssl
 import statistics
 import sys
 import tempfile
@@ -23,15 +24,17 @@ from pathlib import Path
 
 import httpx
 import trio
-from benchlib import enroll_node, operator_credential, percentile, spawn_ctrl
+from benchlib import ctrl_tls, enroll_node, operator_credential, percentile, spawn_ctrl
 
 from kibotos.testing.fake_node import open_sim_node
 
 
-async def enroll_nodes(url: str, operator: str, count: int) -> list[tuple[str, str]]:
+async def enroll_nodes(url: str, operator: str, count: int, tls: ssl.SSLContext
+                       ) -> list[tuple[str, str]]:
     headers = {"Authorization": f"Bearer {operator}"}
     creds: list[tuple[str, str]] = []
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60,
+                                 verify=tls) as http:
         for i in range(count):
             node_id = f"node-{i:04d}"
             creds.append((node_id, await enroll_node(http, node_id)))
@@ -39,13 +42,13 @@ async def enroll_nodes(url: str, operator: str, count: int) -> list[tuple[str, s
 
 
 async def hold_sessions(url: str, creds: list[tuple[str, str]], ready: trio.Event,
-                        stop: trio.Event) -> None:
+                        stop: trio.Event, tls: ssl.SSLContext) -> None:
     connected = 0
 
     async def one(node_id: str, credential: str) -> None:
         nonlocal connected
         async with open_sim_node(url, credential, node_id, incarnation=1,
-                                 ping_interval=5.0) as node:
+                                 ping_interval=5.0, ssl_context=tls) as node:
             assert node.welcomed, node.first
             connected += 1
             if connected == len(creds):
@@ -59,10 +62,11 @@ async def hold_sessions(url: str, creds: list[tuple[str, str]], ready: trio.Even
 
 
 async def measure(url: str, operator: str, requests: int, page_size: int,
-                  node_ids: list[str]) -> dict[str, list[float]]:
+                  node_ids: list[str], tls: ssl.SSLContext) -> dict[str, list[float]]:
     headers = {"Authorization": f"Bearer {operator}"}
     timings: dict[str, list[float]] = {"node list": [], "node get": []}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60,
+                                 verify=tls) as http:
         for _ in range(20):  # warm up connections and caches
             (await http.get("/v1/nodes", params={"page_size": page_size})).raise_for_status()
         for i in range(requests):
@@ -80,19 +84,19 @@ async def measure(url: str, operator: str, requests: int, page_size: int,
     return timings
 
 
-async def run(args: argparse.Namespace, url: str, operator: str) -> None:
+async def run(args: argparse.Namespace, url: str, operator: str, tls: ssl.SSLContext) -> None:
     t0 = time.monotonic()
-    creds = await enroll_nodes(url, operator, args.nodes)
+    creds = await enroll_nodes(url, operator, args.nodes, tls)
     print(f"enrolled {len(creds)} nodes in {time.monotonic() - t0:.1f}s")
     ready, stop = trio.Event(), trio.Event()
     async with trio.open_nursery() as nursery:
         t0 = time.monotonic()
-        nursery.start_soon(hold_sessions, url, creds, ready, stop)
+        nursery.start_soon(hold_sessions, url, creds, ready, stop, tls)
         with trio.fail_after(300):
             await ready.wait()
         print(f"{len(creds)} sessions live in {time.monotonic() - t0:.1f}s")
         timings = await measure(url, operator, args.requests, args.page_size,
-                                [n for n, _ in creds])
+                                [n for n, _ in creds], tls)
         stop.set()
     print(f"\n{'call':<10} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for name, values in timings.items():
@@ -117,7 +121,7 @@ def main() -> None:
             [str(Path(sys.executable).with_name("kibotos")), "ctrl", "serve"])
         try:
             operator = operator_credential(config, url)
-            trio.run(run, args, url, operator)
+            trio.run(run, args, url, operator, ctrl_tls(config))
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import subprocess
 import sys
 import time
@@ -14,6 +15,9 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from kibotos.config import CtrlConfig, load
+from kibotos.tls import local_ctrl
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -44,7 +48,14 @@ def spawn_ctrl(workdir: Path, config_text: str,
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"ctrl did not start; see {workdir / 'ctrl.log'}")
         time.sleep(0.05)
-    return proc, f"http://{address_file.read_text().strip()}", config
+    url = local_ctrl.ctrl_url(load(CtrlConfig, config), address_file.read_text().strip())
+    return proc, url, config
+
+
+def ctrl_tls(config: Path) -> ssl.SSLContext:
+    """Verifies the ctrl of `config` (its cluster CA; https unless ``[tls] enabled =
+    false``)."""
+    return local_ctrl.client_tls(load(CtrlConfig, config))
 
 
 def operator_credential(config: Path, url: str) -> str:
@@ -53,7 +64,7 @@ def operator_credential(config: Path, url: str) -> str:
     out = subprocess.run([str(exe), "ctrl", "grant", "--config", str(config), "--kind",
                           "operator", "--json"], check=True, capture_output=True, text=True)
     token = json.loads(out.stdout)["result"]["token"]
-    resp = httpx.post(f"{url}/v1/enrollment/exchange",
+    resp = httpx.post(f"{url}/v1/enrollment/exchange", verify=ctrl_tls(config),
                       json={"token": token, "public_key": new_public_key()})
     resp.raise_for_status()
     return str(resp.json()["result"]["credential"])

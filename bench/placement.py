@@ -114,7 +114,9 @@ def start_ctrl(workdir: Path, policy: str, profile: str | None, group_max: int |
         argv += ["--switch-interval", str(switch_interval)]
     config = (f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{workdir / "state"}"\n'
               f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n'
-              '[testing]\npool_capacity = "1P"\n')
+              '[testing]\npool_capacity = "1P"\n'
+              # Placement is measured, not TLS: plain HTTP, which loopback allows.
+              '[tls]\nenabled = false\n')
     return spawn_ctrl(workdir, config, argv)
 
 

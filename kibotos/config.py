@@ -8,6 +8,7 @@ writes anything.  The operator CLI's ``kibo.toml`` is not here: it is
 from __future__ import annotations
 
 import os
+import ssl
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +19,11 @@ from kibotos import units
 from kibotos.errors import InvalidArgument
 from kibotos.network_config import NetworkSection
 from kibotos.protocol.ids import NodeId, PoolId
+from kibotos.tls.contexts import (
+    client_context_from_file,
+    is_loopback,
+    require_secure,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -92,11 +98,60 @@ class CtrlMetricsSection(_Strict):
             raise ValueError(exc.message) from None
 
 
+class CtrlTlsSection(_Strict):
+    """How ctrl's API is served (docs/enrollment.md, "TLS")."""
+
+    #: False: plain HTTP, which carries bearer credentials in clear text, so it is
+    #: refused unless ``ctrl.listen`` is a loopback address.
+    enabled: bool = Field(default=True, strict=True)  # "no" is not False
+    #: The operator's certificate (PEM, leaf first) and key; both or neither.  Neither:
+    #: ctrl issues its own from the cluster CA at every start and renews it.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    #: Names and addresses the issued certificate carries, besides the listen host,
+    #: this host's name, ``localhost``, 127.0.0.1 and ::1.
+    server_names: list[str] = Field(default_factory=list)
+    #: How long a node's data-plane certificate is valid; the node renews it once a
+    #: third of it is left (tests shorten it).
+    dataplane_cert_lifetime: float = 7 * 86400.0
+
+    @field_validator("dataplane_cert_lifetime", mode="before")
+    @classmethod
+    def _lifetime(cls, v: Any) -> float:
+        try:
+            seconds = units.parse_duration(v)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        if not 60 <= seconds <= 90 * 86400:
+            raise ValueError("must be between 1m and 90d")
+        return seconds
+
+    @model_validator(mode="after")
+    def _pair(self) -> CtrlTlsSection:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (or neither: the "
+                             "certificate is issued from the cluster CA)")
+        if not self.enabled and (self.cert_file is not None or self.server_names):
+            raise ValueError("enabled = false serves plain HTTP: cert_file, key_file and "
+                             "server_names have no use then")
+        return self
+
+
 class CtrlConfig(_Strict):
     ctrl: CtrlSection = Field(default_factory=CtrlSection)
+    tls: CtrlTlsSection = Field(default_factory=CtrlTlsSection)
     metrics: CtrlMetricsSection = Field(default_factory=CtrlMetricsSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     testing: CtrlTestingSection = Field(default_factory=CtrlTestingSection)
+
+    @model_validator(mode="after")
+    def _plain_on_loopback_only(self) -> CtrlConfig:
+        host = self.ctrl.listen.rpartition(":")[0]
+        if not self.tls.enabled and not is_loopback(host):
+            raise ValueError(f"tls.enabled = false (plain HTTP) is allowed only on a "
+                             f"loopback address, and ctrl.listen is {self.ctrl.listen!r}: "
+                             "bearer credentials would cross the network in clear text")
+        return self
 
     @property
     def database_url(self) -> str:
@@ -119,6 +174,19 @@ class NodeSection(_Strict):
     #: ``host:port`` of the node's Prometheus ``/metrics`` (docs/metrics.md); empty:
     #: no metrics listener.
     metrics_listen: str = ""
+    #: The CA (PEM) ctrl's certificate is verified against: ctrl's
+    #: ``<state_dir>/cluster-ca.crt``, or the CA of the operator's certificate.  None:
+    #: the system trust store.  An ``http://`` ctrl_url is allowed on loopback only.
+    ctrl_ca_file: Path | None = None
+
+    @field_validator("ctrl_url")
+    @classmethod
+    def _secure(cls, v: str) -> str:
+        try:
+            require_secure(v, "ctrl_url")
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        return v
 
     @field_validator("socket_dir")
     @classmethod
@@ -130,6 +198,11 @@ class NodeSection(_Strict):
             raise ValueError(f"{str(v)!r} is too long for the unix sockets under it "
                              "(at most 84 bytes)")
         return v
+
+    def ctrl_tls(self) -> ssl.SSLContext:
+        """The context every connection to ctrl verifies it with (read at each call:
+        an unreadable CA file is an `InvalidArgument` naming it)."""
+        return client_context_from_file(self.ctrl_ca_file, "node.ctrl_ca_file")
 
     _listen = field_validator("dataplane_listen")(lambda v: _check_listen(v))
     _metrics_listen = field_validator("metrics_listen")(

@@ -29,6 +29,8 @@ KNOWN: dict[str, str] = {
     "atomic.before-fsync": "an atomic file write, after the temporary file is written",
     "atomic.before-rename": "an atomic file write, after fsync and before the rename",
     "atomic.after-rename": "an atomic file write, after the rename and before the dir fsync",
+    "ctrl.ca.after-key": "cluster CA creation, after the key is written and before the "
+                         "certificate",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
     "node.instance.after-attachment-record": "Instance launch, after the attachment records "

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from kibotos.cli.http_transport import ConnectError, Connection, Target
@@ -28,12 +28,17 @@ from kibotos.errors import (
     ERROR_CLASSES,
     Aborted,
     DeadlineExceeded,
+    FailedPrecondition,
     Internal,
     KibotosError,
     Unavailable,
     error_from_wire,
 )
 from kibotos.ids import new_id
+from kibotos.tls.contexts import require_secure, verification_error
+
+if TYPE_CHECKING:
+    import ssl
 
 _STATUS_CLASSES: dict[int, type[KibotosError]] = {}
 for _cls in ERROR_CLASSES.values():
@@ -67,7 +72,11 @@ class Client:
     """
 
     def __init__(self, base_url: str, credential: str | None, *,
-                 request_timeout: float = 30.0, deadline: Deadline | None = None) -> None:
+                 request_timeout: float = 30.0, deadline: Deadline | None = None,
+                 verify: ssl.SSLContext | None = None) -> None:
+        """`verify` checks ctrl's certificate (default: the system trust store, made
+        only for an ``https://`` ctrl); a plain ``http://`` ctrl is refused unless it is
+        on loopback."""
         self.base_url = base_url.rstrip("/")
         self.request_timeout = request_timeout
         self.deadline = deadline or Deadline(None)
@@ -75,7 +84,8 @@ class Client:
         if credential:
             self._headers["Authorization"] = f"Bearer {credential}"
         self._target = Target.parse(self.base_url)
-        self._http = Connection(self._target)
+        require_secure(self.base_url, "ctrl_url")
+        self._http = Connection(self._target, tls=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -175,6 +185,15 @@ class Client:
                     f"ctrl at {self.base_url} did not answer {method} {path} "
                     f"within {timeout:g}s") from None
             except OSError as exc:
+                # Only TLS can fail verification (and ssl is not even imported for http).
+                unverified = (verification_error(exc)
+                              if self._target.scheme == "https" else None)
+                if unverified is not None:  # retrying cannot fix it
+                    raise FailedPrecondition(
+                        f"ctrl at {self.base_url} presented a certificate that does not "
+                        f"verify ({unverified.verify_message}): pin the CA that signed it "
+                        "with `kibo enroll --ca-file` (ctrl's <state_dir>/cluster-ca.crt "
+                        "unless the operator gave ctrl a certificate)") from None
                 if attempt < len(RETRY_PAUSES) and not self._would_overrun(attempt):
                     time.sleep(RETRY_PAUSES[attempt])
                     attempt += 1

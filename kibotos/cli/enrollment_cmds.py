@@ -2,7 +2,8 @@
 
 `kibo enroll` turns a one-time grant into this operator's identity: it makes an
 Ed25519 key, exchanges the grant with its public half, and writes ``kibo.toml``
-(``ctrl_url`` and the bearer ``credential``, mode 0600) and the private key beside it
+(``ctrl_url``, the bearer ``credential``, the pinned ``ctrl_ca`` of ``--ca-file`` and
+the ``cluster_ca`` the exchange handed out; mode 0600) and the private key beside it
 (``<name>.key``, PEM, 0600), both atomically.  A grant is exchanged once, so an
 existing file is refused *before* the exchange unless ``--force`` is given: the grant
 is not spent on a write that would be refused.
@@ -23,6 +24,7 @@ from kibotos.cli.client import Client
 from kibotos.cli.options import Invocation, check_command_id, command_id_option, kibo_options
 from kibotos.cli.output import dash
 from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.tls.contexts import check_ca_pem, client_context, read_ca_file, require_secure
 from kibotos.units import parse_duration
 
 if TYPE_CHECKING:  # cryptography is imported by `kibo enroll` alone: the others stay fast
@@ -57,10 +59,30 @@ def _toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def render_config(ctrl_url: str, credential: str) -> bytes:
-    return (f"# written by `kibo enroll`; the credential is a secret\n"
-            f"ctrl_url = {_toml_string(ctrl_url)}\n"
-            f"credential = {_toml_string(credential)}\n").encode()
+def render_config(ctrl_url: str, credential: str, *, ctrl_ca: bytes | None = None,
+                  cluster_ca: str | None = None) -> bytes:
+    lines = ["# written by `kibo enroll`; the credential is a secret",
+             f"ctrl_url = {_toml_string(ctrl_url)}",
+             f"credential = {_toml_string(credential)}"]
+    if ctrl_ca is not None:
+        lines.append(f"ctrl_ca = {_toml_string(ctrl_ca.decode())}")
+    if cluster_ca is not None:
+        lines.append(f"cluster_ca = {_toml_string(cluster_ca)}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _cluster_ca(result: dict[str, Any]) -> str | None:
+    """The cluster CA the exchange handed out (None from a ctrl without one)."""
+    pem = result.get("cluster_ca")
+    if pem is None:
+        return None
+    if not isinstance(pem, str):
+        raise FailedPrecondition("ctrl's exchange answer has a cluster_ca that is not text")
+    try:
+        check_ca_pem(pem, "the cluster_ca of ctrl's exchange answer")
+    except InvalidArgument as exc:
+        raise FailedPrecondition(exc.message) from None
+    return pem
 
 
 @click.command("enroll")
@@ -68,11 +90,18 @@ def render_config(ctrl_url: str, credential: str) -> bytes:
 @click.option("--grant", "token", required=True, metavar="TOKEN",
               help="The one-time grant from `kibo enrollment create --kind operator` or "
                    "`kibotos ctrl grant --kind operator`.")
+@click.option("--ca-file", metavar="FILE",
+              help="The CA certificate (PEM) ctrl's certificate is verified against, "
+                   "pinned in kibo.toml: ctrl's <state_dir>/cluster-ca.crt, or the CA of "
+                   "the operator's certificate.  Default: the system trust store.")
 @click.option("--force", is_flag=True, help="Replace an existing config file.")
 @kibo_options
-def enroll_command(inv: Invocation, ctrl_url: str, token: str, force: bool) -> None:
+def enroll_command(inv: Invocation, ctrl_url: str, token: str, ca_file: str | None,
+                   force: bool) -> None:
     """Exchange an operator grant for an identity and write kibo.toml."""
     url = _check_ctrl_url(ctrl_url)
+    require_secure(url, "--ctrl-url")
+    ctrl_ca = None if ca_file is None else read_ca_file(ca_file, "--ca-file")
     token = token.strip()
     if not token or any(c.isspace() for c in token):
         raise InvalidArgument("invalid --grant: expected a token such as kgr-….…")
@@ -84,7 +113,7 @@ def enroll_command(inv: Invocation, ctrl_url: str, token: str, force: bool) -> N
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    with Client(url, None, deadline=inv.deadline) as client:
+    with Client(url, None, deadline=inv.deadline, verify=client_context(ctrl_ca)) as client:
         result = client.post(EXCHANGE_PATH, {"token": token, "public_key": public_key_b64(key)},
                              write=False)
     if result.get("kind") != "operator":
@@ -97,7 +126,9 @@ def enroll_command(inv: Invocation, ctrl_url: str, token: str, force: bool) -> N
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     atomicfile.write_bytes(key_path(path), pem, mode=0o600)
-    atomicfile.write_bytes(path, render_config(url, str(result["credential"])), mode=0o600)
+    config = render_config(url, str(result["credential"]), ctrl_ca=ctrl_ca,
+                           cluster_ca=_cluster_ca(result))
+    atomicfile.write_bytes(path, config, mode=0o600)
     summary = {"identity_id": result.get("identity_id"), "kind": result.get("kind"),
                "node_id": result.get("node_id"), "config": str(path)}
     if inv.as_json:

@@ -173,12 +173,14 @@ class Connection:
     first use and again after it broke.  HTTP/1.1 is h11's (the sans-I/O parser the
     data plane already uses), on a plain or TLS socket."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, *, tls: ssl.SSLContext | None = None) -> None:
+        """`tls` verifies an ``https://`` target (a context of the pinned CA); None:
+        `tls_context`'s, made on the first TLS connection."""
         self.target = target
         self.proxy = proxy_for(target)
         self._sock: socket.socket | None = None
         self._http: h11.Connection | None = None
-        self._tls: ssl.SSLContext | None = None
+        self._tls: ssl.SSLContext | None = tls
 
     def close(self) -> None:
         if self._sock is not None:

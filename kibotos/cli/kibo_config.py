@@ -1,6 +1,6 @@
 """``kibo.toml``: where the operator CLI finds ctrl and its credential.
 
-Three keys, read by every ``kibo`` command before its first request, so this module is
+Five keys, read by every ``kibo`` command before its first request, so this module is
 the standard library only: the role configs in `kibotos.config` are pydantic models,
 and importing pydantic (with the node's and ctrl's sections) cost a ``kibo`` command
 about 0.15 s before it said anything.  The checks are as strict as theirs, with the
@@ -28,6 +28,28 @@ class KiboConfig:
     ctrl_url: str
     credential: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    #: The CA (PEM text) ctrl's certificate is verified against, pinned by ``kibo enroll
+    #: --ca-file``; None: the system trust store.
+    ctrl_ca: str | None = None
+    #: The cluster CA (PEM text) data-plane certificates chain to, as the enrollment
+    #: exchange handed it out; `kibo workspace exec` and the others verify against it.
+    cluster_ca: str | None = None
+
+
+def _pem_problem(key: str, value: object) -> str | None:
+    """What is wrong with the PEM CA text under `key`, if anything (cryptography is
+    imported only when the file has one)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"{key}: Input should be a valid string"
+    from kibotos.tls.contexts import check_ca_pem
+
+    try:
+        check_ca_pem(value, "the value")
+    except InvalidArgument as exc:
+        return f"{key}: {exc.message}"
+    return None
 
 
 def parse(data: dict[str, Any], source: str) -> KiboConfig:
@@ -47,13 +69,18 @@ def parse(data: dict[str, Any], source: str) -> KiboConfig:
         problems.append("timeout: Input should be a valid number")
     elif not math.isfinite(timeout) or timeout <= 0:
         problems.append("timeout: Input should be a positive number of seconds")
+    ctrl_ca, cluster_ca = data.get("ctrl_ca"), data.get("cluster_ca")
+    problems += [p for p in (_pem_problem("ctrl_ca", ctrl_ca),
+                             _pem_problem("cluster_ca", cluster_ca)) if p]
     problems += [f"{key}: unknown key" for key in data
-                 if key not in ("ctrl_url", "credential", "timeout")]
+                 if key not in ("ctrl_url", "credential", "timeout", "ctrl_ca", "cluster_ca")]
     if problems:
         raise InvalidArgument(f"invalid configuration {source}: {'; '.join(problems)}")
     assert isinstance(ctrl_url, str)
     assert isinstance(timeout, int | float)
-    return KiboConfig(ctrl_url, credential, float(timeout))
+    assert ctrl_ca is None or isinstance(ctrl_ca, str)
+    assert cluster_ca is None or isinstance(cluster_ca, str)
+    return KiboConfig(ctrl_url, credential, float(timeout), ctrl_ca, cluster_ca)
 
 
 def load(path: Path | str) -> KiboConfig:

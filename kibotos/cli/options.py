@@ -22,6 +22,7 @@ from kibotos.cli import kibo_config
 from kibotos.cli.client import Client, Deadline
 from kibotos.cli.output import Output
 from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.tls.contexts import client_context
 from kibotos.units import parse_duration
 
 
@@ -56,7 +57,9 @@ class Invocation:
         if self._client is None:
             cfg = self.load_config()
             self._client = Client(cfg.ctrl_url, cfg.credential,
-                                  request_timeout=cfg.timeout, deadline=self.deadline)
+                                  request_timeout=cfg.timeout, deadline=self.deadline,
+                                  verify=None if cfg.ctrl_ca is None
+                                  else client_context(cfg.ctrl_ca))
         return self._client
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 
 Start: create the state directory, open and migrate the store, mark every session
 dead (they died with the previous process), load plugins, build the live services once
-(`build_services`: the shared `Runtime` and every service on it), serve the API with
-hypercorn's trio worker, and run reconciliation.  The bound address (``listen`` may
+(`build_services`: the shared `Runtime` and every service on it), load or issue the
+API's certificate (`kibotos.ctrl.tls`), serve the API with hypercorn's trio worker
+(HTTPS unless ``[tls] enabled = false``), and run reconciliation.  The bound address (``listen`` may
 use port 0) goes to ``task_status`` and, atomically, to ``<state_dir>/listen-address``
 so tests and ``kibotos dev cluster`` can find ctrl.  SIGTERM or SIGINT: tell every
 node the session closes, stop accepting, finish in-flight requests, exit.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 from functools import partial
 from pathlib import Path
 
@@ -45,9 +47,11 @@ from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.store.db import Store, make_engine
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.ctrl.store.secret_box import key_path as secret_key_path
+from kibotos.ctrl.tls import CtrlTls
 from kibotos.errors import KibotosError
 from kibotos.plugins import load_plugins
 from kibotos.protocol import CloseReason
+from kibotos.tls.ca import ClusterCA
 
 log = logging.getLogger("kibotos.ctrl")
 
@@ -69,9 +73,12 @@ def build_context(config: CtrlConfig, store: Store) -> CtrlContext:
     hub.session_signing_public_key = key.public_key
     # Seals Egress passwords at rest; made beside the signing key (docs/network.md).
     secrets = SecretBox.load_or_create(secret_key_path(config.ctrl.state_dir))
+    # Made beside them too, also when the API itself is plain HTTP: data-plane
+    # certificates chain to it (docs/enrollment.md, "TLS").
+    ca = ClusterCA.load_or_create(config.ctrl.state_dir)
     return CtrlContext(config=config, store=store,
                        registries=load_plugins(config.plugins.disable), sessions=hub,
-                       session_signing_key=key, secrets=secrets)
+                       session_signing_key=key, secrets=secrets, cluster_ca=ca)
 
 
 def build_services(ctx: CtrlContext) -> CtrlServices:
@@ -148,11 +155,38 @@ def _guard_hypercorn_close() -> None:
     TCPServer._close = _close  # type: ignore[method-assign]
 
 
-def hypercorn_config(listen: str) -> HypercornConfig:
-    """hypercorn settings for the ctrl app; also installs the `_guard_hypercorn_close`
-    fix, so whoever serves the app with this configuration (tests too) gets it."""
+class _TlsConfig(HypercornConfig):
+    """hypercorn's settings with the SSL context given, not built from file names: the
+    context is `CtrlTls`'s, into which a renewed certificate is loaded while serving."""
+
+    ssl_context: ssl.SSLContext | None = None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return self.ssl_context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return self.ssl_context is not None
+
+
+def prepare_tls(config: CtrlConfig, ctx: CtrlContext) -> CtrlTls | None:
+    """The API's certificate loaded (or issued) as ``[tls]`` says; None for plain
+    HTTP.  Blocking (files, key generation): tests that serve the app call it too."""
+    if not config.tls.enabled:
+        return None
+    assert ctx.cluster_ca is not None, "build_context makes the cluster CA"
+    tls = CtrlTls(config, ctx.cluster_ca)
+    tls.prepare()
+    return tls
+
+
+def hypercorn_config(listen: str, tls: CtrlTls | None = None) -> HypercornConfig:
+    """hypercorn settings for the ctrl app (HTTPS with `tls`, else plain HTTP); also
+    installs the `_guard_hypercorn_close` fix, so whoever serves the app with this
+    configuration (tests too) gets it."""
     _guard_hypercorn_close()
-    hc = HypercornConfig()
+    hc = _TlsConfig()
+    hc.ssl_context = tls.server.context if tls is not None else None
     hc.bind = [listen]
     hc.accesslog = None
     hc.graceful_timeout = 5.0
@@ -185,6 +219,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
             log.info("ctrl: %d sessions of the previous process marked dead", dead)
         ctx = build_context(config, store)
         assert isinstance(ctx.sessions, SessionHub)
+        tls = await trio.to_thread.run_sync(prepare_tls, config, ctx)
         hub = ctx.sessions
         services = build_services(ctx)
         app = build_app(services)
@@ -199,7 +234,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
                 nursery.start_soon(_signals, shutdown)
 
             async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                await hypercorn_serve(app, hypercorn_config(config.ctrl.listen),  # type: ignore[arg-type]
+                await hypercorn_serve(app, hypercorn_config(config.ctrl.listen, tls),  # type: ignore[arg-type]
                                       shutdown_trigger=shutdown_trigger,
                                       task_status=task_status)
                 nursery.cancel_scope.cancel()
@@ -209,6 +244,8 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
             atomicfile.write_bytes(address_file, (address + "\n").encode())
             log.info("ctrl: listening on %s, store %s", address,
                      store.engine.url.render_as_string(hide_password=True))
+            if tls is not None:
+                await nursery.start(tls.run)
             await nursery.start(run_reconcile, hub, config.ctrl.reconcile_interval)
             await nursery.start(RegistrySweep(
                 ctx, config.ctrl.reconcile_interval,

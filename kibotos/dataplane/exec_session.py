@@ -30,7 +30,8 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from kibotos.credentials import SessionClaims
-from kibotos.dataplane.exec_wire import STDERR, STDIN, STDOUT, ExecRequest
+from kibotos.dataplane.exec_wire import STDERR, STDIN, STDOUT
+from kibotos.dataplane.exec_wire import ExecRequest as ExecRequest  # the gateway's seam
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus, GuestChannel, GuestOutputStream, GuestProcess

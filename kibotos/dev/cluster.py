@@ -32,6 +32,8 @@ from kibotos.dev import gateway as e2b_gateway
 from kibotos.dev import layout as lay
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 from kibotos.dev.units import stop_vmm_units
+from kibotos.tls import local_ctrl
+from kibotos.tls.contexts import client_context
 
 T = TypeVar("T")
 
@@ -142,6 +144,7 @@ class DevCluster:
             ids = [f"node-{i}" for i in range(1, nodes + 1)]
             for node_id in ids:
                 lay.write_node_config(self.layout, node_id, ctrl_url=url, cpu=cpu,
+                                      ctrl_ca_file=self.ctrl_ca_file(),
                                       memory=memory, shared_pool=shared_pool,
                                       test_inputs=test_inputs, vmm_backend=vmm_backend,
                                       shared_default=shared_default,
@@ -254,11 +257,13 @@ class DevCluster:
         address = self._wait(
             lambda: self._read_listen_address(svc), deadline,
             lambda: f"ctrl wrote no {self.layout.listen_address_file}", svc)
-        url = address if "://" in address else f"http://{address}"
+        ctrl_config = config.load(config.CtrlConfig, svc.config)
+        url = local_ctrl.ctrl_url(ctrl_config, address)
 
         def healthy() -> bool:
             try:
-                return httpx.get(f"{url}/v1/health", timeout=5.0).status_code == 200
+                return httpx.get(f"{url}/v1/health", timeout=5.0,
+                                 verify=local_ctrl.client_tls(ctrl_config)).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -299,8 +304,15 @@ class DevCluster:
         token = _GRANT.search(grant.stdout)
         if token is None:
             raise ClusterError(f"`kibotos ctrl grant` printed no grant token: {grant.stdout!r}")
+        ca = self.ctrl_ca_file()
         self._run([script("kibo"), "enroll", "--ctrl-url", url, "--grant", token.group(0),
+                   *(["--ca-file", str(ca)] if ca is not None else []),
                    "--config", str(self.layout.kibo_config)], "operator enrollment")
+
+    def ctrl_ca_file(self) -> Path | None:
+        """The CA file clients verify this cluster's ctrl against (its cluster CA;
+        None when ctrl serves an operator's certificate or plain HTTP)."""
+        return local_ctrl.ca_file(config.load(config.CtrlConfig, self.layout.ctrl_config))
 
     def _node_grant(self, node_id: str) -> str:
         result = self.api("POST", "/v1/enrollment/grants",
@@ -402,6 +414,7 @@ class DevCluster:
         cfg = kibo_config.load(self.layout.kibo_config)
         headers = {"Authorization": f"Bearer {cfg.credential}"} if cfg.credential else {}
         r = httpx.request(method, cfg.ctrl_url.rstrip("/") + path, headers=headers,
+                          verify=client_context(cfg.ctrl_ca),
                           timeout=30.0, **kwargs)
         try:
             body = r.json()

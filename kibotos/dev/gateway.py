@@ -35,6 +35,8 @@ class DevCluster(Protocol):
     @property
     def ctrl_url(self) -> str: ...
 
+    def ctrl_ca_file(self) -> Path | None: ...
+
     def api(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
     def kibo(self, *args: str) -> subprocess.CompletedProcess[str]: ...
@@ -97,6 +99,7 @@ def write_config(cluster: DevCluster, *, templates: dict[str, str], default_time
             'listen = "127.0.0.1:0"\nsandbox_listen = "127.0.0.1:0"\n'
             f'state_dir = "{d / "state"}"\n'
             f'[ctrl]\nurl = "{cluster.ctrl_url}"\ncredential_file = "{credential}"\n'
+            + (f'ca_file = "{ca}"\n' if (ca := cluster.ctrl_ca_file()) else "") +
             f"[templates]\n{aliases}"
             f"[sandbox]\ndefault_timeout_s = {default_timeout_s}\ncpu_millis = 500\n"
             f"memory_bytes = {memory_bytes}\nlayer_size_bytes = {layer_size_bytes}\n")

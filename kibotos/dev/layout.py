@@ -165,7 +165,7 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
 
 
 def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,
-                      shared_pool: bool, test_inputs: bool,
+                      shared_pool: bool, test_inputs: bool, ctrl_ca_file: Path | None = None,
                       vmm_backend: str | None = None, shared_default: bool = False,
                       vmm_options: Mapping[str, Any] | None = None) -> None:
     d = layout.node_dir(node_id)
@@ -179,6 +179,7 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
         "node": {
             "id": node_id,
             "ctrl_url": ctrl_url,
+            "ctrl_ca_file": ctrl_ca_file,
             "enrollment_grant_file": d / "grant",
             "dataplane_listen": f"127.0.0.1:{free_port()}",
             "socket_dir": socket_dir(d),

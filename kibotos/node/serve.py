@@ -164,6 +164,7 @@ async def serve_node(
             on_welcome=targets.on_welcome if targets else None,
             pools=pools.facts,
             release=build.reported_release() if build else None,
+            ssl_context=config.node.ctrl_tls(),
         )
         session.commands.update(manager.command_handlers())
         runtime = NodeRuntime(config, paths, incarnation, identity, manager, sampler, board,

@@ -11,6 +11,7 @@ sides (the role of nomad's ``nomad/structs``).  It imports nothing of either rol
 
 from __future__ import annotations
 
+from kibotos.protocol.certificates import DataplaneCertificate, DataplaneCertificateRequest
 from kibotos.protocol.codec import ProtocolError, decode, describe, encode, parse
 from kibotos.protocol.commands import (
     COMMANDS,
@@ -106,6 +107,8 @@ __all__ = [
     "CommandError",
     "CommandResult",
     "CreateSpec",
+    "DataplaneCertificate",
+    "DataplaneCertificateRequest",
     "DestroyArgs",
     "DrainArgs",
     "EgressRef",

@@ -16,6 +16,7 @@ states, and announces one private default storage pool (``<node_id>-local``) unl
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -195,6 +196,7 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
                         pools: list[dict[str, Any]] | None = None,
                         network: dict[str, Any] | None = None,
                         connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
+                        ssl_context: ssl.SSLContext | None = None,
                         **hello: Any) -> AsyncIterator[SimNode]:
     """Connect, say hello, and play the node until the block ends.  A refused upgrade
     raises trio-websocket's `ConnectionRejected` (with its ``status_code``).
@@ -206,7 +208,8 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
     like a node without ``[network]``).  `connect` opens the stream instead of a TCP
     connection to `base_url` (whose host then only names the ``Host`` header):
     `kibotos.testing.asgi_websocket.InProcessConnector` reaches an in-process ctrl
-    without a socket.
+    without a socket.  An ``https://`` `base_url` is reached over TLS verified with
+    `ssl_context` (`kibotos.tls.local_ctrl.client_tls`).
 
     The stream is opened here and closed here: trio-websocket's client leaves its
     socket open when the server closes first, which a long test run would notice."""
@@ -218,7 +221,13 @@ async def open_sim_node(base_url: str, credential: str, node_id: str, incarnatio
     else:
         assert parts.port is not None, base_url
         stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+        if parts.scheme == "https":
+            assert ssl_context is not None, f"{base_url} needs the ssl_context to verify it"
+            stream = trio.SSLStream(stream, ssl_context, server_hostname=parts.hostname,
+                                    https_compatible=True)
     try:
+        if isinstance(stream, trio.SSLStream):
+            await stream.do_handshake()  # a certificate that does not verify fails here
         async with _unwrap_rejection(), trio.open_nursery() as ws_nursery:
             ws = await wrap_client_stream(ws_nursery, stream,  # type: ignore[arg-type]
                                           parts.hostname, SESSION_PATH,

@@ -1,8 +1,9 @@
 """A real ctrl process on loopback for the CLI's integration tests.
 
 Started with ``kibotos ctrl serve`` on 127.0.0.1 port 0; the bound address is read
-from ``<state_dir>/listen-address``.  Grants come from ``kibotos ctrl grant``, the way
-the first operator gets in.
+from ``<state_dir>/listen-address``.  ctrl serves HTTPS with a certificate from its
+cluster CA (``ca_file``, which ``kibo enroll --ca-file`` pins).  Grants come from
+``kibotos ctrl grant``, the way the first operator gets in.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -18,6 +20,8 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from kibotos.tls.contexts import client_context
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT = 60.0
@@ -45,6 +49,8 @@ class CtrlProcess:
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        #: The cluster CA ctrl makes at its first start; it verifies ctrl's certificate.
+        self.ca_file = self.state_dir / "cluster-ca.crt"
 
     def start(self) -> CtrlProcess:
         address_file = self.state_dir / "listen-address"
@@ -56,7 +62,7 @@ class CtrlProcess:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if address_file.exists() and address_file.read_text().endswith("\n"):
-                self.url = "http://" + address_file.read_text().strip()
+                self.url = "https://" + address_file.read_text().strip()
                 return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ctrl exited with {self.proc.returncode}:\n"
@@ -79,6 +85,14 @@ class CtrlProcess:
                 self.proc.wait(timeout=30)
         self.proc = None
 
+    def tls(self) -> ssl.SSLContext:
+        """A context that verifies this ctrl (with its cluster CA)."""
+        return client_context(self.ca_file.read_bytes())
+
+    def enroll_args(self) -> list[str]:
+        """``kibo enroll`` options that reach this ctrl and pin its CA."""
+        return ["--ctrl-url", self.url, "--ca-file", str(self.ca_file)]
+
     def grant(self, kind: str, node_id: str | None = None) -> str:
         argv = kibotos_argv("ctrl", "grant", "--config", str(self.config), "--kind", kind)
         if node_id:
@@ -94,6 +108,7 @@ class CtrlProcess:
             serialization.Encoding.Raw, serialization.PublicFormat.Raw)).decode()
         response = httpx.post(f"{self.url}/v1/enrollment/exchange",
                               json={"token": self.grant("node", node_id),
-                                    "public_key": public}, timeout=30)
+                                    "public_key": public}, timeout=30,
+                              verify=self.tls())
         response.raise_for_status()
         return str(response.json()["result"]["identity_id"])

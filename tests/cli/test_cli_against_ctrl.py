@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def ctrl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CtrlProcess]:
 def operator(ctrl: CtrlProcess) -> Path:
     """A kibo.toml made by `kibo enroll` with a grant from `kibotos ctrl grant`."""
     path = ctrl.root / "operator" / "kibo.toml"
-    result = invoke(None, "enroll", "--ctrl-url", ctrl.url, "--grant",
+    result = invoke(None, "enroll", *ctrl.enroll_args(), "--grant",
                     ctrl.grant("operator"), "--config", str(path))
     assert result.exit_code == 0, result.stderr
     return path
@@ -55,16 +56,46 @@ def test_enroll_wrote_a_private_config(operator):
 
 def test_no_credential_is_refused(ctrl, tmp_path):
     path = tmp_path / "kibo.toml"
-    path.write_text(f'ctrl_url = "{ctrl.url}"\n')
+    path.write_text(f'ctrl_url = "{ctrl.url}"\n'
+                    f'ctrl_ca = {json.dumps(ctrl.ca_file.read_text())}\n')
     result = kibo(path, "node", "list")
     assert result.exit_code == 11
     assert result.stderr.startswith("error: unauthenticated:")
 
 
+def test_enroll_refuses_a_ctrl_it_cannot_verify(ctrl, tmp_path):
+    """Without ctrl's CA pinned, the system store does not know the cluster CA: the
+    handshake fails, nothing is written and the grant is not used."""
+    token = ctrl.grant("operator")
+    path = tmp_path / "kibo.toml"
+    result = invoke(None, "enroll", "--ctrl-url", ctrl.url, "--grant", token,
+                    "--config", str(path))
+    assert result.exit_code == 13, result.stderr
+    assert "does not verify" in result.stderr
+    assert "--ca-file" in result.stderr
+    assert not path.exists()
+    # The grant is still good: with the CA pinned the same token works.
+    result = invoke(None, "enroll", *ctrl.enroll_args(), "--grant", token,
+                    "--config", str(path))
+    assert result.exit_code == 0, result.stderr
+    written = tomllib.loads(path.read_text())
+    assert written["ctrl_ca"] == ctrl.ca_file.read_text()
+    assert written["cluster_ca"] == ctrl.ca_file.read_text()
+
+
+def test_enroll_refuses_plain_http_off_loopback(tmp_path):
+    path = tmp_path / "kibo.toml"
+    result = invoke(None, "enroll", "--ctrl-url", "http://192.0.2.1:7400", "--grant",
+                    "kgr-1.abc", "--config", str(path))
+    assert result.exit_code == 10, result.stderr
+    assert "must be https://" in result.stderr
+    assert not path.exists()
+
+
 def test_a_node_identity_cannot_act_as_operator(ctrl, operator, tmp_path):
     token = ctrl.grant("node", "node-x")
     path = tmp_path / "kibo.toml"
-    result = invoke(None, "enroll", "--ctrl-url", ctrl.url, "--grant", token,
+    result = invoke(None, "enroll", *ctrl.enroll_args(), "--grant", token,
                     "--config", str(path))
     assert result.exit_code == 13
     assert "not an operator" in result.stderr
@@ -217,7 +248,7 @@ def test_replay_survives_a_ctrl_restart(tmp_path):
     ctrl = CtrlProcess(tmp_path).start()
     try:
         path = tmp_path / "kibo.toml"
-        assert invoke(None, "enroll", "--ctrl-url", ctrl.url, "--grant",
+        assert invoke(None, "enroll", *ctrl.enroll_args(), "--grant",
                       ctrl.grant("operator"), "--config", str(path)).exit_code == 0
         ctrl.enroll_node("node-z")
         first = kibo_json(path, "node", "drain", "node-z", "--command-id", "drain-z")

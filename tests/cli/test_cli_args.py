@@ -79,6 +79,8 @@ def test_options_work_after_the_subcommand(kibo, fake_ctrl):
     ('ctrl_url = "http://x"\ncredential = \n', "is not valid TOML"),
     ('ctrl_url = "http://x"\ncredentail = "a:b"\n', "credentail: unknown key"),
     ('credential = "a:b"\n', "ctrl_url: Field required"),
+    ('ctrl_url = "http://x"\nctrl_ca = "not a certificate"\n', "ctrl_ca: the value"),
+    ('ctrl_url = "http://x"\ncluster_ca = 5\n', "cluster_ca: Input should be a valid string"),
 ])
 def test_malformed_config_is_exit_10(tmp_path, content, needle):
     path = tmp_path / "kibo.toml"

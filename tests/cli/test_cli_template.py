@@ -49,7 +49,7 @@ def ctrl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CtrlProcess]:
 @pytest.fixture(scope="module")
 def operator(ctrl: CtrlProcess) -> Path:
     path = ctrl.root / "operator" / "kibo.toml"
-    result = invoke(None, "enroll", "--ctrl-url", ctrl.url, "--grant",
+    result = invoke(None, "enroll", *ctrl.enroll_args(), "--grant",
                     ctrl.grant("operator"), "--config", str(path))
     assert result.exit_code == 0, result.stderr
     return path

@@ -70,8 +70,9 @@ def test_https_is_verified_against_the_configured_roots(tmp_path, tls_ctrl, cert
                                                         monkeypatch):
     path = config(tmp_path, tls_ctrl.url)
     refused = invoke(path, "node", "get", "node-a")  # certifi's bundle: not trusted
-    assert refused.exit_code == 17
-    assert "connection failed ([SSL: CERTIFICATE_VERIFY_FAILED]" in refused.stderr
+    assert refused.exit_code == 13  # failed precondition: no retry can fix it
+    assert "presented a certificate that does not verify" in refused.stderr
+    assert "kibo enroll --ca-file" in refused.stderr
     assert tls_ctrl.requests == []
     monkeypatch.setenv("SSL_CERT_FILE", str(cert[0]))
     assert invoke(path, "node", "get", "node-a").exit_code == 0
@@ -102,8 +103,8 @@ def test_the_host_name_is_checked(tmp_path, cert, monkeypatch):
         monkeypatch.setenv("SSL_CERT_FILE", str(wrong[0]))
         result = invoke(config(tmp_path, fake.url.replace("http://", "https://")), "node",
                         "get", "node-a")
-        assert result.exit_code == 17
-        assert "CERTIFICATE_VERIFY_FAILED" in result.stderr
+        assert result.exit_code == 13
+        assert "presented a certificate that does not verify" in result.stderr
         assert "IP address mismatch" in result.stderr or "match" in result.stderr
         assert fake.requests == []
 

@@ -48,7 +48,7 @@ def node_credential(ctrl: CtrlProcess, node_id: str) -> str:
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)).decode()
     response = httpx.post(f"{ctrl.url}/v1/enrollment/exchange",
                           json={"token": ctrl.grant("node", node_id), "public_key": public},
-                          timeout=30)
+                          timeout=30, verify=ctrl.tls())
     response.raise_for_status()
     return str(response.json()["result"]["credential"])
 
@@ -64,9 +64,10 @@ def add_template(ctrl: CtrlProcess, operator: Path) -> None:
     for data in (bytes(image), b"\x7fELF kernel\n", b"initramfs\n"):
         hexdigest = hashlib.sha256(data).hexdigest()
         httpx.put(f"{ctrl.url}/v1/artifacts/sha256/{hexdigest}", content=data,
-                  headers=headers, timeout=30).raise_for_status()
+                  headers=headers, timeout=30, verify=ctrl.tls()).raise_for_status()
         digests.append(f"sha256:{hexdigest}")
-    httpx.put(f"{ctrl.url}/v1/templates/base", headers=headers, timeout=30, json={
+    httpx.put(f"{ctrl.url}/v1/templates/base", headers=headers, timeout=30,
+              verify=ctrl.tls(), json={
         "image_digest": digests[0], "kernel_digest": digests[1],
         "initramfs_digest": digests[2]}).raise_for_status()
 
@@ -80,12 +81,13 @@ async def test_storage_pool_commands(tmp_path: Path) -> None:
     await trio.to_thread.run_sync(ctrl.start)
     try:
         operator = tmp_path / "operator" / "kibo.toml"
-        enrolled = invoke(None, "enroll", "--ctrl-url", ctrl.url, "--grant",
+        enrolled = invoke(None, "enroll", *ctrl.enroll_args(), "--grant",
                           ctrl.grant("operator"), "--config", str(operator))
         assert enrolled.exit_code == 0, enrolled.stderr
         await trio.to_thread.run_sync(add_template, ctrl, operator)
         credential = await trio.to_thread.run_sync(node_credential, ctrl, "node-a")
-        async with open_sim_node(ctrl.url, credential, "node-a", 1, pools=pools()):
+        async with open_sim_node(ctrl.url, credential, "node-a", 1, pools=pools(),
+                                 ssl_context=ctrl.tls()):
             await _walk(operator)
     finally:
         await trio.to_thread.run_sync(ctrl.stop)

@@ -23,9 +23,16 @@ from kibotos.config import CtrlConfig
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.live.services import CtrlServices
-from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
+from kibotos.ctrl.serve import (
+    build_context,
+    build_services,
+    hypercorn_config,
+    open_store,
+    prepare_tls,
+)
 from kibotos.ctrl.store.db import Store
 from kibotos.testing.asgi_websocket import InProcessConnector
+from kibotos.tls.local_ctrl import client_tls
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -76,18 +83,22 @@ async def operator(client: httpx.AsyncClient, store: Store) -> dict[str, str]:
 
 @pytest.fixture
 async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
-    """A real ctrl app served by hypercorn on 127.0.0.1:0 (SQLite, short timeouts) with
-    an enrolled operator; the test can reach its context (store, session hub)."""
+    """A real ctrl app served by hypercorn on 127.0.0.1:0 over HTTPS (a certificate from
+    its cluster CA; SQLite, short timeouts) with an enrolled operator; the test can reach
+    its context (store, session hub)."""
     config = session_config(tmp_path)
     store = await open_store(config)
     ctx = build_context(config, store)
     try:
         async with trio.open_nursery() as nursery:
+            tls = prepare_tls(config, ctx)
             binds = await nursery.start(partial(
                 hypercorn_serve, build_app(build_services(ctx)),
-                hypercorn_config(config.ctrl.listen)))
-            ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0])
-            async with httpx.AsyncClient(base_url=ctrl.url, timeout=30) as http:
+                hypercorn_config(config.ctrl.listen, tls)))
+            ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0],
+                               tls=client_tls(config))
+            async with httpx.AsyncClient(base_url=ctrl.url, timeout=30,
+                                         verify=ctrl.tls) as http:
                 ctrl.http = http
                 ctrl.operator = await enroll_operator(http, store)
                 yield ctrl

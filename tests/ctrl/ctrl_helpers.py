@@ -5,6 +5,7 @@ checking that every answer has the documented shape.  `wait_until` is the shared
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -124,6 +125,8 @@ class RunningCtrl:
     ctx: CtrlContext
     url: str
     connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
+    #: Verifies a real ctrl's certificate (an https `url`); None in-process.
+    tls: ssl.SSLContext | None = None
     http: httpx.AsyncClient = field(init=False)
     operator: dict[str, str] = field(init=False)
 
@@ -131,7 +134,7 @@ class RunningCtrl:
                  **kwargs: Any) -> AbstractAsyncContextManager[SimNode]:
         """`open_sim_node` against this ctrl, over whichever transport it has."""
         return open_sim_node(self.url, credential, node_id, incarnation,
-                             connect=self.connect, **kwargs)
+                             connect=self.connect, ssl_context=self.tls, **kwargs)
 
     async def node(self, node_id: str) -> dict[str, Any]:
         return dict(result(await self.http.get(f"/v1/nodes/{node_id}",

@@ -33,6 +33,7 @@ DOCUMENTED = {
     ("get", "/v1/workspaces/{workspace_id}/move-check"),
     ("get", "/v1/workspaces/{workspace_id}/cleanup-status"),
     ("post", "/v1/workspaces/{workspace_id}/sessions"),
+    ("post", "/v1/node/dataplane-certificate"),
     ("post", "/v1/volumes"), ("get", "/v1/volumes"), ("get", "/v1/volumes/{volume_id}"),
     ("post", "/v1/volumes/{volume_id}/delete"), ("post", "/v1/volumes/{volume_id}/expand"),
     ("post", "/v1/volumes/{volume_id}/move"),

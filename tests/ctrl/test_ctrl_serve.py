@@ -35,6 +35,7 @@ from kibotos.ctrl.serve import (
     serve_ctrl,
 )
 from kibotos.testing.fake_node import open_sim_node
+from kibotos.tls.local_ctrl import client_tls, ctrl_url
 
 
 async def test_serve_binds_port_zero_and_reports_it(tmp_path: Path) -> None:
@@ -46,7 +47,9 @@ async def test_serve_binds_port_zero_and_reports_it(tmp_path: Path) -> None:
         assert int(port) > 0
         address_file = tmp_path / "state" / LISTEN_ADDRESS_FILE
         assert address_file.read_text() == address + "\n"
-        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+        url = ctrl_url(config, address)
+        assert url.startswith("https://")  # TLS by default, from the cluster CA
+        async with httpx.AsyncClient(base_url=url, verify=client_tls(config)) as http:
             assert result(await http.get("/v1/health"))["status"] == "ok"
             assert (await http.get("/v1/openapi.json")).json()["openapi"] == "3.1.0"
         assert (tmp_path / "state" / "ctrl.db").exists()
@@ -96,15 +99,17 @@ async def test_sigterm_closes_sessions_and_exits_cleanly(tmp_path: Path) -> None
         async def listening() -> bool:
             return address_file.exists()
         await wait_until(listening, "ctrl wrote its listen address", timeout=60)
-        url = f"http://{address_file.read_text().strip()}"
-        store = await open_store(make_config(tmp_path))
+        served = make_config(tmp_path)
+        url = ctrl_url(served, address_file.read_text().strip())
+        store = await open_store(served)
         try:
-            async with httpx.AsyncClient(base_url=url) as http:
+            async with httpx.AsyncClient(base_url=url, verify=client_tls(served)) as http:
                 operator = await enroll_operator(http, store)
                 grant = result(await http.post("/v1/enrollment/grants", headers=operator,
                                                json={"kind": "node", "node_id": "node-a"}))
                 cred = (await exchange(http, grant["token"]))["credential"]
-            async with open_sim_node(url, cred, "node-a", 1) as node:
+            async with open_sim_node(url, cred, "node-a", 1,
+                                     ssl_context=client_tls(served)) as node:
                 assert node.welcomed
                 proc.send_signal(signal.SIGTERM)
                 with trio.fail_after(30):
@@ -238,15 +243,16 @@ async def test_reconciliation_runs_every_interval(tmp_path: Path) -> None:
     config = make_config(tmp_path, reconcile_interval="0.3s")
     async with trio.open_nursery() as nursery:
         address = await nursery.start(partial(serve_ctrl, config, handle_signals=False))
-        url = f"http://{address}"
+        url = ctrl_url(config, address)
         store = await open_store(config)
         try:
-            async with httpx.AsyncClient(base_url=url) as http:
+            async with httpx.AsyncClient(base_url=url, verify=client_tls(config)) as http:
                 operator = await enroll_operator(http, store)
                 grant = result(await http.post("/v1/enrollment/grants", headers=operator,
                                                json={"kind": "node", "node_id": "node-a"}))
                 cred = (await exchange(http, grant["token"]))["credential"]
-                async with open_sim_node(url, cred, "node-a", 1) as node:
+                async with open_sim_node(url, cred, "node-a", 1,
+                                         ssl_context=client_tls(config)) as node:
                     for _ in range(3):
                         before = len(node.received)
                         await node.wait_for("clock_probe", after=before)

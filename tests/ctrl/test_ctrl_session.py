@@ -228,8 +228,9 @@ async def answer_to_first_frame(ctrl: RunningCtrl, frame: str) -> dict[str, obje
     cred = await ctrl.enroll("node-a")
     headers = [(b"Authorization", f"Bearer {cred}".encode())]
     if ctrl.connect is None:
-        url = ctrl.url.replace("http://", "ws://") + "/v1/node/session"
-        async with open_websocket_url(url, extra_headers=headers) as ws:
+        url = ctrl.url.replace("https://", "wss://") + "/v1/node/session"
+        async with open_websocket_url(url, extra_headers=headers,
+                                      ssl_context=ctrl.tls) as ws:
             await ws.send_message(frame)
             with trio.fail_after(30):
                 return dict(json.loads(await ws.get_message()))

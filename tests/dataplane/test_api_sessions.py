@@ -28,10 +28,17 @@ from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.api.sessions import Operation, WorkspaceSessionOut
 from kibotos.ctrl.live.context import CtrlContext, utcnow
 from kibotos.ctrl.model import enrollment
-from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
+from kibotos.ctrl.serve import (
+    build_context,
+    build_services,
+    hypercorn_config,
+    open_store,
+    prepare_tls,
+)
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.errors import ERROR_CLASSES, PermissionDenied
 from kibotos.testing.fake_node import open_sim_node
+from kibotos.tls.local_ctrl import client_tls
 
 ADDRESS = "127.0.0.1:7599"
 
@@ -209,12 +216,13 @@ async def test_welcome_carries_the_public_key(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(
                 hypercorn_serve, build_app(build_services(ctx)),
-                hypercorn_config(config.ctrl.listen)))
-            async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
+                hypercorn_config(config.ctrl.listen, prepare_tls(config, ctx))))
+            async with httpx.AsyncClient(base_url=binds[0], timeout=30,
+                                         verify=client_tls(config)) as http:
                 node = await exchange(http, ctx, "node", "node-a")
             with trio.fail_after(30):
                 async with open_sim_node(binds[0], node["credential"], "node-a",
-                                         incarnation=1) as sim:
+                                         incarnation=1, ssl_context=client_tls(config)) as sim:
                     assert sim.first["type"] == "welcome", sim.first
                     assert sim.first["session_signing_public_key"] == \
                         ctx.session_signing_key.public_key

@@ -9,6 +9,7 @@ Instance is reported RUNNING, and the CLI maps the process's end to its exit sta
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -35,6 +36,8 @@ from kibotos.node.serve import NodeRuntime, serve_node
 from kibotos.node.session.control import SessionTiming
 from kibotos.plugins import EXTRA_MODULES_ENV, load_plugins
 from kibotos.testing.waiting import wait_until
+from kibotos.tls import local_ctrl
+from kibotos.tls.local_ctrl import client_tls, ctrl_url
 
 TESTPLUGINS = Path(__file__).resolve().parent.parent / "testplugins"
 KIBO = [sys.executable, "-c", "from kibotos.cli.main import kibo_main; kibo_main()"]
@@ -113,7 +116,9 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(partial(serve_ctrl, ctrl_config,
                                                   handle_signals=False))
-            url = f"http://{address}"
+            url = ctrl_url(ctrl_config, address)  # https: a certificate from the cluster CA
+            ca_file = local_ctrl.ca_file(ctrl_config)
+            assert ca_file is not None
             store = await open_store(ctrl_config)
             try:
                 now = datetime.now(UTC)
@@ -126,18 +131,20 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
                     expires_in_s=None, created_by=None, now=utcnow()))
             finally:
                 store.close()
-            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            async with httpx.AsyncClient(base_url=url, timeout=60,
+                                         verify=client_tls(ctrl_config)) as http:
                 resp = await http.post("/v1/enrollment/exchange", json={
                     "token": grant["token"], "public_key": _public_key()})
                 credential = resp.json()["result"]["credential"]
                 operator = {"Authorization": f"Bearer {credential}"}
                 kibo = base / "kibo.toml"
-                kibo.write_text(f'ctrl_url = "{url}"\ncredential = "{credential}"\n')
+                kibo.write_text(f'ctrl_url = "{url}"\ncredential = "{credential}"\n'
+                                f'ctrl_ca = {json.dumps(ca_file.read_text())}\n')
                 node_grant = (await http.post("/v1/enrollment/grants", headers=operator,
                                               json={"kind": "node", "node_id": "node-a"}
                                               )).json()["result"]["token"]
                 (base / "grant").write_text(node_grant + "\n")
-                node_config = _node_config(base, url, artifacts)
+                node_config = _node_config(base, url, artifacts, ca_file)
                 runtime: NodeRuntime = await nursery.start(partial(
                     serve_node, node_config, dataplane=True, timing=TIMING))
                 with trio.fail_after(TIMEOUT):
@@ -162,7 +169,7 @@ def _public_key() -> str:
     return base64.b64encode(raw).decode()
 
 
-def _node_config(base: Path, url: str, artifacts: Path) -> NodeConfig:
+def _node_config(base: Path, url: str, artifacts: Path, ca_file: Path) -> NodeConfig:
     import tomllib
 
     from kibotos.dev.layout import prepare_proc_root
@@ -176,6 +183,7 @@ def _node_config(base: Path, url: str, artifacts: Path) -> NodeConfig:
 [node]
 id = "node-a"
 ctrl_url = "{url}"
+ctrl_ca_file = "{ca_file}"
 enrollment_grant_file = "{base / 'grant'}"
 dataplane_listen = "127.0.0.1:{free_port()}"
 socket_dir = "{base / 'run'}"

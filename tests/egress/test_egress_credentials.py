@@ -57,7 +57,7 @@ async def test_a_malformed_answer_is_refused_without_its_secret(ctrl, answer, me
 
 
 def test_secrets_are_never_fetched_in_clear_text_off_loopback():
-    with pytest.raises(InvalidArgument, match="must be reached over https"):
+    with pytest.raises(InvalidArgument, match="must be https:"):
         CredentialClient("http://ctrl.example:8080", "node-secret")
     CredentialClient("https://ctrl.example:8443", "node-secret")
     CredentialClient("http://[::1]:8080", "node-secret")

@@ -5,6 +5,7 @@ test_node_transfer)."""
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,13 +22,24 @@ from kibotos.config import CtrlConfig
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import utcnow
 from kibotos.ctrl.model import enrollment
-from kibotos.ctrl.serve import build_context, build_services, hypercorn_config, open_store
+from kibotos.ctrl.serve import (
+    build_context,
+    build_services,
+    hypercorn_config,
+    open_store,
+    prepare_tls,
+)
 from kibotos.ctrl.store.artifacts import artifact_root
+from kibotos.tls import local_ctrl
+from kibotos.tls.local_ctrl import client_tls
 
 
 @dataclass
 class LoopbackCtrl:
-    url: str
+    url: str  # https://: the certificate ctrl issues from its cluster CA
+    #: The cluster CA file, and a context verifying ctrl with it.
+    ca_file: Path
+    tls: ssl.SSLContext
     http: httpx.AsyncClient
     operator: dict[str, str]
     #: Node ID → that node's credential.
@@ -56,10 +68,12 @@ async def loopback_ctrl(tmp_path: Path, nodes: Sequence[str]) -> AsyncIterator[L
     ctx = build_context(config, store)
     try:
         async with trio.open_nursery() as nursery:
+            tls = prepare_tls(config, ctx)
             binds = await nursery.start(partial(
                 hypercorn_serve, build_app(build_services(ctx)),
-                hypercorn_config(config.ctrl.listen)))
-            async with httpx.AsyncClient(base_url=binds[0], timeout=60) as http:
+                hypercorn_config(config.ctrl.listen, tls)))
+            verify = client_tls(config)
+            async with httpx.AsyncClient(base_url=binds[0], timeout=60, verify=verify) as http:
                 grant = await store.write(partial(
                     enrollment.create_grant, kind="operator", node_id=None, name="op",
                     expires_in_s=None, created_by=None, now=utcnow()))
@@ -69,7 +83,9 @@ async def loopback_ctrl(tmp_path: Path, nodes: Sequence[str]) -> AsyncIterator[L
                     resp = await http.post("/v1/enrollment/grants", headers=operator,
                                            json={"kind": "node", "node_id": node})
                     creds[node] = await _exchange(http, resp.json()["result"]["token"])
-                yield LoopbackCtrl(binds[0], http, operator, creds,
+                ca = local_ctrl.ca_file(config)
+                assert ca is not None
+                yield LoopbackCtrl(binds[0], ca, verify, http, operator, creds,
                                    artifact_root(config) / "sha256")
             nursery.cancel_scope.cancel()
     finally:

@@ -115,7 +115,8 @@ class Node:
 def node_config(base: Path, *, backend_options: str = "", shared: bool = False,
                 node_id: str = "node-a", pool: Path | None = None,
                 ctrl_url: str = "http://127.0.0.1:9", extra: str = "",
-                backend: str = "testvmm", node_extra: str = "") -> NodeConfig:
+                backend: str = "testvmm", node_extra: str = "",
+                ctrl_ca_file: Path | None = None) -> NodeConfig:
     """`extra` is appended (further tables), `node_extra` goes into ``[node]``."""
     import tomllib
 
@@ -127,6 +128,7 @@ def node_config(base: Path, *, backend_options: str = "", shared: bool = False,
 [node]
 id = "{node_id}"
 ctrl_url = "{ctrl_url}"
+{f'ctrl_ca_file = "{ctrl_ca_file}"' if ctrl_ca_file else ""}
 {node_extra}
 [storage]
 root = "{base / 'root'}"
@@ -162,13 +164,15 @@ async def running_node(*, backend_options: str = "", settings: Settings = FAST,
                        receipt_wait: float = 1.0, node_id: str = "node-a",
                        pool: Path | None = None, cleanup: bool = True,
                        ctrl_url: str = "http://127.0.0.1:9",
-                       credential: str | None = None) -> AsyncIterator[Node]:
+                       credential: str | None = None,
+                       ctrl_ca_file: Path | None = None) -> AsyncIterator[Node]:
     """A running manager on a fresh root under /tmp (or `base`, to restart one)."""
     own = base is None
     base = base or short_dir()
     try:
         config = node_config(base, backend_options=backend_options, shared=shared,
-                             node_id=node_id, pool=pool, ctrl_url=ctrl_url)
+                             node_id=node_id, pool=pool, ctrl_url=ctrl_url,
+                             ctrl_ca_file=ctrl_ca_file)
         for sub in ("runtime", "template-cache", "machine-logs"):
             (config.storage.root / sub).mkdir(parents=True, exist_ok=True)
         template = write_template(base)

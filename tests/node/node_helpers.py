@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +17,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from kibotos import atomicfile
-from kibotos.config import NodeConfig, load
+from kibotos.config import CtrlConfig, NodeConfig, load
 from kibotos.node.instances.contract import Holdings, ManagerGauges, StateFeed
 from kibotos.node.session.identity import NodeIdentity
 from kibotos.node.storage.pools.marker import init_pool
+from kibotos.tls import local_ctrl
+from kibotos.tls.ca import ClusterCA
 
 CREDENTIAL = "kid-test:secret-for-tests"
 
@@ -68,8 +71,10 @@ def link_proc_self(proc: Path) -> None:
 
 def write_config(tmp_path: Path, *, ctrl_url: str = "http://127.0.0.1:9",
                  node_id: str = "node-a", extra: str = "", pools: bool = True,
-                 grant_file: Path | None = None, skew_file: Path | None = None) -> Path:
-    """A node.toml under `tmp_path` with its storage root, one pool and a /proc tree."""
+                 grant_file: Path | None = None, skew_file: Path | None = None,
+                 ctrl_ca_file: Path | None = None) -> Path:
+    """A node.toml under `tmp_path` with its storage root, one pool and a /proc tree;
+    `ctrl_ca_file` verifies an https:// ctrl (`kibotos.tls.local_ctrl.ca_file`)."""
     root = tmp_path / "root"
     pool = tmp_path / "pool-a"
     proc = tmp_path / "proc"
@@ -82,6 +87,7 @@ ctrl_url = "{ctrl_url}"
 dataplane_listen = "127.0.0.1:7500"
 socket_dir = "{tmp_path / 'run'}"
 {f'enrollment_grant_file = "{grant_file}"' if grant_file else ""}
+{f'ctrl_ca_file = "{ctrl_ca_file}"' if ctrl_ca_file else ""}
 [storage]
 root = "{root}"
 """
@@ -273,3 +279,23 @@ class FakeCtrl:
                                          self.port, None)
             self.port = server.port
             task_status.started(self)
+
+
+@dataclass(frozen=True)
+class CtrlEndpoint:
+    """How a test reaches the ctrl of a ctrl.toml: its URL, the cluster CA file that
+    verifies it, and a context made from that file."""
+
+    url: str
+    ca_file: Path | None
+    tls: ssl.SSLContext
+
+
+def ctrl_endpoint(ctrl_toml: Path) -> CtrlEndpoint:
+    """The endpoint of the ctrl that `ctrl_toml` configures (its ``listen`` a fixed
+    port).  Makes the cluster CA first, as ctrl's own start would, so clients can be
+    built before ctrl runs; ctrl then loads the same one."""
+    cfg = load(CtrlConfig, ctrl_toml)
+    ClusterCA.load_or_create(cfg.ctrl.state_dir)
+    return CtrlEndpoint(local_ctrl.ctrl_url(cfg, cfg.ctrl.listen), local_ctrl.ca_file(cfg),
+                        local_ctrl.client_tls(cfg))

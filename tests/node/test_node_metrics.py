@@ -7,6 +7,7 @@ adopted), unknown paths refused, and the address file gone after a clean stop.""
 from __future__ import annotations
 
 import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from node_helpers import free_port, write_config, write_proc
+from node_helpers import ctrl_endpoint, free_port, write_config, write_proc
 from prometheus_client.parser import text_string_to_metric_families
 
 from kibotos.config import CtrlConfig, load
@@ -54,10 +55,12 @@ async def read_address(path: Path) -> str:
     return (await file.read_text()).strip()
 
 
-async def scrape_until(url: str, predicate: object) -> Samples:
-    """Scrape until `predicate(values)` holds (the caller's fail_after bounds it)."""
+async def scrape_until(url: str, predicate: object,
+                       verify: ssl.SSLContext | bool = True) -> Samples:
+    """Scrape until `predicate(values)` holds (the caller's fail_after bounds it);
+    `verify` checks an https:// endpoint (ctrl's)."""
     assert callable(predicate)
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=verify) as http:
         while True:
             resp = await http.get(url)
             assert resp.status_code == 200, resp.text
@@ -79,7 +82,9 @@ reconcile_interval = "0.5s"
 refresh_interval = "0s"
 """)
     grant_file = tmp_path / "grant"
-    toml = write_config(tmp_path, ctrl_url=f"http://127.0.0.1:{port}", grant_file=grant_file)
+    ctrl = ctrl_endpoint(ctrl_toml)
+    toml = write_config(tmp_path, ctrl_url=ctrl.url, ctrl_ca_file=ctrl.ca_file,
+                        grant_file=grant_file)
     toml.write_text(toml.read_text().replace(
         'dataplane_listen = "127.0.0.1:7500"',
         f'dataplane_listen = "127.0.0.1:{free_port()}"\nmetrics_listen = "127.0.0.1:0"'))
@@ -120,9 +125,8 @@ refresh_interval = "0s"
                 # Host memory turns tight: the node's gauge, then ctrl's placeable.
                 write_proc(tmp_path / "proc", available_kb=300_000, total_kb=8_000_000)
                 await scrape_until(url, lambda v: one(v, "kibotos_node_memory_tight") == 1)
-                ctrl_url = f"http://127.0.0.1:{port}/metrics"
-                await scrape_until(ctrl_url, lambda v: one(
-                    v, "kibotos_ctrl_node_placeable", node_id="node-a") == 0)
+                await scrape_until(f"{ctrl.url}/metrics", lambda v: one(
+                    v, "kibotos_ctrl_node_placeable", node_id="node-a") == 0, ctrl.tls)
                 write_proc(tmp_path / "proc", available_kb=6_000_000, total_kb=8_000_000)
                 await scrape_until(url, lambda v: one(v, "kibotos_node_memory_tight") == 0)
 

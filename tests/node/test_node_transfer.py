@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +42,14 @@ class Ctrl:
     operator: dict[str, str]
     credentials: dict[str, str]
     artifacts: Path
+    ca_file: Path  # the cluster CA, which verifies ctrl's certificate
+    tls: ssl.SSLContext
 
 
 @pytest.fixture
 async def ctrl(tmp_path: Path) -> AsyncIterator[Ctrl]:
     async with loopback_ctrl(tmp_path, ("node-a", "node-b")) as c:
-        yield Ctrl(c.url, c.operator, c.credentials, c.artifacts)
+        yield Ctrl(c.url, c.operator, c.credentials, c.artifacts, c.ca_file, c.tls)
 
 
 def pool_objects(path: Path, pool_id: str, node: str, *, unavailable: str | None = None
@@ -65,7 +68,7 @@ def transfers(ctrl: Ctrl, node: str, pools: dict[tuple[str, str], PoolObjects]
             raise FailedPrecondition(f"pool {pool_id} is not configured on {node}")
         return pools[(pool_id, kind)]
     return NodeTransfers(node_id=node, pool=pool, ctrl_url=ctrl.url,
-                         credential=lambda: ctrl.credentials[node])
+                         credential=lambda: ctrl.credentials[node], verify=ctrl.tls)
 
 
 def leftovers(pool: Path) -> list[str]:
@@ -157,7 +160,7 @@ async def test_import_refusals_write_nothing(ctrl: Ctrl, tmp_path: Path):
     buf = io.BytesIO()
     packed = transfer_archive.pack(src, {}, buf, kind="retained_layer", object_id="ws-1",
                                    source={})
-    async with httpx.AsyncClient(base_url=ctrl.url) as http:
+    async with httpx.AsyncClient(base_url=ctrl.url, verify=ctrl.tls) as http:
         resp = await http.put(f"/v1/artifacts/sha256/{packed.digest[7:]}",
                               content=buf.getvalue(), headers=ctrl.operator)
         assert resp.status_code == 200, resp.text
@@ -224,7 +227,8 @@ def test_staging_and_temporary_names_are_swept_at_start():
 async def test_commands_through_the_running_node(ctrl: Ctrl):
     """The manager registers both commands when it has a credential; a Volume a live
     Instance holds is not exported; after the stop it is, and imports under a new ID."""
-    async with running_node(ctrl_url=ctrl.url, credential=ctrl.credentials["node-a"]) as node:
+    async with running_node(ctrl_url=ctrl.url, credential=ctrl.credentials["node-a"],
+                            ctrl_ca_file=ctrl.ca_file) as node:
         vol = {"volume_id": "vol-1", "pool_id": "pool-a", "capacity_bytes": 64 * MIB,
                "epoch": 1}
         assert await node.command("volume.create", vol) == {"created": True}

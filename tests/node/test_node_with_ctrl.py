@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 from ctrl_api_harness import ctrl_grant, operator_headers
-from node_helpers import free_port, node_config, write_proc
+from node_helpers import ctrl_endpoint, free_port, node_config, write_proc
 
 from kibotos.config import CtrlConfig, load
 from kibotos.ctrl.serve import serve_ctrl
@@ -64,11 +64,12 @@ async def test_node_enrolls_reports_and_survives_a_ctrl_restart(tmp_path: Path) 
     port = free_port()
     ctrl_toml = _ctrl_toml(tmp_path, port)
     ctrl_config = load(CtrlConfig, ctrl_toml)
+    ctrl = ctrl_endpoint(ctrl_toml)
     grant_file = tmp_path / "grant"
     skew_file = tmp_path / "skew"
     with trio.fail_after(120):
         async with trio.open_nursery() as outer, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                httpx.AsyncClient(base_url=ctrl.url, timeout=30, verify=ctrl.tls) as http:
             ctrl_scope = trio.CancelScope()
 
             async def run_ctrl(*, task_status: trio.TaskStatus[str]) -> None:
@@ -79,7 +80,7 @@ async def test_node_enrolls_reports_and_survives_a_ctrl_restart(tmp_path: Path) 
             grant_file.write_text(await ctrl_grant(ctrl_toml, "--kind", "node",
                                                "--node-id", "node-a") + "\n")
             operator = await operator_headers(http, ctrl_toml)
-            config = node_config(tmp_path, ctrl_url=f"http://127.0.0.1:{port}",
+            config = node_config(tmp_path, ctrl_url=ctrl.url, ctrl_ca_file=ctrl.ca_file,
                                  grant_file=grant_file, skew_file=skew_file)
             runtime = await _start_node(outer, config)
             assert runtime.incarnation == 1
@@ -146,16 +147,17 @@ async def test_node_enrolls_reports_and_survives_a_ctrl_restart(tmp_path: Path) 
 async def test_isolate_cycle(tmp_path: Path) -> None:
     port = free_port()
     ctrl_toml = _ctrl_toml(tmp_path, port)
+    ctrl = ctrl_endpoint(ctrl_toml)
     grant_file = tmp_path / "grant"
     with trio.fail_after(120):
         async with trio.open_nursery() as outer, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                httpx.AsyncClient(base_url=ctrl.url, timeout=30, verify=ctrl.tls) as http:
             await outer.start(partial(serve_ctrl, load(CtrlConfig, ctrl_toml),
                                       handle_signals=False))
             grant_file.write_text(await ctrl_grant(ctrl_toml, "--kind", "node",
                                                "--node-id", "node-a"))
             operator = await operator_headers(http, ctrl_toml)
-            config = node_config(tmp_path, ctrl_url=f"http://127.0.0.1:{port}",
+            config = node_config(tmp_path, ctrl_url=ctrl.url, ctrl_ca_file=ctrl.ca_file,
                                  grant_file=grant_file)
 
             async with trio.open_nursery() as node_nursery:

@@ -20,7 +20,7 @@ import pytest
 import trio
 from ctrl_api_harness import Api, ctrl_grant, operator_headers, upload_template
 from instance_harness import short_dir, stop_all_units
-from node_helpers import free_port, node_config
+from node_helpers import ctrl_endpoint, free_port, node_config
 from stuck_fuse_helpers import StuckFs
 
 from kibotos.config import CtrlConfig, NodeConfig, load
@@ -53,6 +53,7 @@ listen = "127.0.0.1:{port}"
 state_dir = "{base / 'ctrl'}"
 reconcile_interval = "0.5s"
 """)
+    ctrl = ctrl_endpoint(ctrl_toml)
     config = None
     try:
         async with trio.open_nursery() as nursery:
@@ -61,11 +62,11 @@ reconcile_interval = "0.5s"
             grant = base / "grant"
             grant.write_text(await ctrl_grant(ctrl_toml, "--kind", "node", "--node-id",
                                           "node-a"))
-            config = node_config(base, ctrl_url=f"http://127.0.0.1:{port}",
+            config = node_config(base, ctrl_url=ctrl.url, ctrl_ca_file=ctrl.ca_file,
                                  grant_file=grant, extra=f"[vmm]\n{vmm}{extra}")
             runtime: NodeRuntime = await nursery.start(lambda task_status: serve_node(
                 config, sample_interval=0.05, timing=TIMING, task_status=task_status))
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+            async with httpx.AsyncClient(base_url=ctrl.url, verify=ctrl.tls,
                                          timeout=60) as http:
                 api = Api(http, await operator_headers(http, ctrl_toml))
                 await upload_template(api)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ class Ctrl:
     node_credential: str
     artifacts: Path
     http: httpx.AsyncClient
+    tls: ssl.SSLContext  # verifies ctrl's certificate
 
     async def upload(self, data: bytes) -> str:
         hexdigest = hashlib.sha256(data).hexdigest()
@@ -41,24 +43,25 @@ class Ctrl:
 @pytest.fixture
 async def ctrl(tmp_path: Path) -> AsyncIterator[Ctrl]:
     async with loopback_ctrl(tmp_path, ("node-a",)) as c:
-        yield Ctrl(c.url, c.operator, c.credentials["node-a"], c.artifacts, c.http)
+        yield Ctrl(c.url, c.operator, c.credentials["node-a"], c.artifacts, c.http, c.tls)
 
 
 class Counting:
     """An httpx client for the cache that counts the blob requests it makes."""
 
-    def __init__(self) -> None:
+    def __init__(self, verify: ssl.SSLContext) -> None:
         self.gets: list[str] = []
 
         async def hook(request: httpx.Request) -> None:
             self.gets.append(request.url.path.rsplit("/", 1)[1])
 
-        self.client = httpx.AsyncClient(timeout=60, event_hooks={"request": [hook]})
+        self.client = httpx.AsyncClient(timeout=60, event_hooks={"request": [hook]},
+                                        verify=verify)
 
 
 @pytest.fixture
-async def counting() -> AsyncIterator[Counting]:
-    c = Counting()
+async def counting(ctrl: Ctrl) -> AsyncIterator[Counting]:
+    c = Counting(ctrl.tls)
     try:
         yield c
     finally:
@@ -69,7 +72,7 @@ def make_cache(tmp_path: Path, ctrl: Ctrl, counting: Counting, limit: int = 100 
                credential: str | None = None) -> TemplateCache:
     return TemplateCache(tmp_path / "root" / "template-cache", ctrl_url=ctrl.url,
                          credential=lambda: credential or ctrl.node_credential,
-                         limit=limit, http=counting.client)
+                         limit=limit, http=counting.client, verify=ctrl.tls)
 
 
 def cache_files(cache: TemplateCache) -> list[str]:

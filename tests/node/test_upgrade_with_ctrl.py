@@ -19,7 +19,7 @@ import pytest
 import trio
 from ctrl_api_harness import Api, ctrl_grant, operator_headers, upload_template
 from instance_harness import registries, short_dir, stop_all_units
-from node_helpers import free_port, node_config
+from node_helpers import ctrl_endpoint, free_port, node_config
 
 from kibotos.config import CtrlConfig, NodeConfig, load
 from kibotos.ctrl.serve import serve_ctrl
@@ -56,6 +56,7 @@ async def test_workspaces_survive_the_replacement_by_n_plus_1(
     ctrl_toml = base / "ctrl.toml"
     ctrl_toml.write_text(f'[ctrl]\nlisten = "127.0.0.1:{port}"\n'
                          f'state_dir = "{base / "ctrl"}"\nreconcile_interval = "0.5s"\n')
+    ctrl = ctrl_endpoint(ctrl_toml)
     config = None
     try:
         with trio.fail_after(300):
@@ -65,7 +66,7 @@ async def test_workspaces_survive_the_replacement_by_n_plus_1(
                 grant = base / "grant"
                 grant.write_text(await ctrl_grant(ctrl_toml, "--kind", "node", "--node-id",
                                               "node-a"))
-                config = node_config(base, ctrl_url=f"http://127.0.0.1:{port}",
+                config = node_config(base, ctrl_url=ctrl.url, ctrl_ca_file=ctrl.ca_file,
                                      grant_file=grant, extra='[vmm]\nbackend = "testvmm"\n')
                 cfg = config
 
@@ -96,7 +97,7 @@ async def test_workspaces_survive_the_replacement_by_n_plus_1(
                     return running
 
                 node = await node_as(EARLIER)
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                async with httpx.AsyncClient(base_url=ctrl.url, verify=ctrl.tls,
                                              timeout=60) as http:
                     api = Api(http, await operator_headers(http, ctrl_toml))
                     await upload_template(api)

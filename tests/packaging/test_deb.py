@@ -506,12 +506,14 @@ def test_dpkg_install_reinstall_remove_purge(debs: dict[str, Path], tmp_path: Pa
     assert 'id = "node-7"' in run("cat /etc/kibotos/node/config.toml")
 
     # Remove: the programs go, byte code included (prerm), the configuration stays.
-    out = run(f"echo kgr-x.y > /etc/kibotos/node/grant && dpkg -r {names} 2>&1")
+    out = run("echo kgr-x.y > /etc/kibotos/node/grant && "
+              f"echo ca > /etc/kibotos/node/ctrl-ca.crt && dpkg -r {names} 2>&1")
     assert "check-maintenance --operation remove: passed" in out
     run("test ! -e /usr/lib/kibotos && test ! -e /usr/bin/kibo && "
         "test ! -e /lib/systemd/system/kibotos-node.service")
     assert 'id = "node-7"' in run("cat /etc/kibotos/node/config.toml")
-    # Purge: the configuration and the grant go; the account stays (it owns pool files).
+    # Purge: the configuration, the grant and the CA copy go; the account stays (it owns
+    # pool files).
     run(f"dpkg -P {names}")
     run("test ! -e /etc/kibotos && getent group kibotos-vmm >/dev/null")
 

@@ -163,8 +163,9 @@ kibotos ctrl grant --config /etc/kibotos/ctrl.toml --kind node --node-id node-a 
     > /etc/kibotos/node/grant
 chmod 0600 /etc/kibotos/node/grant
 g=$(kibotos ctrl grant --config /etc/kibotos/ctrl.toml --kind operator)
-timeout 60 sh -c "until kibo enroll --ctrl-url http://127.0.0.1:7400 --grant $g; do
-    sleep 0.3; done"
+timeout 60 sh -c "until cp /var/lib/kibotos/ctrl/cluster-ca.crt /etc/kibotos/node/ctrl-ca.crt \
+    && kibo enroll --ctrl-url https://127.0.0.1:7400 --ca-file /etc/kibotos/node/ctrl-ca.crt \
+    --grant $g; do sleep 0.3; done"
 systemctl enable --now kibotos-node
 """)
     wait_ready(box)

@@ -72,8 +72,11 @@ def routes(api: Api) -> list[Route]:
 
     async def exchange(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, ExchangeIn)
-        return await ctx.store.write(partial(
+        result = await ctx.store.write(partial(
             enrollment.exchange, token=body.token, public_key=body.public_key, now=ctx.now()))
+        # Handed out over the connection the caller already verified (docs/enrollment.md).
+        ca = ctx.cluster_ca.cert_pem.decode() if ctx.cluster_ca is not None else None
+        return {**result, "cluster_ca": ca}
 
     async def whoami(request: Request, caller: Caller | None) -> dict[str, Any]:
         assert caller is not None

@@ -16,14 +16,20 @@ expires, five minutes after issue.
 The write is not journaled although the body may carry ``command_id`` (the CLI always
 sends one): a credential is a secret and ctrl never stores one, and a second call just
 issues another, equally valid credential, which is what a retry wants anyway.
+
+``POST /v1/node/dataplane-certificate`` is the node's: with its own credential it sends
+the public half of its data-plane key and gets a certificate from the cluster CA for
+the host of the data-plane address it reported, valid ``[tls]
+dataplane_cert_lifetime`` (`kibotos.protocol.certificates`).  A node that is isolated,
+retired or revoked gets none.  Nothing is stored: asking again issues another.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from sqlalchemy.orm import Session
@@ -33,9 +39,15 @@ from kibotos import ids
 from kibotos.credentials import LIFETIME, OPERATIONS
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.model.network_records import node_trusted
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.ctrl.wire.base import Result, WriteRequest, iso
 from kibotos.errors import FailedPrecondition, NotFound
+from kibotos.protocol.certificates import (
+    DataplaneCertificate,
+    DataplaneCertificateRequest,
+    load_public_key,
+)
 
 #: `kibotos.credentials.OPERATIONS` as a type (a test keeps the two equal).
 Operation = Literal["exec", "files", "ports"]
@@ -48,6 +60,10 @@ def _default_operations() -> list[Operation]:
 class WorkspaceSessionIn(WriteRequest):
     operations: list[Operation] = Field(default_factory=_default_operations, min_length=1,
                                         max_length=len(OPERATIONS))
+
+
+class DataplaneCertificateOut(Result, DataplaneCertificate):
+    """`DataplaneCertificate` as the OpenAPI document shows it."""
 
 
 class WorkspaceSessionOut(Result):
@@ -96,6 +112,25 @@ def dataplane_url(address: str) -> str:
     return f"http://{address}"
 
 
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "*"}
+
+
+def dataplane_names(session: Session, node_id: str) -> list[str]:
+    """The names a data-plane certificate of `node_id` carries: the host of the
+    data-plane address it reported; `failed_precondition` when it may have none."""
+    if not node_trusted(session, node_id):
+        raise FailedPrecondition(f"node {node_id} is isolated, retired or revoked: it gets "
+                                 "no data-plane certificate", details={"node_id": node_id})
+    node = session.get(Node, node_id)
+    address = node.dataplane_address if node is not None else None
+    host = (address or "").rpartition(":")[0].strip("[]")
+    if host in _WILDCARD_HOSTS:
+        raise FailedPrecondition(
+            f"node {node_id} reported the data-plane address {address!r}, which names no "
+            "host a certificate can be issued for", details={"node_id": node_id})
+    return [host]
+
+
 def path_workspace_id(request: Request) -> str:
     return ids.check_object_id(request.path_params["workspace_id"], "workspace ID")
 
@@ -123,8 +158,29 @@ def routes(api: Api) -> list[Route]:
             "instance_id": target.instance_id,
         }
 
+    async def dataplane_certificate(request: Request, caller: Caller | None
+                                    ) -> dict[str, Any]:
+        assert caller is not None
+        assert caller.node_id is not None
+        body = await read_body(request, DataplaneCertificateRequest)
+        ca = ctx.cluster_ca
+        if ca is None:
+            raise FailedPrecondition("this ctrl has no cluster CA")
+        names = await ctx.store.run(partial(dataplane_names, node_id=caller.node_id))
+        issued = ca.issue(names, public_key=load_public_key(body.public_key),
+                          lifetime=timedelta(seconds=ctx.config.tls.dataplane_cert_lifetime),
+                          now=ctx.now())
+        return DataplaneCertificate(certificate=issued.cert_pem.decode(),
+                                    ca=ca.cert_pem.decode(),
+                                    not_after=iso(issued.not_after) or "",
+                                    names=names).model_dump()
+
     return [
         Route("POST", "/v1/workspaces/{workspace_id}/sessions", create_session, "operator",
               "A short-lived credential for the data plane of an AVAILABLE Workspace",
               body=WorkspaceSessionIn, result=WorkspaceSessionOut),
+        Route("POST", "/v1/node/dataplane-certificate", dataplane_certificate, "node",
+              "A certificate from the cluster CA for the calling node's data-plane key "
+              "and reported address", body=DataplaneCertificateRequest,
+              result=DataplaneCertificateOut),
     ]

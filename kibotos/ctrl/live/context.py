@@ -21,6 +21,7 @@ from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.plugins import Registries
 from kibotos.protocol import Args, CloseReason
+from kibotos.tls.ca import ClusterCA
 
 
 def utcnow() -> datetime:
@@ -62,3 +63,6 @@ class CtrlContext:
     metrics: CtrlMetrics = field(default_factory=CtrlMetrics)
     #: Seals Egress passwords in the store (``<state_dir>/egress-secrets.key``).
     secrets: SecretBox | None = None
+    #: The cluster CA (``<state_dir>/cluster-ca.{key,crt}``): issues ctrl's own and the
+    #: data planes' certificates; its certificate goes to every enrolling identity.
+    cluster_ca: ClusterCA | None = None

@@ -187,6 +187,8 @@ class ExchangeOut(Result):
     credential: str
     kind: Literal["node", "operator"]
     node_id: str | None
+    #: The cluster CA certificate (PEM) data-plane certificates chain to.
+    cluster_ca: str | None = None
 
 
 class WhoAmIOut(Result):

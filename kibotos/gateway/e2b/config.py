@@ -10,6 +10,7 @@
     [ctrl]
     url = "https://ctrl.example:7400"
     credential_file = "/etc/kibotos/gateway-e2b.credential"  # <identity_id>:<secret>
+    ca_file = "/etc/kibotos/ctrl-ca.crt"  # optional: ctrl's CA; default the system store
 
     [templates]                        # E2B template ID -> kibotos Template name
     base = "kibotos-base"
@@ -21,6 +22,9 @@
     memory_bytes = 1073741824
     layer_size_bytes = 10737418240
 
+ctrl is verified against ``ca_file`` (ctrl's ``<state_dir>/cluster-ca.crt``, or the CA
+of the operator's certificate), as a node verifies it against ``[node] ctrl_ca_file``;
+plain ``http://`` is refused unless ctrl is on loopback (the credential is a secret).
 The credential file holds the gateway's own operator identity (docs/gateways.md); it
 must be readable by its owner only, since it lets its holder act as an operator.
 """
@@ -29,11 +33,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from kibotos import ids
 from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.tls.contexts import client_context_from_file, require_secure
+
+if TYPE_CHECKING:
+    import ssl
 
 
 class _Strict(BaseModel):
@@ -53,15 +62,26 @@ def _listen(value: str) -> str:
 class CtrlSection(_Strict):
     url: StrictStr
     credential_file: Path
+    #: The CA ctrl's certificate is verified against; None: the system trust store.
+    ca_file: Path | None = None
 
     @field_validator("url")
     @classmethod
     def _http(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http(s):// URL, got {value!r}")
+        try:
+            require_secure(value, "the URL")
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
         return value.rstrip("/")
 
-    @field_validator("credential_file", mode="before")
+    def tls(self) -> ssl.SSLContext:
+        """The context ctrl is verified with (an unreadable CA file is an
+        `InvalidArgument` naming ctrl.ca_file)."""
+        return client_context_from_file(self.ca_file, "ctrl.ca_file")
+
+    @field_validator("credential_file", "ca_file", mode="before")
     @classmethod
     def _path(cls, value: object) -> object:
         return Path(value) if isinstance(value, str) else value

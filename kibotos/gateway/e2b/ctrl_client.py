@@ -13,6 +13,7 @@ until `SESSION_MARGIN` before they expire).
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,12 +24,14 @@ import httpx
 
 from kibotos.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     Internal,
     Unauthenticated,
     Unavailable,
     error_from_wire,
 )
 from kibotos.ids import new_id
+from kibotos.tls.contexts import client_context, verification_error
 
 #: How long a verified key is trusted without asking ctrl again.
 KEY_TTL = 5.0
@@ -55,10 +58,13 @@ class DataplaneSession:
 
 class CtrlClient:
     def __init__(self, base_url: str, credential: str, *,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 verify: ssl.SSLContext | None = None) -> None:
+        """`verify` checks ctrl's certificate (default: the system trust store)."""
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(
             base_url=self.base_url, transport=transport, follow_redirects=False,
+            verify=verify or client_context(),
             headers={"Authorization": f"Bearer {credential}",
                      "User-Agent": "kibotos-gateway-e2b"})
         self._keys: dict[str, tuple[float, Team]] = {}
@@ -80,6 +86,13 @@ class CtrlClient:
             raise DeadlineExceeded(f"ctrl did not answer {method} {path} within "
                                    f"{timeout:g}s") from None
         except httpx.TransportError as exc:
+            unverified = verification_error(exc)
+            if unverified is not None:  # retrying cannot fix it
+                raise FailedPrecondition(
+                    f"ctrl at {self.base_url} presented a certificate that does not verify "
+                    f"against ctrl.ca_file ({unverified.verify_message}): give the gateway "
+                    "ctrl's CA (ctrl's <state_dir>/cluster-ca.crt unless the operator gave "
+                    "ctrl a certificate)") from None
             raise Unavailable(f"cannot reach ctrl at {self.base_url}: {exc}") from None
         try:
             answer = response.json()

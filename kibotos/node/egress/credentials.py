@@ -16,14 +16,14 @@ on loopback.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import re
+import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 import trio
@@ -32,6 +32,7 @@ from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, Unavailable
 from kibotos.logs import EventLogger
 from kibotos.node.session.ctrl_http import refusal
+from kibotos.tls.contexts import client_context, require_secure
 
 log = EventLogger()
 
@@ -93,26 +94,14 @@ def check_key(name: object, revision: object) -> Key:
     return name, revision
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 class CredentialClient:
     """Fetches one Egress revision's credentials from ctrl with the node's identity."""
 
     def __init__(self, ctrl_url: str, credential: str | Callable[[], str | None], *,
-                 http: httpx.AsyncClient | None = None, timeout: float = 30.0) -> None:
-        parts = urlsplit(ctrl_url)
-        if parts.scheme not in ("https", "http") or not parts.hostname:
-            raise InvalidArgument(f"ctrl URL {ctrl_url!r} is not http(s)://host[:port]")
-        if parts.scheme == "http" and not _is_loopback(parts.hostname):
-            raise InvalidArgument(f"egress credentials are secrets: ctrl at {ctrl_url} must "
-                                  "be reached over https (plain http only on loopback)")
+                 http: httpx.AsyncClient | None = None, timeout: float = 30.0,
+                 verify: ssl.SSLContext | None = None) -> None:
+        require_secure(ctrl_url, "egress credentials are secrets: ctrl URL")
+        self.verify = verify or client_context()
         self.ctrl_url = ctrl_url.rstrip("/")
         self._credential = credential
         self._http = http
@@ -131,7 +120,8 @@ class CredentialClient:
                 resp = await self._http.get(url, params={"revision": revision},
                                             headers=self._headers())
             else:
-                async with httpx.AsyncClient(timeout=self._timeout) as client:
+                async with httpx.AsyncClient(timeout=self._timeout,
+                                             verify=self.verify) as client:
                     resp = await client.get(url, params={"revision": revision},
                                             headers=self._headers())
         except httpx.TransportError as exc:

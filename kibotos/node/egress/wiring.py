@@ -72,7 +72,8 @@ class NodeEgress:
                  environment: Mapping[str, str] | None = None,
                  timing: EgressTiming | None = None) -> NodeEgress:
         """The node's egress, through the supervisor plugin its VMMs use; credentials
-        from ctrl (`ctrl_url`, default the node's) with the node's own identity."""
+        from ctrl (`ctrl_url`, default the node's) with the node's own identity, ctrl
+        verified against ``[node] ctrl_ca_file`` as the node's session does."""
         from kibotos.node.instances.setup import supervisor_options
         from kibotos.plugins import load_plugins
 
@@ -82,8 +83,9 @@ class NodeEgress:
         client: CredentialClient | None = None
         no_ctrl = None
         try:
-            client = CredentialClient(ctrl_url or config.node.ctrl_url, credential)
-        except InvalidArgument as exc:  # http:// off loopback: no secret over it
+            client = CredentialClient(ctrl_url or config.node.ctrl_url, credential,
+                                      verify=config.node.ctrl_tls())
+        except InvalidArgument as exc:  # http:// off loopback, or an unreadable CA file
             no_ctrl = exc.message
         state_dir = config.storage.root / "state"
         egress = EgressSupervisor(

@@ -116,7 +116,8 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     cache = None
     if credential is not None:
         cache = TemplateCache(root / "template-cache", ctrl_url=config.node.ctrl_url,
-                              credential=credential, limit=config.storage.template_cache_limit)
+                              credential=credential, limit=config.storage.template_cache_limit,
+                              verify=config.node.ctrl_tls())
     templates = NodeTemplates(cache, [root / "template-cache", *config.vmm.artifact_dirs])
     # Attachment records a crash left are settled against the Instance records before
     # the pool monitor (its SHA-256 rename at start) or adoption read them.
@@ -140,7 +141,7 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
         storage = manager.storage
         manager.transfers = NodeTransfers(
             node_id=node_id, pool=launcher.pool, ctrl_url=config.node.ctrl_url,
-            credential=credential,
+            credential=credential, verify=config.node.ctrl_tls(),
             guard=lambda doing, key: storage._working(doing, key),
             held=lambda key: storage._kept(key, True))
     return manager

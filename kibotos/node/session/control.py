@@ -66,6 +66,7 @@ from kibotos.protocol import (
     parse,
 )
 from kibotos.protocol.values import MAX_ERROR_MESSAGE
+from kibotos.tls.contexts import verification_error
 
 log = EventLogger()
 
@@ -281,6 +282,19 @@ class ControlSession:
             else:
                 stream = await trio.open_tcp_stream(host, port)
         try:
+            if isinstance(stream, trio.SSLStream):
+                # Here, not inside trio-websocket, whose reader would swallow a
+                # certificate that does not verify into a silent wait for the welcome.
+                with trio.fail_after(self.timing.welcome_timeout):
+                    try:
+                        await stream.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        unverified = verification_error(exc)
+                        if unverified is None:
+                            raise
+                        raise _Drop(f"ctrl's certificate does not verify against "
+                                    f"node.ctrl_ca_file ({unverified.verify_message})",
+                                    slow=True) from None  # a retry soon cannot fix it
             headers = [(b"Authorization", f"Bearer {self.identity.credential}".encode())]
             with trio.fail_after(self.timing.welcome_timeout):
                 ws = await wrap_client_stream(

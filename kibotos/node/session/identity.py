@@ -26,6 +26,7 @@ from kibotos.config import NodeConfig
 from kibotos.errors import FailedPrecondition, error_from_wire
 from kibotos.logs import EventLogger
 from kibotos.node.session.backoff import Backoff
+from kibotos.tls.contexts import verification_error
 
 log = EventLogger()
 
@@ -117,6 +118,12 @@ async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str, token: str,
         try:
             response = await client.post(url, json={"token": token, "public_key": public_key})
         except httpx.TransportError as exc:
+            unverified = verification_error(exc)
+            if unverified is not None:  # a retry cannot fix it; the grant stays unused
+                raise FailedPrecondition(
+                    f"enrollment: ctrl at {url} presented a certificate that does not "
+                    f"verify against node.ctrl_ca_file ({unverified.verify_message}); the "
+                    "grant was not sent") from None
             delay = backoff.next_delay()
             log.warning("enrollment: ctrl unreachable, retrying", url=url, error=str(exc),
                         retry_in=f"{delay:.1f}s")
@@ -147,11 +154,12 @@ async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str, token: str,
 
 async def enroll(config: NodeConfig, path: Path, *,
                  client: httpx.AsyncClient | None = None) -> NodeIdentity:
-    """Exchange the grant once and store the identity."""
+    """Exchange the grant once and store the identity; ctrl's certificate is verified
+    against ``[node] ctrl_ca_file`` before the grant is sent."""
     token = read_grant(config.node.enrollment_grant_file)
     key = Ed25519PrivateKey.generate()
     own_client = client is None
-    http = client or httpx.AsyncClient(timeout=30.0)
+    http = client or httpx.AsyncClient(timeout=30.0, verify=config.node.ctrl_tls())
     try:
         result = await exchange_grant(http, config.node.ctrl_url, token, public_key_b64(key))
     finally:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from kibotos.errors import (
 )
 from kibotos.logs import EventLogger
 from kibotos.node.session.ctrl_http import refusal
+from kibotos.tls.contexts import client_context
 from kibotos.units import format_bytes
 
 log = EventLogger()
@@ -92,8 +94,11 @@ class _Flight:
 class TemplateCache:
     def __init__(self, root: Path, *, ctrl_url: str,
                  credential: str | Callable[[], str | None] | None, limit: int,
-                 http: httpx.AsyncClient | None = None, timeout: float = 300.0) -> None:
+                 http: httpx.AsyncClient | None = None, timeout: float = 300.0,
+                 verify: ssl.SSLContext | None = None) -> None:
         self.root = root
+        #: Checks ctrl's certificate (``[node] ctrl_ca_file``; default the system store).
+        self.verify = verify or client_context()
         self.blobs = root / "sha256"
         self.ctrl_url = ctrl_url.rstrip("/")
         self._credential = credential
@@ -175,7 +180,8 @@ class TemplateCache:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=30))
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=30),
+                                           verify=self.verify)
         return self._http
 
     def _headers(self) -> dict[str, str]:

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import os
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +55,7 @@ from kibotos.node.storage.objects import (
     UseRightTakenOver,
 )
 from kibotos.node.storage.pools.dirs import hand_block_file
+from kibotos.tls.contexts import client_context
 
 log = EventLogger()
 
@@ -92,8 +94,11 @@ class NodeTransfers:
     def __init__(self, *, node_id: str, pool: Callable[[str, str], PoolObjects],
                  ctrl_url: str, credential: Callable[[], str | None],
                  guard: Guard | None = None, held: Callable[[Key], None] | None = None,
-                 http: httpx.AsyncClient | None = None, timeout: float = 600.0) -> None:
+                 http: httpx.AsyncClient | None = None, timeout: float = 600.0,
+                 verify: ssl.SSLContext | None = None) -> None:
         self.node_id = node_id
+        #: Checks ctrl's certificate (``[node] ctrl_ca_file``; default the system store).
+        self.verify = verify or client_context()
         self.pool = pool
         self.ctrl_url = ctrl_url.rstrip("/")
         self.credential = credential
@@ -112,7 +117,7 @@ class NodeTransfers:
             yield self._http
             return
         async with httpx.AsyncClient(
-                timeout=httpx.Timeout(self._timeout, connect=30)) as client:
+                timeout=httpx.Timeout(self._timeout, connect=30), verify=self.verify) as client:
             yield client
 
     def _headers(self) -> dict[str, str]:
