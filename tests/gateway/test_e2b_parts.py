@@ -6,6 +6,7 @@ with the generated envd messages."""
 from __future__ import annotations
 
 import json
+import ssl
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -107,6 +108,32 @@ def test_config_aliases_credential_and_strictness(tmp_path: Path) -> None:
                 {"sandbox": {"default_timeout_s": "300"}}, {"extra": 1}):
         with pytest.raises(InvalidArgument):
             _config(tmp_path, **bad)
+
+
+def test_config_ctrl_tls(tmp_path: Path) -> None:
+    """ctrl is verified against [ctrl] ca_file; plain http only to loopback."""
+    from kibotos.tls.ca import ClusterCA, cert_path
+
+    cred = tmp_path / "cred"
+    cred.write_text("kid-x:secret\n")
+    cred.chmod(0o600)
+
+    def ctrl(**section: str) -> GatewayConfig:
+        data = {"state_dir": str(tmp_path / "state"),
+                "ctrl": {"credential_file": str(cred), **section}}
+        return config_mod.parse(GatewayConfig, data, "gateway.toml")
+
+    with pytest.raises(InvalidArgument, match="must be https"):
+        ctrl(url="http://ctrl.example:7400")
+    missing = ctrl(url="https://ctrl.example:7400", ca_file=str(tmp_path / "none.crt"))
+    with pytest.raises(InvalidArgument, match=r"ctrl\.ca_file"):
+        missing.ctrl.tls()
+    ClusterCA.load_or_create(tmp_path / "ca")
+    pinned = ctrl(url="https://ctrl.example:7400", ca_file=str(cert_path(tmp_path / "ca")))
+    context = pinned.ctrl.tls()
+    assert context.check_hostname
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert len(context.get_ca_certs()) == 1  # the pinned CA only, not the system store
 
 
 async def _auth(request: Request) -> str:
