@@ -39,7 +39,7 @@ from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.api.cluster_metrics import install as install_metrics
 from kibotos.ctrl.api.metrics import RequestMetrics
 from kibotos.ctrl.api.openapi import build_openapi
-from kibotos.ctrl.api.routing import Api, Route, endpoint
+from kibotos.ctrl.api.routing import Api, BodyTooLarge, Route, endpoint
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.services import CtrlServices
 from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
@@ -65,7 +65,12 @@ def _error(exc: KibotosError, status: int | None = None) -> JSONResponse:
 
 async def _on_kibotos_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KibotosError)
-    return _error(exc)
+    response = _error(exc)
+    if isinstance(exc, BodyTooLarge):
+        # The rest of the body is never read: the connection cannot carry another
+        # request, and closing it ends the client's upload instead of stalling it.
+        response.headers["Connection"] = "close"
+    return response
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
