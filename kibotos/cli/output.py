@@ -7,6 +7,13 @@ Rules every command follows through this module, so they hold everywhere at once
   ``{"error": {"code", "message"}}`` on stdout as well, so a script piping into ``jq``
   sees a structured answer, while the human line ``error: <code>: <message>`` always
   goes to stderr;
+* every text that reaches a person goes through `printable` first: table cells and
+  titles, section labels and values, lines, messages, warnings and errors.  Strings
+  come from the server, and through it from nodes and other operators (a node's
+  ``release_version``, a grant's ``name``, an Instance's ``reason``, records written
+  before ctrl refused such input); a control character in one would move the cursor,
+  recolour or clear the operator's terminal, or start a fake table row.  ``--json``
+  keeps the exact strings: JSON escapes them itself;
 * when stdout is not a terminal, or ``KIBO_ASCII=1``, tables use an ASCII box and no
   colour, so snapshots and ``awk`` see stable text; ``COLUMNS`` sets the width, and a
   pipe without ``COLUMNS`` gets a width wide enough never to wrap a row.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +42,21 @@ Row = Sequence[str]
 
 # Without a terminal and without COLUMNS nothing reads the width: do not wrap rows.
 _PIPE_WIDTH = 1000
+
+#: C0 controls, DEL, C1 controls and the Unicode line and paragraph separators: what a
+#: terminal acts on instead of showing.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as its escape (ESC is ``\\x1b``, a
+    newline ``\\x0a``): one line, shown as it is, acted on by no terminal."""
+    return _CONTROL.sub(_escape, text)
 
 
 @dataclass
@@ -86,7 +109,7 @@ class Output:
 
     def line(self, text: str) -> None:
         """One line of data on stdout (a token, an ID, a summary of a write)."""
-        click.echo(text)
+        click.echo(printable(text))
 
     def table(self, columns: Sequence[str], rows: Sequence[Row], *,
               title: str | None = None) -> None:
@@ -94,7 +117,7 @@ class Output:
         ascii_mode = _ascii_mode(stream)
         table = Table(
             box=box.ASCII2 if ascii_mode else box.ROUNDED,
-            title=Text(title) if title else None,
+            title=Text(printable(title)) if title else None,
             title_justify="left",
             header_style="" if ascii_mode else "bold",
             show_edge=True,
@@ -102,11 +125,12 @@ class Output:
         )
         # Cells never wrap and are never cut: a table wider than COLUMNS is printed whole
         # and the terminal wraps its lines (as kubectl does), so no value is lost.
-        widths = [max([len(name)] + [len(row[i]) for row in rows])
+        cells = [[printable(cell) for cell in row] for row in rows]
+        widths = [max([len(name)] + [len(row[i]) for row in cells])
                   for i, name in enumerate(columns)]
         for name in columns:
             table.add_column(Text(name), no_wrap=True)
-        for row in rows:
+        for row in cells:
             table.add_row(*(Text(cell) for cell in row))
         console = _console(stream)
         needed = sum(widths) + 3 * len(columns) + 1
@@ -121,24 +145,26 @@ class Output:
         for i, section in enumerate(sections):
             if i:
                 console.print()
-            console.print(Text(section.title, style="" if _ascii_mode(stream) else "bold"))
-            width = max((len(label) for label, _ in section.lines), default=0)
-            for label, value in section.lines:
+            console.print(Text(printable(section.title),
+                               style="" if _ascii_mode(stream) else "bold"))
+            lines = [(printable(label), printable(value)) for label, value in section.lines]
+            width = max((len(label) for label, _ in lines), default=0)
+            for label, value in lines:
                 console.print(Text(f"  {label + ':':<{width + 1}} {value}"), soft_wrap=True)
 
     # ------------------------------------------------------------- messages (stderr)
 
     def message(self, text: str) -> None:
         """Progress and notes for the person at the terminal; never data."""
-        click.echo(text, err=True)
+        click.echo(printable(text), err=True)
 
     def warning(self, text: str) -> None:
-        click.echo(f"warning: {text}", err=True)
+        click.echo(f"warning: {printable(text)}", err=True)
 
     def error(self, exc: KibotosError) -> None:
         if self.as_json:
             click.echo(json.dumps(exc.to_wire(), indent=2, ensure_ascii=False))
-        click.echo(f"error: {exc.code}: {exc.message}", err=True)
+        click.echo(f"error: {printable(exc.code)}: {printable(exc.message)}", err=True)
 
 
 def yes_no(value: object) -> str:
