@@ -36,16 +36,13 @@ from rich.table import Table
 from rich.text import Text
 
 from kibotos.errors import KibotosError
+from kibotos.protocol.values import CONTROL_CHARACTERS
 
 #: A table row or a section line; every cell is already a display string.
 Row = Sequence[str]
 
 # Without a terminal and without COLUMNS nothing reads the width: do not wrap rows.
 _PIPE_WIDTH = 1000
-
-#: C0 controls, DEL, C1 controls and the Unicode line and paragraph separators: what a
-#: terminal acts on instead of showing.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -56,7 +53,7 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: str) -> str:
     """`text` with every control character written as its escape (ESC is ``\\x1b``, a
     newline ``\\x0a``): one line, shown as it is, acted on by no terminal."""
-    return _CONTROL.sub(_escape, text)
+    return CONTROL_CHARACTERS.sub(_escape, text)
 
 
 @dataclass

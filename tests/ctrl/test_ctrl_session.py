@@ -230,6 +230,8 @@ INVALID_HELLOS = [
     json.dumps({**hello_message("node-a", 1), "resources": {"cpu_millis": True,
                                                             "memory_bytes": 1 << 30}}),
     json.dumps({**hello_message("node-a", 1), "incarnation": "1"}),
+    json.dumps({**hello_message("node-a", 1), "release_version": "0.2\x1b[31m"}),
+    json.dumps({**hello_message("node-a", 1), "source_revision": "abc\ndef"}),
 ]
 
 
