@@ -41,6 +41,27 @@ class BodyTooLarge(InvalidArgument):
     http_status = 413
 
 
+class UnsupportedMediaType(InvalidArgument):
+    """A body that is not ``application/json`` where a route reads JSON: refused (415)
+    before it is read, so a form or a text body is never guessed at."""
+
+    http_status = 415
+
+
+def _declares_json(request: Request) -> bool:
+    """Whether the request says its body is JSON; `UnsupportedMediaType` when it says
+    it is something else.  No ``Content-Type`` at all is allowed for an empty body."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return False
+    media = declared.partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise UnsupportedMediaType(
+            f"request body must be application/json, not {declared[:80]!r}",
+            details={"content_type": declared[:200]})
+    return True
+
+
 @dataclass(frozen=True)
 class Route:
     method: str
@@ -109,9 +130,14 @@ async def _bounded_bytes(request: Request, limit: int) -> bytes:
 async def read_body(request: Request, model: type[M]) -> M:
     """The JSON body as a `model`: bounded by the route's `Route.body_limit`, parsed by
     `kibotos.protocol.json_text` (depth limit, no duplicate keys), an object; an empty
-    body is ``{}``.  Every way to be wrong is ``invalid_argument``."""
+    body is ``{}``.  Every way to be wrong is ``invalid_argument`` (with 413 for a body
+    too large, 415 for one that is not ``application/json``)."""
     limit = request.scope.get(_LIMIT_KEY, MAX_BODY)
+    declared = _declares_json(request)
     raw = await _bounded_bytes(request, limit)
+    if raw.strip() and not declared:
+        raise UnsupportedMediaType("request body has no Content-Type: it must be "
+                                   "application/json")
     if not raw.strip():
         data: Any = {}
     else:
@@ -125,7 +151,16 @@ async def read_body(request: Request, model: type[M]) -> M:
 
 
 def read_query(request: Request, model: type[M]) -> M:
-    return model.model_validate(dict(request.query_params))
+    """The query string as a `model`; a parameter given twice is refused (``a=1&a=2``
+    would otherwise mean whichever one a reader keeps)."""
+    items = request.query_params.multi_items()
+    seen: set[str] = set()
+    for name, _ in items:
+        if name in seen:
+            raise InvalidArgument(f"query parameter {name[:80]!r} is given more than once",
+                                  details={"parameter": name[:200]})
+        seen.add(name)
+    return model.model_validate(dict(items))
 
 
 def path_node_id(request: Request) -> str:
