@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kibotos.ctrl.api.enrollment import EXCHANGE_BODY_LIMIT
 from kibotos.ctrl.store.models import Workspace
 
 EXCHANGE = "/v1/enrollment/exchange"
@@ -117,3 +118,11 @@ async def test_an_unexpected_error_names_no_exception(running_ctrl: RunningCtrl)
     assert "secret.key" not in resp.text
     assert "Traceback" not in resp.text
     assert err["message"].startswith("internal error")
+
+
+async def test_the_openapi_document_states_the_body_rules(running_ctrl: RunningCtrl) -> None:
+    doc = (await running_ctrl.http.get("/v1/openapi.json")).json()
+    exchange = doc["paths"][EXCHANGE]["post"]
+    assert exchange["requestBody"]["x-kibotos-body-limit"] == EXCHANGE_BODY_LIMIT
+    assert {"413", "415"} <= set(exchange["responses"])
+    assert "413" not in doc["paths"]["/v1/nodes"]["get"]["responses"]
