@@ -5,6 +5,7 @@ Workspace's sessions answered by its state, and no exception text in a 500."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 
 import pytest
@@ -126,3 +127,21 @@ async def test_the_openapi_document_states_the_body_rules(running_ctrl: RunningC
     assert exchange["requestBody"]["x-kibotos-body-limit"] == EXCHANGE_BODY_LIMIT
     assert {"413", "415"} <= set(exchange["responses"])
     assert "413" not in doc["paths"]["/v1/nodes"]["get"]["responses"]
+
+
+@pytest.mark.parametrize(("byte_range", "status"), [
+    ("bytes=abc", 400), ("lines=0-1", 400), ("bytes=5-1", 400), ("bytes=4096-", 416)])
+async def test_a_bad_range_is_answered_in_the_envelope(running_ctrl: RunningCtrl,
+                                                       byte_range: str, status: int) -> None:
+    data = b"blob for range tests" * 10
+    path = f"/v1/artifacts/sha256/{hashlib.sha256(data).hexdigest()}"
+    ops = running_ctrl.operator
+    assert (await running_ctrl.http.put(path, content=data, headers=ops)).status_code == 200
+    resp = await running_ctrl.http.get(path, headers={**ops, "Range": byte_range})
+    assert resp.status_code == status
+    assert resp.json()["error"]["code"] == "invalid_argument"
+    if status == 416:
+        assert resp.headers["content-range"] == f"bytes */{len(data)}"
+    ok = await running_ctrl.http.get(path, headers={**ops, "Range": "bytes=0-3"})
+    assert ok.status_code == 206
+    assert ok.content == data[:4]
