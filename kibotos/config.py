@@ -28,7 +28,8 @@ class _Strict(BaseModel):
 
 def _check_listen(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) \
+            or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected host:port, got {value!r}")
     return value
 
@@ -202,10 +203,17 @@ class ResourcesSection(_Strict):
     @field_validator("cpu_millis", mode="before")
     @classmethod
     def _cpu(cls, v: Any) -> int:
+        # TOML gives an int or a float; a string is read as `kibotos.units` reads
+        # numbers (ASCII digits: float() would take "1_0", " 4 ", "nan" and "٣").
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise ValueError(f"cpu must be a number of cores, got {v!r}")
         try:
-            millis = round(float(v) * 1000)
-        except (TypeError, ValueError):
+            cores = float(units.parse_decimal(v, "cpu")) if isinstance(v, str) else float(v)
+        except InvalidArgument:
             raise ValueError(f"cpu must be a number of cores, got {v!r}") from None
+        if not cores < float("inf"):
+            raise ValueError(f"cpu must be a number of cores, got {v!r}")
+        millis = round(cores * 1000)
         if millis <= 0:
             raise ValueError("cpu must be positive")
         return millis

@@ -81,12 +81,12 @@ async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
     config = session_config(tmp_path)
     store = await open_store(config)
     ctx = build_context(config, store)
+    app = build_app(build_services(ctx))
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(
-                hypercorn_serve, build_app(build_services(ctx)),
-                hypercorn_config(config.ctrl.listen)))
-            ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0])
+                hypercorn_serve, app, hypercorn_config(config.ctrl.listen)))
+            ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0], app=app)
             async with httpx.AsyncClient(base_url=ctrl.url, timeout=30) as http:
                 ctrl.http = http
                 ctrl.operator = await enroll_operator(http, store)

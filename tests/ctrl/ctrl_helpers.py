@@ -124,6 +124,8 @@ class RunningCtrl:
     ctx: CtrlContext
     url: str
     connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
+    #: The ASGI app being served (``running_ctrl``), for a test that adds a route.
+    app: Any = None
     http: httpx.AsyncClient = field(init=False)
     operator: dict[str, str] = field(init=False)
 
