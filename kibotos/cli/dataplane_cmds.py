@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 
 from kibotos.cli.node_processes import config_option, list_or_stop, node_supervisor, serve
-from kibotos.cli.numbers import AsciiFloat
+from kibotos.cli.numbers import AsciiFloat, AsciiInt
 
 
 @click.group("dataplane")
