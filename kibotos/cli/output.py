@@ -36,8 +36,8 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from kibotos.cli import plain_text
+from kibotos.control_chars import CONTROL_CHARACTERS
 from kibotos.errors import KibotosError
-from kibotos.protocol.values import CONTROL_CHARACTERS
 
 if TYPE_CHECKING:
     from rich.console import Console

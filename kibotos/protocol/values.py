@@ -8,7 +8,6 @@ store, a file name or a VMM's command line.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, TypeVar
@@ -16,6 +15,7 @@ from typing import Annotated, TypeVar
 from pydantic import AfterValidator, Field, StrictInt, StrictStr
 
 from kibotos import units
+from kibotos.control_chars import CONTROL_CHARACTERS
 from kibotos.errors import InvalidArgument
 
 MIB = 1 << 20
@@ -48,10 +48,6 @@ _E = TypeVar("_E", bound=Enum)
 WireEnum = Annotated[_E, Field(strict=False)]
 
 
-#: C0 controls, DEL, C1 controls and the Unicode line and paragraph separators: what a
-#: terminal acts on instead of showing.  `Printable` refuses them at input; the CLI
-#: escapes them at output (`kibotos.cli.output.printable`), for records older than that.
-CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _printable(value: str) -> str:

@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Match, WebSocketRoute
 from starlette.routing import Route as StarletteRoute
 from starlette.websockets import WebSocket
 
+from kibotos.control_chars import CONTROL_CHARACTERS
 from kibotos.ctrl.api import enrollment as api_enrollment
 from kibotos.ctrl.api import network as api_network
 from kibotos.ctrl.api import nodes as api_nodes
@@ -43,7 +44,6 @@ from kibotos.ctrl.api.routing import Api, BodyTooLarge, Route, endpoint
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.services import CtrlServices
 from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
-from kibotos.protocol.values import CONTROL_CHARACTERS
 
 log = logging.getLogger("kibotos.ctrl.api.app")
 
