@@ -79,7 +79,7 @@ fi
 
 echo "build.sh: building kibotos $have from $commit" >&2
 (cd "$work/src" && KIBOTOS_WHEELHOUSE=$wheelhouse KIBOTOS_SOURCE_REVISION=$commit \
-    dpkg-buildpackage -us -uc -b)
+    dpkg-buildpackage -us -uc -b >&2)  # stdout: only the paths below
 
 mkdir -p "$out"
 for f in "$work"/*.deb "$work"/*.buildinfo "$work"/*.changes; do
