@@ -8,7 +8,6 @@ writes anything.  The operator CLI's ``kibo.toml`` is not here: it is
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +17,7 @@ from kibotos import units
 from kibotos.errors import InvalidArgument
 from kibotos.network_config import NetworkSection
 from kibotos.protocol.ids import NodeId, PoolId
+from kibotos.toml_file import read_toml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -344,13 +344,5 @@ def parse(model: type[M], data: dict[str, Any], source: str) -> M:
 
 def load(model: type[M], path: Path | str) -> M:
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise InvalidArgument(f"configuration file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"configuration file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read configuration file {path}: {exc}") from None
+    data = read_toml(path)
     return parse(model, data, str(path))
