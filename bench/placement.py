@@ -46,6 +46,15 @@ Workspace AVAILABLE, no node over its schedulable amount:
   runs since, the cause not found (the bench now prints ctrl.log's tail when a run
   fails).
 
+The figures above were taken with SQLite's ``synchronous=NORMAL``; the store now runs
+``FULL`` (issue 16: an acknowledged write must survive power loss), so every commit
+waits for its fsync.  What that costs a commit, bench/store_sync.py on this machine's
+ext4 disk at load 5-6: 215 against 2,221 commits/s of one write (0.10 of the rate),
+179 against 417 commits/s of 15 writes (0.43), i.e. ~2,700 writes/s when grouped as
+placement load groups them.  That is far above the 32-75 placements/s above, which ctrl
+CPU bounds (12-15 ms each), so placements/s should change little; a full placement run
+under FULL was not taken in that round.
+
 The earlier figure, 1,000 nodes and 10,000 creates before storage pools: 63/s at load
 4, 85/s at load 2, 10.5-11.5 ms of ctrl CPU per placement.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ from kibotos.tls.contexts import (
     is_loopback,
     require_secure,
 )
+from kibotos.toml_file import read_toml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,7 +34,8 @@ class _Strict(BaseModel):
 
 def _check_listen(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) \
+            or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected host:port, got {value!r}")
     return value
 
@@ -275,10 +276,17 @@ class ResourcesSection(_Strict):
     @field_validator("cpu_millis", mode="before")
     @classmethod
     def _cpu(cls, v: Any) -> int:
+        # TOML gives an int or a float; a string is read as `kibotos.units` reads
+        # numbers (ASCII digits: float() would take "1_0", " 4 ", "nan" and "٣").
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise ValueError(f"cpu must be a number of cores, got {v!r}")
         try:
-            millis = round(float(v) * 1000)
-        except (TypeError, ValueError):
+            cores = float(units.parse_decimal(v, "cpu")) if isinstance(v, str) else float(v)
+        except InvalidArgument:
             raise ValueError(f"cpu must be a number of cores, got {v!r}") from None
+        if not cores < float("inf"):
+            raise ValueError(f"cpu must be a number of cores, got {v!r}")
+        millis = round(cores * 1000)
         if millis <= 0:
             raise ValueError("cpu must be positive")
         return millis
@@ -409,13 +417,5 @@ def parse(model: type[M], data: dict[str, Any], source: str) -> M:
 
 def load(model: type[M], path: Path | str) -> M:
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise InvalidArgument(f"configuration file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"configuration file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read configuration file {path}: {exc}") from None
+    data = read_toml(path)
     return parse(model, data, str(path))

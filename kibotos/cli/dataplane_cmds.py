@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from kibotos.cli.node_processes import config_option, list_or_stop, node_supervisor, serve
+from kibotos.cli.numbers import AsciiFloat, AsciiInt
 
 
 @click.group("dataplane")
@@ -35,9 +36,9 @@ def dataplane_group() -> None:
 @click.option("--socket-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The node's socket directory; the control socket is "
                    "<socket-dir>/dataplane/control.sock.")
-@click.option("--generation", required=True, type=click.IntRange(min=1),
+@click.option("--generation", required=True, type=AsciiInt(min=1),
               help="This process's generation, as the node numbered it.")
-@click.option("--drain-timeout", default=10.0, type=click.FloatRange(min=0), show_default=True,
+@click.option("--drain-timeout", default=10.0, type=AsciiFloat(min=0), show_default=True,
               metavar="SECONDS", help="On SIGTERM, how long open connections may take to end.")
 def serve_command(listen: str, socket_dir: Path, generation: int,
                   drain_timeout: float) -> None:
@@ -68,7 +69,7 @@ def list_command(config_path: Path) -> None:
 
 @dataplane_group.command("stop")
 @config_option
-@click.option("--timeout", default=15.0, type=click.FloatRange(min=0), show_default=True,
+@click.option("--timeout", default=15.0, type=AsciiFloat(min=0), show_default=True,
               metavar="SECONDS", help="Per process: how long before SIGKILL (it drains "
                                       "its connections for 10 s first).")
 def stop_command(config_path: Path, timeout: float) -> None:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kibotos.cli.numbers import AsciiInt
 from kibotos.cli.output import Output
 from kibotos.errors import KibotosError
 from kibotos.units import parse_duration
@@ -63,7 +64,7 @@ def cluster_group() -> None:
 
 @cluster_group.command("up")
 @_DIR
-@click.option("--nodes", type=click.IntRange(1, 64), default=3, show_default=True,
+@click.option("--nodes", type=AsciiInt(1, 64), default=3, show_default=True,
               help="How many nodes to start (node-1 … node-N).")
 @click.option("--shared-pool", is_flag=True,
               help="Also attach every node to one pool `shared` at DIR/shared-pool.")

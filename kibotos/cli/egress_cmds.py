@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from kibotos.cli.node_processes import config_option, list_or_stop, node_supervisor, serve
+from kibotos.cli.numbers import AsciiFloat, AsciiInt
 
 
 @click.group("egress")
@@ -30,7 +31,7 @@ def egress_group() -> None:
 @click.option("--socket-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The egress socket directory (<node socket dir>-egress, mode 0700, owned "
                    "by this process's user), where it binds control-<generation>.sock.")
-@click.option("--generation", required=True, type=click.IntRange(min=1),
+@click.option("--generation", required=True, type=AsciiInt(min=1),
               help="This process's generation, as the node numbered it.")
 def serve_command(socket_dir: Path, generation: int) -> None:
     """Forward guest TCP through SOCKS5 Egresses and DNS to Resolvers until drained."""
@@ -58,7 +59,7 @@ def list_command(config_path: Path) -> None:
 
 @egress_group.command("stop")
 @config_option
-@click.option("--timeout", default=5.0, type=click.FloatRange(min=0), show_default=True,
+@click.option("--timeout", default=5.0, type=AsciiFloat(min=0), show_default=True,
               metavar="SECONDS", help="Per process: how long before SIGKILL.")
 def stop_command(config_path: Path, timeout: float) -> None:
     """End every egress process of the node (their connections drop; a running node

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kibotos.errors import InvalidArgument
+from kibotos.toml_file import read_toml
 
 #: Seconds per HTTP request when the file does not say.
 DEFAULT_TIMEOUT = 30.0
@@ -85,15 +85,7 @@ def parse(data: dict[str, Any], source: str) -> KiboConfig:
 
 def load(path: Path | str) -> KiboConfig:
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise InvalidArgument(f"configuration file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"configuration file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read configuration file {path}: {exc}") from None
+    data = read_toml(path)
     return parse(data, str(path))
 
 

@@ -13,6 +13,7 @@ import click
 
 from kibotos.cli import node_render
 from kibotos.cli.client import resource_path
+from kibotos.cli.numbers import AsciiFloat, AsciiInt
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -42,7 +43,7 @@ def node_path(node_id: str, action: str = "") -> str:
 
 
 @node_group.command("list")
-@click.option("--page-size", type=click.IntRange(1, 500), default=100, show_default=True,
+@click.option("--page-size", type=AsciiInt(1, 500), default=100, show_default=True,
               help="Nodes per page (ctrl sorts and pages).")
 @click.option("--page-token", metavar="TOKEN", help="Continue from a previous page.")
 @click.option("--all", "all_pages", is_flag=True, help="Follow every page.")
@@ -153,7 +154,7 @@ def _still_draining(inv: Invocation, node: dict[str, Any], status: str) -> Deadl
 @click.argument("node_id", metavar="NODE")
 @click.option("--wait", is_flag=True,
               help="Wait until the node is DRAINED (bounded by the global --timeout).")
-@click.option("--poll-interval", type=click.FloatRange(min=0.01), default=DRAIN_POLL_INTERVAL,
+@click.option("--poll-interval", type=AsciiFloat(min=0.01), default=DRAIN_POLL_INTERVAL,
               hidden=True)
 @command_id_option
 @expected_version_option

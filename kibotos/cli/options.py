@@ -20,6 +20,7 @@ import click
 from kibotos import ids
 from kibotos.cli import kibo_config
 from kibotos.cli.client import Client, Deadline
+from kibotos.cli.numbers import AsciiInt
 from kibotos.cli.output import Output
 from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.tls.contexts import client_context
@@ -127,7 +128,7 @@ def command_id_option(fn: Callable[..., None]) -> Callable[..., None]:
 
 def expected_version_option(fn: Callable[..., None]) -> Callable[..., None]:
     return click.option(
-        "--expected-version", type=click.IntRange(min=0), metavar="N",
+        "--expected-version", type=AsciiInt(min=0), metavar="N",
         help="Refuse the change unless the record is still at this version.")(fn)
 
 

@@ -7,6 +7,13 @@ Rules every command follows through this module, so they hold everywhere at once
   ``{"error": {"code", "message"}}`` on stdout as well, so a script piping into ``jq``
   sees a structured answer, while the human line ``error: <code>: <message>`` always
   goes to stderr;
+* every text that reaches a person goes through `printable` first: table cells and
+  titles, section labels and values, lines, messages, warnings and errors.  Strings
+  come from the server, and through it from nodes and other operators (a node's
+  ``release_version``, a grant's ``name``, an Instance's ``reason``, records written
+  before ctrl refused such input); a control character in one would move the cursor,
+  recolour or clear the operator's terminal, or start a fake table row.  ``--json``
+  keeps the exact strings: JSON escapes them itself;
 * when stdout is not a terminal, or ``KIBO_ASCII=1``, tables use an ASCII box and no
   colour, so snapshots and ``awk`` see stable text; ``COLUMNS`` sets the width, and a
   pipe without ``COLUMNS`` gets a width wide enough never to wrap a row.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from kibotos.cli import plain_text
+from kibotos.control_chars import CONTROL_CHARACTERS
 from kibotos.errors import KibotosError
 
 if TYPE_CHECKING:
@@ -38,6 +47,17 @@ Row = Sequence[str]
 
 # Without a terminal and without COLUMNS nothing reads the width: do not wrap rows.
 _PIPE_WIDTH = 1000
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as its escape (ESC is ``\\x1b``, a
+    newline ``\\x0a``): one line, shown as it is, acted on by no terminal."""
+    return CONTROL_CHARACTERS.sub(_escape, text)
 
 
 @dataclass
@@ -145,11 +165,14 @@ class Output:
 
     def line(self, text: str) -> None:
         """One line of data on stdout (a token, an ID, a summary of a write)."""
-        click.echo(text)
+        click.echo(printable(text))
 
     def table(self, columns: Sequence[str], rows: Sequence[Row], *,
               title: str | None = None) -> None:
         stream = sys.stdout
+        # Every cell and the title escaped (records may hold what a peer sent).
+        title = printable(title) if title else title
+        rows = [[printable(cell) for cell in row] for row in rows]
         plain = plain_text.table(columns, rows, title) if _ascii_mode(stream) else None
         if plain is None:
             rich_table(stream, columns, rows, title)
@@ -159,6 +182,9 @@ class Output:
     def sections(self, sections: Sequence[Section]) -> None:
         """Sections separated by a blank line; labels aligned within each section."""
         stream = sys.stdout
+        sections = [Section(printable(s.title), [(printable(label), printable(value))
+                                                 for label, value in s.lines])
+                    for s in sections]
         plain = None
         if _ascii_mode(stream):
             plain = plain_text.sections([(s.title, s.lines) for s in sections],
@@ -172,15 +198,15 @@ class Output:
 
     def message(self, text: str) -> None:
         """Progress and notes for the person at the terminal; never data."""
-        click.echo(text, err=True)
+        click.echo(printable(text), err=True)
 
     def warning(self, text: str) -> None:
-        click.echo(f"warning: {text}", err=True)
+        click.echo(f"warning: {printable(text)}", err=True)
 
     def error(self, exc: KibotosError) -> None:
         if self.as_json:
             click.echo(json.dumps(exc.to_wire(), indent=2, ensure_ascii=False))
-        click.echo(f"error: {exc.code}: {exc.message}", err=True)
+        click.echo(f"error: {printable(exc.code)}: {printable(exc.message)}", err=True)
 
 
 def yes_no(value: object) -> str:

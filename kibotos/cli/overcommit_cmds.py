@@ -80,7 +80,8 @@ def get_overcommit(inv: Invocation) -> None:
                 for o in overrides]
         inv.out.table(("NODE", "CPU", "MEMORY", "REG_VERSION"), rows, title="Overrides")
     else:
-        inv.out.line("\nNo node overrides.")
+        inv.out.line("")
+        inv.out.line("No node overrides.")
 
 
 @overcommit_group.command("set-default")

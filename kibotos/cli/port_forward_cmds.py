@@ -68,7 +68,7 @@ def parse_mapping(text: str) -> Mapping:
         local_text = "0"
 
     def number(value: str, low: int) -> int:
-        if not value.isdigit() or not low <= int(value) <= 65535:
+        if not (value.isascii() and value.isdigit()) or not low <= int(value) <= 65535:
             raise InvalidArgument(f"port mapping {text!r}: expected [LOCAL:]REMOTE with "
                                   "ports from 1 to 65535 (LOCAL may be empty: any free port)")
         return int(value)

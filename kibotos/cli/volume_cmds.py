@@ -18,6 +18,7 @@ import click
 from kibotos import ids
 from kibotos.cli import waiting
 from kibotos.cli.client import resource_path
+from kibotos.cli.numbers import AsciiInt
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -270,7 +271,7 @@ def get(inv: Invocation, volume_id: str) -> None:
 @click.option("--deleted", is_flag=True, help="Include DELETED Volumes.")
 @click.option("--all", "all_pages", is_flag=True, help="Follow every page.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only Volume IDs, one per line.")
-@click.option("--page-size", type=click.IntRange(1, 500), default=100, show_default=True)
+@click.option("--page-size", type=AsciiInt(1, 500), default=100, show_default=True)
 @click.option("--page-token", metavar="TOKEN", help="Continue from a previous page.")
 @kibo_options
 def list_volumes(inv: Invocation, pool_id: str | None, workspace_id: str | None,

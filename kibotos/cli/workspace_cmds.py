@@ -11,7 +11,6 @@ config is read or anything is sent.
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote
 
@@ -22,6 +21,7 @@ from kibotos.cli import network_cmds as network
 from kibotos.cli import volume_cmds, waiting
 from kibotos.cli import workspace_render as render
 from kibotos.cli.lazy_group import LazyGroup
+from kibotos.cli.numbers import AsciiInt
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
@@ -38,7 +38,7 @@ from kibotos.errors import (
     KibotosError,
     NotFound,
 )
-from kibotos.units import format_bytes, parse_size
+from kibotos.units import format_bytes, parse_decimal, parse_size
 
 SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
 
@@ -66,13 +66,9 @@ def parse_cpu(value: str | None) -> int | None:
     """Cores as a decimal (``0.5``) → millicores."""
     if value is None:
         return None
-    try:
-        cores = Decimal(value)
-    except InvalidOperation:
-        raise InvalidArgument(f"invalid --cpu {value!r}: expected a number of cores") from None
+    cores = parse_decimal(value, "--cpu")
     millis = cores * 1000
-    if not cores.is_finite() or millis != millis.to_integral_value() or not 0 < millis \
-            <= 1_000_000:
+    if millis != millis.to_integral_value() or not 0 < millis <= 1_000_000:
         raise InvalidArgument(f"invalid --cpu {value!r}: a number of cores above 0, at most "
                               "1000, with at most three decimal places")
     return int(millis)
@@ -307,7 +303,7 @@ def get(inv: Invocation, workspace_id: str, wide: bool) -> None:
 @click.option("--all", "all_pages", is_flag=True, help="Follow every page.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only Workspace IDs, one per line.")
 @click.option("--wide", is_flag=True, help="Add the INSTANCE and NODE columns.")
-@click.option("--page-size", type=click.IntRange(1, 500), default=100, show_default=True)
+@click.option("--page-size", type=AsciiInt(1, 500), default=100, show_default=True)
 @click.option("--page-token", metavar="TOKEN", help="Continue from a previous page.")
 @kibo_options
 def list_workspaces(inv: Invocation, node_id: str | None, instance_id: str | None,

@@ -41,6 +41,7 @@ from kibotos.protocol.commands import (
     parse_args,
     parse_command,
 )
+from kibotos.protocol.json_text import JsonTextError
 from kibotos.protocol.messages import (
     CTRL_MESSAGES,
     NODE_MESSAGES,
@@ -120,6 +121,7 @@ __all__ = [
     "InstanceState",
     "InstanceStatus",
     "InstanceSummary",
+    "JsonTextError",
     "LaunchArgs",
     "LayerDeleteArgs",
     "LayerRef",

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from kibotos.protocol import json_text
 from kibotos.protocol.messages import Message
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -37,11 +38,13 @@ def describe(exc: ValidationError) -> str:
 
 
 def decode(text: str | bytes) -> dict[str, Any]:
-    """One frame's JSON object; it must have a string ``type``."""
+    """One frame's JSON object; it must have a string ``type``.  The text is read by
+    `kibotos.protocol.json_text` (depth limit, no duplicate keys), so a hostile frame
+    is a `ProtocolError`, never a `RecursionError` that ends the session uncaught."""
     try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}") from None
+        data = json_text.loads(text)
+    except json_text.JsonTextError as exc:
+        raise ProtocolError(f"frame is not JSON this protocol accepts: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise ProtocolError("frame is not a JSON object with a string 'type'")
     return data

@@ -36,6 +36,7 @@ from kibotos.protocol.states import (
 )
 from kibotos.protocol.values import (
     MAX_COUNTER,
+    NoControl,
     Ratio,
     Reason,
     RequestId,
@@ -44,7 +45,8 @@ from kibotos.protocol.values import (
     WireEnum,
 )
 
-Version = Annotated[StrictStr, Field(max_length=64)]
+#: A release version or source revision: shown in `kibo node list`, so printable.
+Version = Annotated[StrictStr, Field(max_length=64), NoControl]
 
 
 def _interface(value: str) -> str:
@@ -87,7 +89,7 @@ class Hello(Message):
     source_revision: Version | None = None
     resources: Amount
     report: ReportFields = Field(default_factory=ReportFields)
-    dataplane_address: Annotated[StrictStr, Field(max_length=255)] | None = None
+    dataplane_address: Annotated[StrictStr, Field(max_length=255), NoControl] | None = None
     #: Free-form facts ctrl stores (``pools``, …); ``network`` has a shape
     #: (`NetworkFacts`).
     facts: Facts = Field(default_factory=dict)

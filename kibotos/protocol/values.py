@@ -15,6 +15,7 @@ from typing import Annotated, TypeVar
 from pydantic import AfterValidator, Field, StrictInt, StrictStr
 
 from kibotos import units
+from kibotos.control_chars import CONTROL_CHARACTERS
 from kibotos.errors import InvalidArgument
 
 MIB = 1 << 20
@@ -45,6 +46,16 @@ _E = TypeVar("_E", bound=Enum)
 #: An enum field read from parsed JSON: the wire text of a member is accepted (strict
 #: mode alone would want the member itself), anything else is refused, a number too.
 WireEnum = Annotated[_E, Field(strict=False)]
+
+
+
+
+def _printable(value: str) -> str:
+    found = CONTROL_CHARACTERS.search(value)
+    if found:
+        raise ValueError(f"must not contain control characters (found U+{ord(found.group()):04X}"
+                         f" at offset {found.start()})")
+    return value
 
 
 def _rfc3339(value: str) -> str:
@@ -103,6 +114,12 @@ NodeCpuMillis = Annotated[StrictInt, Field(ge=0, le=MAX_NODE_CPU_MILLIS)]
 NodeMemory = Annotated[StrictInt, Field(ge=0, le=MAX_NODE_MEMORY)]
 #: An overcommit ratio as a decimal string (``"1.5"``), 0-16, three decimals at most.
 Ratio = Annotated[StrictStr, Field(max_length=16), AfterValidator(_ratio)]
+#: Text without control characters: identifiers, versions, addresses and names, which
+#: are shown to people and written into logs as they are.
+#: (`NoControl` is the check alone, to follow a length in an ``Annotated``: pydantic
+#: then reports a long string as a string.)
+NoControl = AfterValidator(_printable)
+Printable = Annotated[StrictStr, NoControl]
 #: Free text from the other side (a reason, an error message): bounded, never parsed.
 Reason = Annotated[StrictStr, Field(max_length=MAX_REASON)]
 

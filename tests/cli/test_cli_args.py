@@ -52,6 +52,22 @@ from cli_nodes import node
     (["node", "drain", "node-a", "--expected-version", "x"], 2, "--expected-version"),
     (["enrollment", "create", "--kind", "robot"], 2, "--kind"),
     (["node", "frobnicate"], 2, "No such command"),
+    # issue 16: numbers are ASCII digits, nothing else (no _, no Unicode digit, no space)
+    (["node", "overcommit", "set-default", "--cpu", "1_0"], 10, "ASCII digits"),
+    (["node", "overcommit", "set-default", "--cpu", "\u0663"], 10, "ASCII digits"),
+    (["node", "overcommit", "set-default", "--memory", " 2"], 10, "ASCII digits"),
+    (["node", "overcommit", "set-default", "--memory", "1e1"], 10, "ASCII digits"),
+    (["workspace", "create", "--template", "base", "--cpu", "\u0663"], 10, "ASCII digits"),
+    (["workspace", "create", "--template", "base", "--cpu", "1_0"], 10, "ASCII digits"),
+    (["workspace", "create", "--template", "base", "--memory", "\uff11G"], 10, "invalid --memory"),
+    (["workspace", "create", "--template", "base", "--memory", "1_0G"], 10, "invalid --memory"),
+    (["node", "list", "--timeout", "1_0s"], 10, "invalid --timeout"),
+    (["node", "list", "--timeout", "\u0665"], 10, "invalid --timeout"),
+    (["node", "list", "--page-size", "1_0"], 2, "ASCII digits"),
+    (["node", "list", "--page-size", "\u0665"], 2, "ASCII digits"),
+    (["node", "list", "--page-size", " 5"], 2, "ASCII digits"),
+    (["node", "drain", "node-a", "--expected-version", "+1"], 2, "ASCII digits"),
+    (["workspace", "port-forward", "ws-1", "\u0668\u0660"], 10, "port mapping"),
 ])
 def test_bad_input_sends_nothing(kibo, fake_ctrl, args, code, needle):
     result = kibo(*args)

@@ -89,14 +89,15 @@ async def running_ctrl(tmp_path: Path) -> AsyncIterator[RunningCtrl]:
     config = session_config(tmp_path)
     store = await open_store(config)
     ctx = build_context(config, store)
+    app = build_app(build_services(ctx))
     try:
         async with trio.open_nursery() as nursery:
             tls = prepare_tls(config, ctx)
             binds = await nursery.start(partial(
-                hypercorn_serve, build_app(build_services(ctx)),
+                hypercorn_serve, app,
                 hypercorn_config(config.ctrl.listen, tls)))
             ctrl = RunningCtrl(config=config, ctx=ctx, url=binds[0],
-                               tls=client_tls(config))
+                               tls=client_tls(config), app=app)
             async with httpx.AsyncClient(base_url=ctrl.url, timeout=30,
                                          verify=ctrl.tls) as http:
                 ctrl.http = http

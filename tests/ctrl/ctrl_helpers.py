@@ -127,6 +127,8 @@ class RunningCtrl:
     connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
     #: Verifies a real ctrl's certificate (an https `url`); None in-process.
     tls: ssl.SSLContext | None = None
+    #: The ASGI app being served (``running_ctrl``), for a test that adds a route.
+    app: Any = None
     http: httpx.AsyncClient = field(init=False)
     operator: dict[str, str] = field(init=False)
 

@@ -293,7 +293,8 @@ async def test_errors_have_one_shape(client: httpx.AsyncClient,
     resp = await client.delete("/v1/nodes", headers=operator)
     assert resp.status_code == 405
     assert resp.json()["error"]["code"] == "invalid_argument"
-    resp = await client.post("/v1/nodes/node-a/drain", headers=operator,
+    resp = await client.post("/v1/nodes/node-a/drain",
+                             headers={**operator, "Content-Type": "application/json"},
                              content=b"{not json")
     assert "not valid JSON" in error(resp, "invalid_argument")["message"]
     resp = await client.post("/v1/nodes/node-a/drain", headers=operator, json=[1, 2])

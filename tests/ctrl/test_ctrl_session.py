@@ -219,6 +219,19 @@ INVALID_HELLOS = [
     json.dumps({"type": "ping"}),
     json.dumps(hello_message("node-a", 0)),
     json.dumps({**hello_message("node-a", 1), "resources": {"cpu_millis": "lots"}}),
+    # issue 16: hostile hellos are refused as invalid, never a 1011 and a traceback
+    json.dumps(hello_message("node-a", 1))[:-1] + ', "facts": ' + "[" * 1000 + "]" * 1000
+    + "}",
+    json.dumps(hello_message("node-a", 1))[:-1] + ', "node_id": "node-a"}',
+    json.dumps(hello_message("node-a", 2**70)),
+    json.dumps(hello_message("node-a", 2**63 - 1)),
+    json.dumps({**hello_message("node-a", 1), "resources": {"cpu_millis": 2**70,
+                                                            "memory_bytes": 1 << 30}}),
+    json.dumps({**hello_message("node-a", 1), "resources": {"cpu_millis": True,
+                                                            "memory_bytes": 1 << 30}}),
+    json.dumps({**hello_message("node-a", 1), "incarnation": "1"}),
+    json.dumps({**hello_message("node-a", 1), "release_version": "0.2\x1b[31m"}),
+    json.dumps({**hello_message("node-a", 1), "source_revision": "abc\ndef"}),
 ]
 
 

@@ -191,7 +191,9 @@ async def test_refusals(client: httpx.AsyncClient, ctx: CtrlContext,
     assert "kibo workspace start ws-stopped" in err["message"]
     assert error(await post("ws-starting"), "failed_precondition")["details"]["state"] == \
         "STARTING"
-    error(await post("ws-gone"), "not_found")
+    # DELETED is answered by its state, as GET shows it (issue 16), not as unknown.
+    assert error(await post("ws-gone"), "failed_precondition")["details"]["state"] == \
+        "DELETED"
     error(await post("ws-never"), "not_found")
     assert "data-plane address" in error(await post("ws-noaddr"), "failed_precondition")[
         "message"]

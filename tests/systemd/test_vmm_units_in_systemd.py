@@ -118,7 +118,8 @@ async def test_the_qemu_vmm_unit_with_a_network(sup: Supervisor, raw: Raw, tmp_p
     """With ``launch["network"]`` the unit runs in the namespace the node made in
     advance (``NetworkNamespacePath``), where QEMU opens the tap by name."""
     backend = pytest.importorskip("kibotos_qemu.backend")
-    vmm = backend.QemuVmm({"accelerator": "tcg"})
+    # Root explicitly: the namespace is what is tested here, not the VMM account.
+    vmm = backend.QemuVmm({"accelerator": "tcg", "user": "root"})
     await vmm.probe()
     netns = f"/proc/{netns_holder.pid}/ns/net"
     launch = {**base_launch(tmp_path),

@@ -66,7 +66,7 @@ NODE_USES_OF_DATAPLANE = frozenset({
 #: The data plane's client ends: what a gateway runs processes and moves files with.
 GATEWAY_USES_OF_DATAPLANE = frozenset({
     "kibotos.dataplane.client",  # exec over a WebSocket
-    "kibotos.dataplane.exec_session",  # the exec request's shape
+    "kibotos.dataplane.exec_wire",  # the exec request's shape
     "kibotos.dataplane.files_client",  # the file endpoints
 })
 SDK = "kibotos.sdk"

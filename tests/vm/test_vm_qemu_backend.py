@@ -107,7 +107,7 @@ def test_a_network_is_a_tap_by_name_in_the_units_namespace(launch: dict):
         "tap,id=net0,ifname=tap0,script=no,downscript=no,vhost=off"]
     assert "virtio-net-device,netdev=net0,mac=02:6b:69:00:00:01" in _pairs(args, "-device")
     assert "kibotos.net=1" in cmdline.kernel_cmdline(spec, "tcg", 2596).split()
-    vmm = QemuVmm({"accelerator": "tcg", "qemu_binary": "/bin/true"})
+    vmm = QemuVmm({"accelerator": "tcg", "qemu_binary": "/bin/true", "user": "root"})
     vmm.accelerator = "tcg"
     props = vmm.unit_for({**launch, "network": network}).properties
     assert props["NetworkNamespacePath"] == "/proc/self/ns/net"
@@ -116,7 +116,7 @@ def test_a_network_is_a_tap_by_name_in_the_units_namespace(launch: dict):
     assert "-netdev" not in plain
     assert "kibotos.net=1" not in cmdline.kernel_cmdline(parse_launch(launch), "tcg", 2596)
     assert "NetworkNamespacePath" not in vmm.unit_for(launch).properties
-    assert vmm.tap_owner() == (None, None)
+    assert vmm.tap_owner() == (0, 0)  # user = "root": a tap of root's
     assert QemuVmm({"user": "nobody"}).tap_owner()[0] == 65534
 
 

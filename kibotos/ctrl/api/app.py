@@ -22,10 +22,11 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import BaseRoute, Match, WebSocketRoute
 from starlette.routing import Route as StarletteRoute
 from starlette.websockets import WebSocket
 
+from kibotos.control_chars import CONTROL_CHARACTERS
 from kibotos.ctrl.api import enrollment as api_enrollment
 from kibotos.ctrl.api import network as api_network
 from kibotos.ctrl.api import nodes as api_nodes
@@ -39,7 +40,7 @@ from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.api.cluster_metrics import install as install_metrics
 from kibotos.ctrl.api.metrics import RequestMetrics
 from kibotos.ctrl.api.openapi import build_openapi
-from kibotos.ctrl.api.routing import Api, Route, endpoint
+from kibotos.ctrl.api.routing import Api, BodyTooLarge, Route, endpoint
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.services import CtrlServices
 from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
@@ -65,7 +66,12 @@ def _error(exc: KibotosError, status: int | None = None) -> JSONResponse:
 
 async def _on_kibotos_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KibotosError)
-    return _error(exc)
+    response = _error(exc)
+    if isinstance(exc, BodyTooLarge):
+        # The rest of the body is never read: the connection cannot carry another
+        # request, and closing it ends the client's upload instead of stalling it.
+        response.headers["Connection"] = "close"
+    return response
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
@@ -73,19 +79,46 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
     return _error(describe_validation(exc))
 
 
+def _allowed(request: Request) -> list[str]:
+    """The methods the API serves on the request's path (HEAD where GET is), for the
+    ``Allow`` header of a 405: every route of the path, not just the first matched."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if not isinstance(route, StarletteRoute):
+            continue
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods.update(route.methods or ())
+    return sorted(methods)
+
+
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    path = printable_path(request)
     if exc.status_code == 404:
-        return _error(NotFound(f"no such API route: {request.method} {request.url.path}"))
+        return _error(NotFound(f"no such API route: {request.method} {path}"))
     if exc.status_code == 405:
-        return _error(InvalidArgument(
-            f"method {request.method} is not allowed on {request.url.path}"), 405)
+        allowed = _allowed(request)
+        response = _error(InvalidArgument(
+            f"method {request.method} is not allowed on {path} (allowed: "
+            f"{', '.join(allowed)})", details={"allowed": allowed}), 405)
+        response.headers["Allow"] = ", ".join(allowed)
+        return response
     return _error(InvalidArgument(str(exc.detail)), exc.status_code)
 
 
+def printable_path(request: Request) -> str:
+    """The request path for a message: bounded, and without the control characters a
+    percent-encoded path can carry."""
+    return CONTROL_CHARACTERS.sub("?", request.url.path[:200])
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    # The exception goes to the log only: its class, text and traceback describe
+    # ctrl's insides, which are no business of the caller.
     log.exception("unexpected error in %s %s", request.method, request.url.path)
-    return _error(Internal(f"internal error: {type(exc).__name__}: {exc}"))
+    return _error(Internal("internal error: ctrl could not answer this request; the "
+                           "details are in ctrl's log"))
 
 
 def api_routes(api: Api, services: CtrlServices) -> list[Route]:
@@ -148,6 +181,9 @@ def build_app(services: CtrlServices) -> Starlette:
             Exception: _on_unexpected,
         },
     )
+    # One canonical path per route: ``/v1/nodes/`` is not found, not a 307 to
+    # ``/v1/nodes`` (which PUT and DELETE clients would follow without their body).
+    app.router.redirect_slashes = False
     app.state.ctx = ctx
     app.state.services = services
     app.state.api = api

@@ -64,6 +64,11 @@ def _reissue(grant_id: str, now: datetime, session: Session) -> str:
     return f"{grant_id}.{secret}"
 
 
+#: The exchange takes a token and a public key (`ExchangeIn`: at most 1200 characters):
+#: an unauthenticated caller gets no more room than that, with margin.
+EXCHANGE_BODY_LIMIT = 8 << 10
+
+
 def routes(api: Api) -> list[Route]:
     ctx = api.ctx
 
@@ -171,7 +176,7 @@ def routes(api: Api) -> list[Route]:
               result=HealthOut),
         Route("POST", "/v1/enrollment/exchange", exchange, "anyone",
               "Exchange a one-time enrollment grant for a long-lived identity",
-              body=ExchangeIn, result=ExchangeOut),
+              body=ExchangeIn, result=ExchangeOut, body_limit=EXCHANGE_BODY_LIMIT),
         Route("GET", "/v1/whoami", whoami, "identity", "The calling identity",
               result=WhoAmIOut),
         Route("POST", "/v1/enrollment/grants", create_grant, "operator",

@@ -67,7 +67,10 @@ def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
         if route.body is not None:
             op["requestBody"] = {
                 "required": False,
+                "description": f"At most {route.body_limit} bytes of JSON (no other "
+                               "Content-Type; nesting at most 32 deep, no key twice)",
                 "content": {"application/json": {"schema": refs[route.body]}},
+                "x-kibotos-body-limit": route.body_limit,
             }
         if route.websocket:
             op["description"] = ("WebSocket upgrade; JSON text frames as described in "
@@ -88,6 +91,12 @@ def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
                 },
                 "default": error_response,
             }
+            if route.body is not None:  # refused before the body is read (routing.py)
+                op["responses"]["413"] = {**error_response, "description":
+                                          f"invalid_argument: body over {route.body_limit} "
+                                          "bytes"}
+                op["responses"]["415"] = {**error_response, "description":
+                                          "invalid_argument: body not application/json"}
         paths.setdefault(route.path, {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",

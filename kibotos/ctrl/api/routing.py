@@ -8,7 +8,7 @@ one wrapper, before a handler runs: a handler never forgets to authenticate.
 
 from __future__ import annotations
 
-import json
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -22,12 +22,44 @@ from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.store.journal import Journal
 from kibotos.errors import InvalidArgument
+from kibotos.protocol import json_text
 
 Who = Literal["anyone", "identity", "operator", "node"]
 Handler = Callable[[Request, Caller | None], Awaitable[Any]]
 M = TypeVar("M", bound=BaseModel)
 
+#: The largest JSON request body a route takes unless its `Route.body_limit` says less.
 MAX_BODY = 1 << 20
+#: Where `endpoint` leaves the route's limit for `read_body` in the ASGI scope.
+_LIMIT_KEY = "kibotos.body_limit"
+
+
+class BodyTooLarge(InvalidArgument):
+    """A request body over its route's limit: ``invalid_argument`` as every bad input
+    is, with the status that says so (413)."""
+
+    http_status = 413
+
+
+class UnsupportedMediaType(InvalidArgument):
+    """A body that is not ``application/json`` where a route reads JSON: refused (415)
+    before it is read, so a form or a text body is never guessed at."""
+
+    http_status = 415
+
+
+def _declares_json(request: Request) -> bool:
+    """Whether the request says its body is JSON; `UnsupportedMediaType` when it says
+    it is something else.  No ``Content-Type`` at all is allowed for an empty body."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return False
+    media = declared.partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise UnsupportedMediaType(
+            f"request body must be application/json, not {declared[:80]!r}",
+            details={"content_type": declared[:200]})
+    return True
 
 
 @dataclass(frozen=True)
@@ -42,6 +74,9 @@ class Route:
     result: type[BaseModel] | None = None
     #: The control session: a WebSocket upgrade, served by `SessionHub`, not `handler`.
     websocket: bool = False
+    #: The largest JSON body this route reads (`read_body`); small for the routes whose
+    #: bodies are small, above all the unauthenticated enrollment exchange.
+    body_limit: int = MAX_BODY
 
     @property
     def operation_id(self) -> str:
@@ -69,24 +104,63 @@ def ok(result: Any) -> JSONResponse:
     return JSONResponse({"result": result})
 
 
+async def _bounded_bytes(request: Request, limit: int) -> bytes:
+    """The body, refused (`BodyTooLarge`) before it is read when its ``Content-Length``
+    is over `limit`, and as soon as the bytes streamed (chunked, or more than the
+    header said) pass it: no more than `limit` bytes are ever held."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):
+            raise InvalidArgument(f"Content-Length {declared[:40]!r} is not a decimal number")
+        if int(declared) > limit:
+            raise BodyTooLarge(f"request body is larger than {limit} bytes",
+                               details={"limit": limit})
+    chunks: list[bytes] = []
+    size = 0
+    async with contextlib.aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body is larger than {limit} bytes",
+                                   details={"limit": limit})
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise InvalidArgument(f"request body is larger than {MAX_BODY} bytes")
+    """The JSON body as a `model`: bounded by the route's `Route.body_limit`, parsed by
+    `kibotos.protocol.json_text` (depth limit, no duplicate keys), an object; an empty
+    body is ``{}``.  Every way to be wrong is ``invalid_argument`` (with 413 for a body
+    too large, 415 for one that is not ``application/json``)."""
+    limit = request.scope.get(_LIMIT_KEY, MAX_BODY)
+    declared = _declares_json(request)
+    raw = await _bounded_bytes(request, limit)
+    if raw.strip() and not declared:
+        raise UnsupportedMediaType("request body has no Content-Type: it must be "
+                                   "application/json")
     if not raw.strip():
         data: Any = {}
     else:
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+            data = json_text.loads(raw)
+        except json_text.JsonTextError as exc:
+            raise InvalidArgument(f"request body is not acceptable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidArgument("request body must be a JSON object")
     return model.model_validate(data)
 
 
 def read_query(request: Request, model: type[M]) -> M:
-    return model.model_validate(dict(request.query_params))
+    """The query string as a `model`; a parameter given twice is refused (``a=1&a=2``
+    would otherwise mean whichever one a reader keeps)."""
+    items = request.query_params.multi_items()
+    seen: set[str] = set()
+    for name, _ in items:
+        if name in seen:
+            raise InvalidArgument(f"query parameter {name[:80]!r} is given more than once",
+                                  details={"parameter": name[:200]})
+        seen.add(name)
+    return model.model_validate(dict(items))
 
 
 def path_node_id(request: Request) -> str:
@@ -105,6 +179,7 @@ def endpoint(api: Api, route: Route) -> Callable[[Request], Awaitable[Response]]
     }[route.who]
 
     async def run(request: Request) -> Response:
+        request.scope[_LIMIT_KEY] = route.body_limit
         caller = None
         if check is not None:
             caller = await check(request.headers.get("authorization"))

@@ -86,7 +86,9 @@ class SessionTarget:
 def resolve_target(session: Session, workspace_id: str) -> SessionTarget:
     """The current Instance, node and data-plane address of an AVAILABLE Workspace."""
     ws = session.get(Workspace, workspace_id)
-    if ws is None or ws.state == "DELETED":
+    # A DELETED Workspace is still shown by GET: it is answered by its state, as every
+    # other state that is not AVAILABLE is, not as one that does not exist.
+    if ws is None:
         raise NotFound(f"workspace {workspace_id} does not exist",
                        details={"workspace_id": workspace_id})
     if ws.state != "AVAILABLE":

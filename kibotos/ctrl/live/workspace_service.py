@@ -340,8 +340,10 @@ class WorkspaceService:
                 f"workspace {plan.workspace_id} runs as Instance {plan.instance_id}, which "
                 "was started without a network: stop it and start it again to give it one",
                 details=details)
-        grants.add(plan.node_id, sent)
+        # The revision is reserved before the node may fetch the Egress's credentials
+        # for it: the grant is open only while the node is being asked.
         await self.store.write(partial(netpol.reserve_revision, plan=plan))
+        grants.add(plan.node_id, sent)
         try:
             await self.ctx.sessions.call(
                 plan.node_id, SetNetworkArgs(instance_id=plan.instance_id, network=sent,

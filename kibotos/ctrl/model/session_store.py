@@ -32,6 +32,13 @@ class Verdict:
     drain_requested: bool = False
 
 
+#: The most an incarnation may grow between two sessions ctrl sees (a node adds one per
+#: start; the first session counts from 0).  A node that sends more is broken or
+#: hostile: accepted, its number would become the floor for good, and an incarnation
+#: near the ceiling would leave no number its restarts could use.
+MAX_INCARNATION_JUMP = 1_000_000
+
+
 def _reject(reason: RejectReason, message: str) -> Verdict:
     return Verdict(False, reason, message)
 
@@ -77,6 +84,11 @@ def evaluate_hello(session: Session, identity_id: str, hello: Hello, session_id:
         return _reject(
             RejectReason.STALE_INCARNATION,
             f"incarnation {inc} is older than the latest seen ({node.incarnation})")
+    if inc > (node.incarnation or 0) + MAX_INCARNATION_JUMP:
+        return _reject(
+            RejectReason.INVALID_HELLO,
+            f"incarnation {inc} is implausible: more than {MAX_INCARNATION_JUMP} above the "
+            f"latest seen ({node.incarnation or 0})")
     cleared = False
     if node.isolated_incarnation is not None:
         nodes.record_event(session, now, node.node_id, "node.isolate_cleared",

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
-from starlette.responses import FileResponse
+from starlette.datastructures import Headers
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    MalformedRangeHeader,
+    RangeNotSatisfiable,
+    Response,
+)
+from starlette.types import Receive, Scope, Send
 
 from kibotos import atomicfile, ids
 from kibotos.config import CtrlConfig
@@ -45,9 +53,44 @@ class PutResult:
 
 class BlobResponse(FileResponse):
     """A blob download: the file in 1 MiB pieces (starlette's default is 64 KiB, one
-    thread hop each), with HEAD and byte ranges as `FileResponse` serves them."""
+    thread hop each), with HEAD and byte ranges as `FileResponse` serves them, except
+    that a bad ``Range`` is answered in the API's error envelope (starlette answers it
+    in plain text): 400 for a malformed one, 416 with ``Content-Range`` for one past
+    the end, both ``invalid_argument``."""
 
     chunk_size = WRITE_BATCH
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._range_refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    def _range_refusal(self, scope: Scope) -> Response | None:
+        """The error answer to the request's ``Range``, when `FileResponse` would
+        refuse it (the same parser decides), else None."""
+        headers = Headers(scope=scope)
+        http_range = headers.get("range")
+        if (http_range is None or self.stat_result is None
+                or str(scope.get("method", "GET")).upper() not in ("GET", "HEAD")):
+            return None
+        if_range = headers.get("if-range")
+        if if_range is not None and not self._should_use_range(if_range):
+            return None  # the whole blob is sent: no range to refuse
+        size = self.stat_result.st_size
+        try:
+            self._parse_range_header(http_range, size)
+        except MalformedRangeHeader as exc:
+            error = InvalidArgument(f"invalid Range header: {exc.content}",
+                                    details={"range": http_range[:200]})
+            return JSONResponse(error.to_wire(), status_code=400)
+        except RangeNotSatisfiable:
+            error = InvalidArgument(f"Range {http_range[:80]!r} is outside the blob of "
+                                    f"{size} bytes", details={"size": size})
+            return JSONResponse(error.to_wire(), status_code=416,
+                                headers={"Content-Range": f"bytes */{size}"})
+        return None
 
 
 def artifact_root(config: CtrlConfig) -> Path:

@@ -33,6 +33,11 @@ from kibotos.errors import Internal, Unavailable
 T = TypeVar("T")
 
 
+#: SQLite's ``synchronous`` setting for ctrl's store (bench/store_sync.py measures its
+#: cost against NORMAL).
+SQLITE_SYNCHRONOUS = "FULL"
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -41,7 +46,10 @@ def make_engine(url: str) -> Engine:
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            # FULL: every commit is synced to disk before ctrl answers.  NORMAL syncs
+            # WAL only at checkpoints, so an acknowledged write (and a command ID's
+            # stored result, which a replay must return) could vanish on power loss.
+            cur.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 

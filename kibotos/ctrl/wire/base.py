@@ -1,7 +1,12 @@
 """The HTTP API's request and result shapes, and the time format used on the wire.
 
 Request models forbid unknown fields, so a misspelt key is an `invalid_argument` naming
-it instead of a silently ignored option.  Values that have a documented shape (IDs,
+it instead of a silently ignored option.  Bodies are strict (pydantic's strict mode):
+``true`` is not 1, ``"1"`` is not 1, a capacity sent as a string is refused, because a
+lax reading turned ``"cpu_millis": true`` into a 0.001-CPU Workspace.  Every integer
+has a ceiling, so nothing reaches the store that SQLite cannot hold.  Query strings
+are text by nature: `Query` reads their numbers as `kibotos.units` does (ASCII digits
+only) and their booleans as ``true`` or ``false``.  Values that have a documented shape (IDs,
 ratios, command IDs) are checked here, before the command journal sees the request:
 bad input writes nothing, not even a journal row.  Result models describe what the
 handlers return; the OpenAPI document is built from them, and the tests validate real
@@ -12,13 +17,15 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from types import NoneType, UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from kibotos import units
 from kibotos.errors import InvalidArgument
 from kibotos.protocol.ids import CommandId, Digest, NodeId
+from kibotos.protocol.values import MAX_COUNTER, Printable
 
 # ----------------------------------------------------------------------------- time
 
@@ -63,7 +70,45 @@ def _as_value_error(fn: Any, value: Any) -> Any:
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _scalar(annotation: Any) -> Any:
+    """``int`` of ``int | None`` (a query field's one scalar type), else `annotation`."""
+    if get_origin(annotation) in (Union, UnionType):
+        kinds = [a for a in get_args(annotation) if a is not NoneType]
+        if len(kinds) == 1:
+            return _scalar(kinds[0])
+    return annotation
+
+
+class Query(Request):
+    """A query string's parameters: text, read strictly by hand (integers and decimals
+    in ASCII digits, booleans ``true``/``false``), then checked laxly by pydantic,
+    which would otherwise take ``1_0``, `` 5 ``, ``+5`` and ``yes``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, str):
+                continue
+            kind = _scalar(field.annotation)
+            try:
+                if kind is bool and value not in ("true", "false"):
+                    raise InvalidArgument(f"{name} must be true or false")
+                if kind is int:
+                    units.parse_int(value, name)
+                elif kind is float:
+                    units.parse_decimal(value, name)
+            except InvalidArgument as exc:
+                raise ValueError(exc.message) from None
+        return data
 
 
 class WriteRequest(Request):
@@ -75,18 +120,20 @@ class WriteRequest(Request):
 class VersionedWrite(WriteRequest):
     """A write to a versioned record: a stale `expected_version` is refused (aborted)."""
 
-    expected_version: int | None = Field(default=None, ge=0)
+    expected_version: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
 
 
 class ExchangeIn(Request):
-    token: str = Field(min_length=1, max_length=200)
-    public_key: str = Field(min_length=1, max_length=1000)
+    token: Printable = Field(min_length=1, max_length=200)
+    #: Base64 or PEM (whose lines end in newlines); it must parse as a key anyway.
+    public_key: StrictStr = Field(min_length=1, max_length=1000)
 
 
 class GrantCreateIn(WriteRequest):
     kind: Literal["node", "operator"]
     node_id: NodeId | None = None
-    name: str | None = Field(default=None, min_length=1, max_length=128)
+    #: Shown in `kibo enrollment list`: printable, so it cannot paint a terminal.
+    name: Printable | None = Field(default=None, min_length=1, max_length=128)
     expires_in_s: float | None = Field(default=None, gt=0, le=366 * 86400)
 
     @model_validator(mode="after")
@@ -99,7 +146,7 @@ class GrantCreateIn(WriteRequest):
 
 
 class RevokeIn(WriteRequest):
-    id: str = Field(min_length=1, max_length=40)
+    id: Printable = Field(min_length=1, max_length=40)
 
 
 class IsolateIn(VersionedWrite):
@@ -143,9 +190,9 @@ class OvercommitNodeIn(_OvercommitIn):
     ALLOW_DEFAULT = True
 
 
-class NodeListQuery(Request):
+class NodeListQuery(Query):
     page_size: int = Field(default=100, ge=1, le=500)
-    page_token: str | None = None
+    page_token: Printable | None = Field(default=None, max_length=1000)
     order_by: Literal["node_id"] = "node_id"
 
 

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from kibotos import endpoints, ids
-from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest
+from kibotos.ctrl.wire.base import Query, Request, Result, VersionedWrite, WriteRequest
 from kibotos.protocol.commands.network import MAX_CIDRS, Cidr
 from kibotos.protocol.ids import as_validator
 
@@ -161,7 +161,7 @@ class NamedDeleteIn(VersionedWrite):
     model_config = STRICT
 
 
-class CredentialsQuery(Request):
+class CredentialsQuery(Query):
     """Query strings are text: the revision is read as a number, bounded."""
 
     revision: int = Field(ge=1, le=(1 << 53) - 1)

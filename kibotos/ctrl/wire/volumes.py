@@ -14,8 +14,16 @@ from pydantic import Field, field_validator
 
 from kibotos import volume_mounts
 from kibotos.ctrl.model import workspace_records as workspaces
-from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest, _as_value_error
+from kibotos.ctrl.wire.base import (
+    Query,
+    Request,
+    Result,
+    VersionedWrite,
+    WriteRequest,
+    _as_value_error,
+)
 from kibotos.protocol.ids import PoolId, VolumeId, WorkspaceId
+from kibotos.protocol.values import Printable
 
 MIB = 1 << 20
 MIN_VOLUME_BYTES = 64 * MIB
@@ -97,16 +105,16 @@ class MoveIn(VersionedWrite):
     pool_id: PoolId
 
 
-class VolumeListQuery(Request):
+class VolumeListQuery(Query):
     pool_id: PoolId | None = None
     workspace_id: WorkspaceId | None = None
     #: Also DELETED Volumes.
     deleted: bool = False
     page_size: int = Field(default=100, ge=1, le=500)
-    page_token: str | None = None
+    page_token: Printable | None = Field(default=None, max_length=1000)
 
 
-class VolumeGetQuery(Request):
+class VolumeGetQuery(Query):
     #: Wait up to this long for a settled state (no operation running).
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
 

@@ -12,17 +12,25 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from kibotos.ctrl.model import workspace_records as workspaces
-from kibotos.ctrl.wire.base import Request, Result, VersionedWrite, WriteRequest, _as_value_error
+from kibotos.ctrl.wire.base import (
+    Query,
+    Result,
+    VersionedWrite,
+    WriteRequest,
+    _as_value_error,
+)
 from kibotos.ctrl.wire.network import AppliedNetworkOut, NetworkIn, WorkspaceNetworkOut
 from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments
 from kibotos.errors import InvalidArgument
 from kibotos.protocol.commands.instances import MAX_VOLUMES
 from kibotos.protocol.ids import InstanceId, NodeId, TemplateName
 from kibotos.protocol.values import (
+    MAX_CAPACITY,
     MAX_INSTANCE_CPU_MILLIS,
     MIN_INSTANCE_MEMORY,
     InstanceCpuMillis,
     InstanceMemory,
+    Printable,
 )
 
 MIB = 1 << 20
@@ -49,7 +57,7 @@ class WorkspaceCreateIn(WriteRequest):
     #: them is one every node boots.
     cpu_millis: InstanceCpuMillis = DEFAULT_CPU_MILLIS
     memory_bytes: InstanceMemory = DEFAULT_MEMORY_BYTES
-    layer_size_bytes: int = DEFAULT_LAYER_SIZE_BYTES
+    layer_size_bytes: int = Field(default=DEFAULT_LAYER_SIZE_BYTES, le=MAX_CAPACITY)
     #: Volumes to attach, each with its guest mount point (docs/storage.md, "Volumes").
     volumes: list[VolumeAttachIn] = Field(default_factory=list, max_length=MAX_VOLUMES)
     #: The network policy (docs/network.md); absent: the deployment default, the
@@ -107,11 +115,11 @@ def _split_states(value: str | None) -> list[str]:
     return states
 
 
-class WorkspaceListQuery(Request):
+class WorkspaceListQuery(Query):
     state: str | None = None
     label: str | None = None
     page_size: int = Field(default=100, ge=1, le=500)
-    page_token: str | None = None
+    page_token: Printable | None = Field(default=None, max_length=1000)
 
     @field_validator("state")
     @classmethod
@@ -132,11 +140,11 @@ class WorkspaceListQuery(Request):
         return _split_labels(self.label)
 
 
-class LocationQuery(Request):
+class LocationQuery(Query):
     node_id: NodeId | None = None
     instance_id: InstanceId | None = None
     page_size: int = Field(default=100, ge=1, le=500)
-    page_token: str | None = None
+    page_token: Printable | None = Field(default=None, max_length=1000)
 
     @model_validator(mode="after")
     def _one(self) -> LocationQuery:
@@ -145,12 +153,12 @@ class LocationQuery(Request):
         return self
 
 
-class WorkspaceGetQuery(Request):
+class WorkspaceGetQuery(Query):
     #: Wait up to this long for the Workspace to reach a settled state.
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
 
 
-class MoveCheckQuery(Request):
+class MoveCheckQuery(Query):
     node_id: NodeId
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import trio
 
 from kibotos.dataplane.client import ExecClient, Output, Started, open_exec
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.exec_wire import ExecRequest
 from kibotos.errors import KibotosError, NotFound, Unavailable
 from kibotos.guest import ExitStatus
 

@@ -13,7 +13,6 @@ systemd restarts it with a new incarnation, which clears the isolate.
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 import urllib.parse
@@ -63,6 +62,7 @@ from kibotos.protocol import (
     UsageRequest,
     Welcome,
     encode,
+    json_text,
     parse,
 )
 from kibotos.protocol.values import MAX_ERROR_MESSAGE
@@ -513,8 +513,8 @@ async def _send(ws: WebSocketConnection, msg: Message | dict[str, Any]) -> None:
 async def _receive(ws: WebSocketConnection) -> dict[str, Any]:
     raw = await ws.get_message()
     try:
-        msg = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        msg = json_text.loads(raw)
+    except json_text.JsonTextError:
         raise _Drop(f"malformed frame from ctrl: {raw[:80]!r}") from None
     if not isinstance(msg, dict):
         raise _Drop(f"malformed frame from ctrl: {raw[:80]!r}")
