@@ -104,3 +104,17 @@ async def test_a_sandbox_has_a_bounded_number_of_watchers() -> None:
         table.remove(SID, made[0].watcher_id)
         await table.create(pb.CreateWatcherRequest(path="/w"), Call(url))  # room again
         nursery.cancel_scope.cancel()
+
+
+async def test_an_ended_watcher_is_dropped_when_nobody_fetches_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(envd_watch, "ENDED_RETENTION", 0.1)
+    async with watch_server([b'{"type":"overflow"}\n']) as url, \
+            trio.open_nursery() as nursery:
+        table = envd_watch.WatcherTable(nursery)
+        watcher = await table.create(pb.CreateWatcherRequest(path="/w"), Call(url))
+        await wait_until(lambda: watcher.error, "the watcher to end")
+        await wait_until(lambda: not table.of(SID) or None, "the ended watcher to be dropped")
+        with pytest.raises(NotFound):
+            table.take(SID, watcher.watcher_id)
+        nursery.cancel_scope.cancel()

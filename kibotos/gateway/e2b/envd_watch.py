@@ -35,6 +35,9 @@ log = logging.getLogger("kibotos.gateway.e2b")
 WATCHER_BUFFER = 4096
 #: Polled watchers a sandbox may have at once (each holds a data-plane connection).
 MAX_WATCHERS = 64
+#: How long an ended watcher (its sandbox gone, say) waits for its client to fetch the
+#: rest and the reason, before it is dropped unasked.
+ENDED_RETENTION = 600.0
 #: The longest line the data plane may send (an event is a name and a kind).
 MAX_LINE = 64 * 1024
 _KINDS = {"create": pb.EVENT_TYPE_CREATE, "write": pb.EVENT_TYPE_WRITE,
@@ -114,8 +117,11 @@ class WatcherTable:
         self._nursery = nursery
         self._all: dict[str, Watcher] = {}
 
+    def of(self, sandbox_id: str) -> list[Watcher]:
+        return [w for w in self._all.values() if w.sandbox_id == sandbox_id]
+
     async def create(self, request: pb.CreateWatcherRequest, call: Any) -> Watcher:
-        if sum(w.sandbox_id == call.sandbox_id for w in self._all.values()) >= MAX_WATCHERS:
+        if len(self.of(call.sandbox_id)) >= MAX_WATCHERS:
             raise ResourceExhausted(f"sandbox {call.sandbox_id} has {MAX_WATCHERS} watchers "
                                     "already: remove one first")
         files, params = await _open(call, request)
@@ -146,6 +152,11 @@ class WatcherTable:
                 log.info("sandbox %s: watcher %s ended: %s", watcher.sandbox_id,
                          watcher.watcher_id, exc.message)
                 watcher.error = exc
+            # Ended (its sandbox gone, its directory removed, an overflow): kept for
+            # the client to fetch what is left and why, but not for ever.
+            await trio.sleep(ENDED_RETENTION)
+            if self._all.get(watcher.watcher_id) is watcher:
+                del self._all[watcher.watcher_id]
 
     def _find(self, sandbox_id: str, watcher_id: str) -> Watcher:
         watcher = self._all.get(watcher_id)
