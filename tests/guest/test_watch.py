@@ -99,6 +99,24 @@ async def test_bad_paths_are_refused_before_any_watch(guest: GuestChannel,
     assert watch_fds(agent) == 0
 
 
+async def test_what_a_new_directory_holds_before_its_watch_is_reported(
+        guest: GuestChannel, agent: AgentProcess) -> None:
+    top = agent.root / "srv/fast"
+    top.mkdir(parents=True)
+    async with await guest.files.open_watch("/srv/fast", recursive=True) as down:
+        # Made and filled at once, the way a process in the guest does it: the files
+        # may exist before the agent sets the new directories' watches.
+        (top / "new/d").mkdir(parents=True)
+        (top / "new/d/full").write_bytes(b"content")
+        pending = bytearray()
+        events = await next_events(down, 1, pending)
+        while {"name": "new/d/full", "type": "write"} not in events:
+            events += await next_events(down, 1, pending)
+    # However the race went, each was seen created, and the file written.
+    for name in ("new", "new/d", "new/d/full"):
+        assert {"name": name, "type": "create"} in events
+
+
 @pytest.fixture
 def queue_limit() -> int:
     """The kernel's inotify queue length (``fs.inotify.max_queued_events``)."""

@@ -15,8 +15,8 @@ the host's credit, and while the host does not take them the kernel's own queue 
 when it overflows (``IN_Q_OVERFLOW``, ``fs.inotify.max_queued_events``) the stream
 carries ``{"type": "overflow"}`` and goes on.  Directories created or moved in below a
 recursive watch are watched as they appear; what a new directory already holds when
-its watch is set (made in the moment between) is reported as created, so nothing is
-missed (a duplicate create is possible, a gap is not).  When the watched directory itself is
+its watch is set (made in the moment between) is reported as created (and written, a
+file with content), so nothing is missed (a duplicate is possible, a gap is not).  When the watched directory itself is
 removed or unmounted the stream ends normally (EOF, then ``transfer_end``).
 
 The agent's own uploads write a temporary file and rename it into place: the
@@ -96,10 +96,11 @@ class _Inotify:
             raise self._error("inotify_add_watch")
         self.dirs[wd] = relative
 
-    def add_tree(self, real: str, relative: str, found: list[str] | None = None) -> None:
+    def add_tree(self, real: str, relative: str, found: list[bytes] | None = None) -> None:
         """`real` and every directory below it (symlinks are not followed).  With
-        `found`, the entries already there are added to it: in a directory that was
-        just created they are new, though made before its watch could see them."""
+        `found`, the entries already there are reported into it: in a directory that
+        was just created they are new (create, and write for a file with content),
+        though made before its watch could see them."""
         self.add(real, relative)
         try:
             children = list(os.scandir(real))
@@ -108,7 +109,14 @@ class _Inotify:
         for child in children:
             name = f"{relative}/{child.name}" if relative else child.name
             if found is not None and not _own(child.name):
-                found.append(name)
+                found.append(_line(name, "create"))
+                try:
+                    written = child.is_file(follow_symlinks=False) and \
+                        child.stat(follow_symlinks=False).st_size > 0
+                except OSError:
+                    written = False  # gone again: its remove is reported
+                if written:
+                    found.append(_line(name, "write"))
             if child.is_dir(follow_symlinks=False):
                 self.add_tree(child.path, name, found)
 
@@ -189,9 +197,9 @@ def _lines(watch: _Inotify, data: bytes, recursive: bool, real: str, moved: set[
             moved.discard(cookie)
             lines.append(_line(relative, "write"))
         if recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
-            found: list[str] | None = [] if mask & IN_CREATE else None
+            found: list[bytes] | None = [] if mask & IN_CREATE else None
             watch.add_tree(os.path.join(real, relative), relative, found)
-            lines += [_line(n, "create") for n in found or ()]
+            lines += found or ()
     return lines, top_gone
 
 
