@@ -16,8 +16,9 @@ when it overflows (``IN_Q_OVERFLOW``, ``fs.inotify.max_queued_events``) the stre
 carries ``{"type": "overflow"}`` and goes on.  Directories created or moved in below a
 recursive watch are watched as they appear; what a new directory already holds when
 its watch is set (made in the moment between) is reported as created (and written, a
-file with content), so nothing is missed (a duplicate is possible, a gap is not).  When the watched directory itself is
-removed or unmounted the stream ends normally (EOF, then ``transfer_end``).
+file with content), so nothing is missed (a duplicate is possible, a gap is not).
+When the watched directory itself is removed or unmounted the stream ends normally
+(EOF, then ``transfer_end``).
 
 The agent's own uploads write a temporary file and rename it into place: the
 temporary name is not reported, and the file it becomes is ``create`` then ``write``
