@@ -39,6 +39,7 @@ from typing import Any
 import trio
 
 from kibotos.credentials import SessionClaims
+from kibotos.dataplane.groups import sole_error
 from kibotos.dataplane.http1 import HttpExchange, error_status
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.errors import InvalidArgument, KibotosError, NotFound, Unavailable
@@ -247,12 +248,19 @@ class FilesRequest:
         down = await self._guest(self.files.open_watch(
             _path(params), recursive=_bool(params, "recursive", False),
             window=DOWNLOAD_WINDOW))
-        async with trio.open_nursery() as nursery:
-            # Nothing else tells a quiet watch that its client left.
-            nursery.start_soon(self._cancel_when_client_leaves, nursery.cancel_scope)
-            await self._stream_down(down, "application/x-ndjson", [
-                ("Kibotos-Entry", json.dumps(down.entry.to_wire(), separators=(",", ":")))])
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                # Nothing else tells a quiet watch that its client left.
+                nursery.start_soon(self._cancel_when_client_leaves, nursery.cancel_scope)
+                await self._stream_down(down, "application/x-ndjson", [
+                    ("Kibotos-Entry", json.dumps(down.entry.to_wire(),
+                                                 separators=(",", ":")))])
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the stream's own error, as run() expects it
+            error = sole_error(group)
+            if error is None:
+                raise
+            raise error from None
 
     async def _cancel_when_client_leaves(self, scope: trio.CancelScope) -> None:
         await self.ex.wait_client_closed()

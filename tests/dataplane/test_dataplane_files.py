@@ -29,6 +29,7 @@ from kibotos.errors import (
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
+    Unavailable,
 )
 from kibotos.testing.waiting import wait_until
 
@@ -300,3 +301,21 @@ async def test_a_watch_streams_changes_until_the_client_leaves(tmp_path: Path) -
                 # Closing the connection ended the watch in the guest.
                 await wait_until(lambda: inotify_fds(agent.proc.pid) == 0 or None,
                                  "the guest's watch to end")
+
+
+async def test_a_watch_whose_guest_goes_ends_with_the_error(tmp_path: Path) -> None:
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path) as plane:
+            await plane.hand_state(target(agent))
+            (agent.root / "w").mkdir()
+            client = FilesClient(plane.url, plane.credential(operations=("files",)))
+            with trio.fail_after(TIMEOUT):
+                async with client.download("watch", "/w") as down:
+                    await trio.to_thread.run_sync(agent.stop)
+                    with pytest.raises(Unavailable):
+                        async for _ in down.chunks():
+                            pass
+            assert plane.server is not None
+            text = plane.server.metrics.text()
+    assert 'kibotos_dataplane_files_requests_total{outcome="unavailable",request="watch"}' \
+        in text
