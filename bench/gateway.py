@@ -9,8 +9,13 @@ Prints, each as the gateway's figure, kibo's and their ratio (gateway ÷ kibo):
     create→output   Sandbox.create + commands.run("echo hi") through the SDK, against
                     kibo workspace create (it waits) + kibo workspace exec
     run(true)       the median round trip of commands.run("true") on a running
-                    sandbox, against kibo workspace exec WS -- true (a CLI process each:
-                    kibo's figure includes Python's start-up)
+                    sandbox, against kibo workspace exec WS -- /bin/bash -l -c true, the
+                    command the SDK runs (a CLI process each: kibo's figure includes
+                    Python's start-up; under the test VMM the guest's processes run on
+                    the host, so the host's login profile is most of both)
+    start(true)     the gateway's own share: one envd Start of /bin/true (a Connect call
+                    over a kept connection, no SDK), against the same exec straight on
+                    the data plane (one WebSocket, in this process)
     write 8 MiB     files.write of 8 MiB of random bytes, against kibo workspace cp
     read 8 MiB      files.read of them, against kibo workspace cp back
 
@@ -26,6 +31,7 @@ import json
 import os
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -34,6 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
+import trio
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "gateway")]
 
@@ -41,6 +50,12 @@ from benchlib import percentile  # noqa: E402
 from conftest import NODE_ENV, _upload_tiny  # noqa: E402
 from e2b import Sandbox  # noqa: E402
 from gateway_proc import E2bSetup, e2b_cluster  # noqa: E402
+
+from kibotos.dataplane.client import open_exec  # noqa: E402
+from kibotos.dataplane.exec_wire import ExecRequest  # noqa: E402
+
+#: What commands.run("cmd") sends (e2b 2.63.0): a login shell.
+SDK_SHELL = ("/bin/bash", "-l", "-c")
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -67,6 +82,43 @@ def kibo_delete(setup: E2bSetup, ws: str) -> None:
     kibo(setup, "workspace", "delete", ws)
 
 
+def gateway_start_true(setup: E2bSetup, sbx: Sandbox, runs: int) -> float:
+    """The median of envd Start /bin/true through the gateway, one kept connection."""
+    body = json.dumps({"process": {"cmd": "/bin/true"}, "stdin": False}).encode()
+    envelope = struct.pack(">BI", 0, len(body)) + body
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id,
+               "X-Access-Token": sbx._envd_access_token or "",
+               "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+    url = setup.gateway.sandbox_url + "/process.Process/Start"
+    with httpx.Client(timeout=60) as client:
+        def start() -> None:
+            answer = client.post(url, content=envelope, headers=headers)
+            if answer.status_code != 200 or b'"exit status 0"' not in answer.content:
+                raise SystemExit(f"Start /bin/true failed: {answer.content[:300]!r}")
+        return statistics.median(timed(start) for _ in range(runs))
+
+
+def dataplane_exec_true(setup: E2bSetup, ws: str, runs: int) -> float:
+    """The median of the same exec straight on the data plane (a WebSocket each)."""
+    session = setup.cluster.api("POST", f"/v1/workspaces/{ws}/sessions",
+                                json={"operations": ["exec"]})
+    request = ExecRequest(argv=("/bin/true",), env={}, cwd=None, tty=False, rows=24,
+                          cols=80)
+
+    async def run() -> list[float]:
+        took = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            async with open_exec(session["dataplane_url"], session["credential"],
+                                 request) as client:
+                while await client.next_event() is not None:
+                    pass
+            took.append(time.perf_counter() - t0)
+        return took
+
+    return statistics.median(trio.run(run))
+
+
 def measure(setup: E2bSetup, runs: int, concurrent: int, work: Path) -> dict[str, Any]:
     opts = setup.opts()
     out: dict[str, Any] = {}
@@ -87,8 +139,11 @@ def measure(setup: E2bSetup, runs: int, concurrent: int, work: Path) -> dict[str
     sbx, ws = created[0], ws_ids[0]
     out["run_true_s"] = (
         statistics.median(timed(lambda: sbx.commands.run("true")) for _ in range(runs)),
-        statistics.median(timed(lambda: kibo(setup, "workspace", "exec", ws, "--", "true"))
+        statistics.median(timed(lambda: kibo(setup, "workspace", "exec", ws, "--",
+                                             *SDK_SHELL, "true"))
                           for _ in range(runs)))
+    out["start_true_s"] = (gateway_start_true(setup, sbx, runs),
+                           dataplane_exec_true(setup, f"ws-{sbx.sandbox_id}", runs))
     blob = os.urandom(8 << 20)
     local = work / "blob.bin"
     local.write_bytes(blob)
@@ -141,9 +196,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    for name in ("create_to_output_s", "run_true_s", "write_8mib_s", "read_8mib_s"):
+    for name in ("create_to_output_s", "run_true_s", "start_true_s", "write_8mib_s",
+                 "read_8mib_s"):
         gw, base = result[name]
-        print(f"{name:20} gateway {gw:8.3f}  kibo {base:8.3f}  ratio {gw / base:6.2f}")
+        against = "dataplane" if name == "start_true_s" else "kibo"
+        print(f"{name:20} gateway {gw:8.3f}  {against} {base:8.3f}  ratio {gw / base:6.2f}")
     c = result["concurrent_create_s"]
     print(f"{'concurrent creates':20} {c['count']} at once: p50 {c['p50']:.3f}s  p99 "
           f"{c['p99']:.3f}s  (one alone {c['alone']:.3f}s)")

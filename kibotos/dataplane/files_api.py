@@ -12,6 +12,7 @@ requests over plain HTTP, with a session credential that grants ``files``.
     PUT  /v1/files/content?path=P[&mode=&uid=&gid=&mtime_ns=&parents=]  ← the bytes
     GET  /v1/files/tar?path=P[&arcname=N]        → P as a tar stream
     PUT  /v1/files/tar?path=DIR                  ← a tar stream, unpacked into DIR
+    GET  /v1/files/watch?path=DIR[&recursive=]   → JSON lines {name, type}, until closed
 
 Bodies stream both ways with bounded memory: a download is read from the guest only as
 fast as the client takes it, an upload goes to the guest only as fast as the guest's
@@ -22,6 +23,10 @@ renamed into place.  Errors before the body are JSON with the API's error body; 
 during a download is the trailer ``Kibotos-Error`` (JSON) when the client sent ``TE:
 trailers``, and otherwise the connection ends without the chunked terminator, which
 every HTTP client reports as a truncated body.
+
+A watch (the guest's ``file_watch``) has no end of its own: it streams the directory's
+changes until the client closes the connection, which cancels the watch in the guest,
+or until the directory goes (then it ends like a download, with its trailers).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import trio
 
 from kibotos.credentials import SessionClaims
+from kibotos.dataplane.groups import sole_error
 from kibotos.dataplane.http1 import HttpExchange, error_status
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.errors import InvalidArgument, KibotosError, NotFound, Unavailable
@@ -46,7 +52,7 @@ log = EventLogger("kibotos.dataplane")
 FILES_PREFIX = "/v1/files/"
 _ROUTES = {("GET", "stat"), ("GET", "list"), ("POST", "mkdir"), ("POST", "move"),
            ("POST", "remove"), ("GET", "content"), ("PUT", "content"), ("GET", "tar"),
-           ("PUT", "tar")}
+           ("PUT", "tar"), ("GET", "watch")}
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _MAX_JSON = 64 * 1024
 #: How long the guest may take to answer a request (a transfer's bytes are not timed).
@@ -235,6 +241,30 @@ class FilesRequest:
             window=DOWNLOAD_WINDOW))
         await self._stream_down(down, "application/x-tar", [
             ("Kibotos-Entry", json.dumps(down.entry.to_wire(), separators=(",", ":")))])
+
+    async def _get_watch(self) -> None:
+        params = self.ex.query()
+        _only(params, {"path", "recursive"})
+        down = await self._guest(self.files.open_watch(
+            _path(params), recursive=_bool(params, "recursive", False),
+            window=DOWNLOAD_WINDOW))
+        try:
+            async with trio.open_nursery() as nursery:
+                # Nothing else tells a quiet watch that its client left.
+                nursery.start_soon(self._cancel_when_client_leaves, nursery.cancel_scope)
+                await self._stream_down(down, "application/x-ndjson", [
+                    ("Kibotos-Entry", json.dumps(down.entry.to_wire(),
+                                                 separators=(",", ":")))])
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the stream's own error, as run() expects it
+            error = sole_error(group)
+            if error is None:
+                raise
+            raise error from None
+
+    async def _cancel_when_client_leaves(self, scope: trio.CancelScope) -> None:
+        await self.ex.wait_client_closed()
+        scope.cancel()
 
     async def _stream_down(self, down: Download, content_type: str,
                            headers: list[tuple[str, str]]) -> None:

@@ -211,6 +211,16 @@ class HttpExchange:
     async def end(self, trailers: list[tuple[str, str]]) -> None:
         await self._send(h11.EndOfMessage(headers=trailers))
 
+    async def wait_client_closed(self) -> None:
+        """Until the client closes the connection (or it breaks): how an answer that
+        has no end of its own learns that nobody reads it.  Only for a request whose
+        body was read (or that has none): anything more the client sends is dropped."""
+        try:
+            while await self.stream.receive_some(RECEIVE_CHUNK):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
     @property
     def trailers_ok(self) -> bool:
         return "trailers" in self.headers.get("te", "").lower()

@@ -306,6 +306,16 @@ class GuestFiles:
         """The entries under a directory as JSON lines, down to `depth` levels."""
         return await self._open_download("file_list", {"path": path, "depth": depth}, window)
 
+    async def open_watch(self, path: str, *, recursive: bool = False,
+                         window: int = DEFAULT_WINDOW) -> Download:
+        """The changes in the directory `path` (below it too, `recursive`) as JSON
+        lines ``{name, type}`` (or ``{"type": "overflow"}``: events were lost), until
+        the download is closed (which cancels the watch) or the directory goes.  The
+        watch is set when this returns: every later change is on the stream."""
+        await self._channel.require("files.watch")
+        return await self._open_download("file_watch", {"path": path,
+                                                        "recursive": recursive}, window)
+
     async def list(self, path: str, *, depth: int = 1) -> list[FileEntry]:
         """All entries (for listings that fit in memory; `open_list` streams)."""
         import json

@@ -29,7 +29,9 @@ from kibotos.errors import (
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
+    Unavailable,
 )
+from kibotos.testing.waiting import wait_until
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount, setpriv)")
 
@@ -263,3 +265,57 @@ async def test_a_digest_mismatch_is_refused_by_the_client(tmp_path: Path) -> Non
             with pytest.raises(Exception, match="received 7 bytes with sha256:"):
                 async for _ in down.chunks():
                     pass
+
+
+def inotify_fds(pid: int) -> int:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fd_dir.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+
+
+async def test_a_watch_streams_changes_until_the_client_leaves(tmp_path: Path) -> None:
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path) as plane:
+            await plane.hand_state(target(agent))
+            (agent.root / "w").mkdir()
+            exec_only = FilesClient(plane.url, plane.credential())
+            with pytest.raises(PermissionDenied, match="does not grant 'files'"):
+                async with exec_only.download("watch", "/w"):
+                    pass
+            client = FilesClient(plane.url, plane.credential(operations=("files",)))
+            with pytest.raises(InvalidArgument, match="recursive must be true or false"):
+                async with client.download("watch", "/w", recursive="yes"):
+                    pass
+            with trio.fail_after(TIMEOUT):
+                async with client.download("watch", "/w", recursive="true") as down:
+                    assert down.entry is not None
+                    assert down.entry.path == "/w"
+                    (agent.root / "w/sub").mkdir()
+                    (agent.root / "w/sub/new.txt").write_bytes(b"")
+                    lines = bytearray()
+                    async for chunk in down.chunks():
+                        lines += chunk
+                        if lines.count(b"\n") >= 2:
+                            break
+                assert lines.splitlines() == [b'{"name":"sub","type":"create"}',
+                                              b'{"name":"sub/new.txt","type":"create"}']
+                # Closing the connection ended the watch in the guest.
+                await wait_until(lambda: inotify_fds(agent.proc.pid) == 0 or None,
+                                 "the guest's watch to end")
+
+
+async def test_a_watch_whose_guest_goes_ends_with_the_error(tmp_path: Path) -> None:
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path) as plane:
+            await plane.hand_state(target(agent))
+            (agent.root / "w").mkdir()
+            client = FilesClient(plane.url, plane.credential(operations=("files",)))
+            with trio.fail_after(TIMEOUT):
+                async with client.download("watch", "/w") as down:
+                    await trio.to_thread.run_sync(agent.stop)
+                    with pytest.raises(Unavailable):
+                        async for _ in down.chunks():
+                            pass
+            assert plane.server is not None
+            text = plane.server.metrics.text()
+    assert 'kibotos_dataplane_files_requests_total{outcome="unavailable",request="watch"}' \
+        in text

@@ -1,13 +1,15 @@
 """The official E2B SDK (``e2b==2.63.0`` from PyPI, unchanged) against the gateway and
 a dev cluster: create with metadata and envs, commands (output, exit codes and
 CommandExitException, envs, cwd, streaming, background with list and kill, stdin),
-files (text, 8 MiB of random bytes, list, exists, make_dir, rename, remove), info,
+files (text, 8 MiB of random bytes, list, exists, make_dir, rename, remove, watch_dir
+with the sync and the async SDK), info,
 list with a metadata filter, timeouts, kill; and team isolation: another team's key
 cannot see, connect to, run in or kill a sandbox, a revoked key is refused, and envd
 calls without the sandbox's access token are refused."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import subprocess
@@ -16,6 +18,7 @@ import sys
 import httpx
 import pytest
 from e2b import (
+    AsyncSandbox,
     AuthenticationException,
     CommandExitException,
     NotFoundException,
@@ -112,6 +115,53 @@ def test_files_write_read_list_and_change(sandbox: Sandbox) -> None:
     assert sandbox.files.read("/tmp/e2b-test/sub/moved.txt") == "hi there"
     sandbox.files.remove("/tmp/e2b-test")
     assert not sandbox.files.exists("/tmp/e2b-test")
+
+
+def test_watch_dir_reports_changes_until_stopped(sandbox: Sandbox, e2b: E2bSetup) -> None:
+    sandbox.files.make_dir("/tmp/e2b-watch/sub")
+    handle = sandbox.files.watch_dir("/tmp/e2b-watch", recursive=True)
+    sandbox.files.write("/tmp/e2b-watch/sub/a.txt", "a")
+    sandbox.files.rename("/tmp/e2b-watch/sub/a.txt", "/tmp/e2b-watch/b.txt")
+    sandbox.files.remove("/tmp/e2b-watch/b.txt")
+    seen: list[tuple[str, str]] = []
+
+    def removed() -> bool | None:
+        seen.extend((e.name, e.type.value) for e in handle.get_new_events())
+        return ("b.txt", "remove") in seen or None
+
+    wait_until_sync(removed, "the remove to be seen")
+    # The upload's temporary file is not shown; the file it became is created and written.
+    assert seen == [("sub/a.txt", "create"), ("sub/a.txt", "write"),
+                    ("sub/a.txt", "rename"), ("b.txt", "create"), ("b.txt", "remove")]
+    watcher_id = handle._watcher_id
+    handle.stop()
+    # The watcher is gone in the gateway too: polling it again is not_found.
+    gone = httpx.post(e2b.gateway.sandbox_url + "/filesystem.Filesystem/GetWatcherEvents",
+                      json={"watcherId": watcher_id}, headers={
+                          "E2b-Sandbox-Id": sandbox.sandbox_id,
+                          "X-Access-Token": sandbox._envd_access_token or ""})
+    assert (gone.status_code, gone.json()["code"]) == (404, "not_found")
+    with pytest.raises(SandboxException):
+        sandbox.files.watch_dir("/tmp/e2b-watch/nothing")
+
+
+def test_the_async_sdk_streams_watch_dir(sandbox: Sandbox, e2b: E2bSetup) -> None:
+    async def watch() -> list[tuple[str, str]]:
+        sbx = await AsyncSandbox.connect(sandbox.sandbox_id, **e2b.opts())
+        seen: list[tuple[str, str]] = []
+        await sbx.files.make_dir("/tmp/e2b-awatch")
+        handle = await sbx.files.watch_dir(
+            "/tmp/e2b-awatch", lambda e: seen.append((e.name, e.type.value)))
+        await sbx.files.make_dir("/tmp/e2b-awatch/d")
+        for _ in range(600):  # at most a minute: the event arrives on the stream
+            if seen:
+                break
+            await asyncio.sleep(0.1)
+        await handle.stop()
+        return seen
+
+    seen = asyncio.run(watch())
+    assert seen[0] == ("d", "create")  # (then a chmod: make_dir sets its mode exactly)
 
 
 def test_list_filters_by_metadata_and_pages(sandbox: Sandbox, e2b: E2bSetup) -> None:

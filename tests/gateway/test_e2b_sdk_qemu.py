@@ -1,7 +1,8 @@
 """The official E2B SDK against the gateway and a one-node dev cluster on the ``qemu``
 backend: one real microVM (TCG here) running ``kibotos-base``, shared by the cases.
 What the test VMM cannot show is checked here: files written through envd are what
-processes in the guest see, 8 MiB of random bytes keep their digest both ways, and a
+processes in the guest see, 8 MiB of random bytes keep their digest both ways, a watch
+sees what a guest process changes, and a
 paused sandbox (stopped, its writable layer kept) comes back on connect with its
 files."""
 
@@ -18,6 +19,7 @@ from e2b import CommandExitException, Sandbox
 from gateway_proc import E2bSetup, e2b_cluster
 
 from kibotos.dev import DevCluster
+from kibotos.testing.waiting import wait_until_sync
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 from e2e_links import vm_test_cache
@@ -66,6 +68,20 @@ def test_a_microvm_sandbox_runs_commands_moves_files_and_survives_a_pause(
         assert sbx.commands.run("sha256sum /root/blob.bin").stdout.split()[0] == digest
         back = sbx.files.read("/root/blob.bin", format="bytes")
         assert hashlib.sha256(back).hexdigest() == digest
+
+        # A watch in the real guest (inotify through ctypes, Debian's python3): what a
+        # process in the guest does is seen, below the watched directory too.
+        watch = sbx.files.watch_dir("/root/notes", recursive=True)
+        sbx.commands.run("mkdir /root/notes/w && echo x > /root/notes/w/y.txt")
+        seen: list[tuple[str, str]] = []
+
+        def written() -> bool | None:
+            seen.extend((e.name, e.type.value) for e in watch.get_new_events())
+            return ("w/y.txt", "write") in seen or None
+
+        wait_until_sync(written, "the guest's write to be seen", timeout=120.0)
+        assert seen[0] == ("w", "create")
+        watch.stop()
 
         sbx.pause(mode="filesystem")
         assert Sandbox.get_info(sbx.sandbox_id, **opts).state.value == "paused"

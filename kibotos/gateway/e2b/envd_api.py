@@ -28,6 +28,7 @@ from kibotos.gateway.e2b.ctrl_client import DataplaneSession
 from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as fs_pb
 from kibotos.gateway.e2b.envd_pb import process_pb2 as proc_pb
 from kibotos.gateway.e2b.envd_process import DEFAULT_KEEPALIVE, ProcessService
+from kibotos.gateway.e2b.envd_watch import WatcherTable, WatchService
 from kibotos.gateway.e2b.processes import ProcessTable
 from kibotos.gateway.e2b.sandboxes import workspace_id
 from kibotos.gateway.e2b.service import SandboxService
@@ -67,7 +68,8 @@ def _keepalive(request: Request) -> float:
         else DEFAULT_KEEPALIVE
 
 
-def build_envd_app(service: SandboxService, processes: ProcessTable) -> Starlette:
+def build_envd_app(service: SandboxService, processes: ProcessTable,
+                   watchers: WatcherTable) -> Starlette:
     async def authorize(request: Request) -> SandboxCall:
         sid = _sandbox_of(request)
         if not service.tokens.matches(sid, request.headers.get("x-access-token")):
@@ -101,6 +103,7 @@ def build_envd_app(service: SandboxService, processes: ProcessTable) -> Starlett
             f"{request.url.path.strip('/')} is not served by this kibotos gateway"))
 
     procs, fs = ProcessService(processes), envd_files.FilesystemService()
+    watch = WatchService(watchers)
     rpc: list[tuple[str, Any]] = [
         ("process.Process/Start", server_stream(proc_pb.StartRequest, authorize, procs.start)),
         ("process.Process/Connect",
@@ -120,12 +123,17 @@ def build_envd_app(service: SandboxService, processes: ProcessTable) -> Starlett
         ("filesystem.Filesystem/ListDir",
          unary(fs_pb.ListDirRequest, authorize, fs.list_dir)),
         ("filesystem.Filesystem/Remove", unary(fs_pb.RemoveRequest, authorize, fs.remove)),
+        ("filesystem.Filesystem/WatchDir",
+         server_stream(fs_pb.WatchDirRequest, authorize, watch.watch_dir)),
+        ("filesystem.Filesystem/CreateWatcher",
+         unary(fs_pb.CreateWatcherRequest, authorize, watch.create_watcher)),
+        ("filesystem.Filesystem/GetWatcherEvents",
+         unary(fs_pb.GetWatcherEventsRequest, authorize, watch.get_watcher_events)),
+        ("filesystem.Filesystem/RemoveWatcher",
+         unary(fs_pb.RemoveWatcherRequest, authorize, watch.remove_watcher)),
     ]
     routes = [Route(f"/{path}", endpoint, methods=["POST"]) for path, endpoint in rpc]
-    routes += [Route(f"/{path}", not_served, methods=["POST"]) for path in (
-        "process.Process/StreamInput", "filesystem.Filesystem/WatchDir",
-        "filesystem.Filesystem/CreateWatcher", "filesystem.Filesystem/GetWatcherEvents",
-        "filesystem.Filesystem/RemoveWatcher")]
+    routes += [Route("/process.Process/StreamInput", not_served, methods=["POST"])]
     routes += [
         Route("/health", health, methods=["GET"]),
         Route("/envs", rest(envs), methods=["GET"]),

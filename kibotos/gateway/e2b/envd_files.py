@@ -7,7 +7,7 @@ or ``application/octet-stream`` (``Content-Encoding: gzip`` allowed), creates th
 parent directories, and answers ``[{path, name, type}]``.  Bodies stream both ways:
 neither is held in memory whole (a multipart part is spooled by Starlette's parser).
 REST errors are envd's ``{"code": <status>, "message"}``.  ``WatchDir`` and the
-watcher calls are not served yet (``unimplemented``).
+watcher calls are `envd_watch`'s.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.control_api import build_control_app
 from kibotos.gateway.e2b.ctrl_client import CtrlClient
 from kibotos.gateway.e2b.envd_api import build_envd_app
+from kibotos.gateway.e2b.envd_watch import WatcherTable
 from kibotos.gateway.e2b.metrics import ASGIApp, GatewayMetrics
 from kibotos.gateway.e2b.processes import ProcessTable
 from kibotos.gateway.e2b.sandboxes import AccessTokens, Records
@@ -73,13 +74,13 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_signals, nursery.cancel_scope)
-            processes = ProcessTable(nursery)
+            processes, watchers = ProcessTable(nursery), WatcherTable(nursery)
             metrics = GatewayMetrics()
             control = build_control_app(service)
             control.add_route("/metrics", metrics.endpoint, methods=["GET"])
             apps: list[tuple[ASGIApp, str]] = [
                 (metrics.middleware(control, "control"), config.listen),
-                (metrics.middleware(build_envd_app(service, processes), "envd"),
+                (metrics.middleware(build_envd_app(service, processes, watchers), "envd"),
                  config.sandbox_listen)]
             addresses = []
             for app, listen in apps:

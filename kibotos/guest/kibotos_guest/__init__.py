@@ -31,17 +31,18 @@ This file stays small: the host imports `framing` through it.
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-AGENT_VERSION = "0.4.0"
+AGENT_VERSION = "0.5.0"
 DEFAULT_PORT_NAME = "org.kibotos.agent.0"
 CAPABILITIES = (
     "configure.dns", "configure.env", "configure.hostname", "configure.network",
-    "configure.volumes", "exec", "exec.tty", "exec.user", "files", "flow_control", "freeze",
+    "configure.volumes", "exec", "exec.tty", "exec.user", "files", "files.watch",
+    "flow_control", "freeze",
     "ping", "ports", "resize", "signal", "stop_prepare", "sync", "thaw",
 )
 #: The requests of the ``files`` capability (`transfers`, loaded on the first one).
 FILE_REQUESTS = (
     "file_stat", "file_list", "file_mkdir", "file_move", "file_remove", "file_read",
-    "file_write", "tar_read", "tar_write", "transfer_commit", "transfer_cancel",
+    "file_write", "tar_read", "tar_write", "transfer_commit", "transfer_cancel", "file_watch",
 )
 
 

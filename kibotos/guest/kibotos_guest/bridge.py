@@ -70,6 +70,11 @@ class _Bridge:
         if self.cancelled is not None:
             raise Cancelled(self.cancelled)
 
+    def check_cancelled(self) -> None:
+        """From the thread: raise `Cancelled` if the transfer was cancelled."""
+        with self.cond:
+            self._check()
+
     def _post(self, frame: bytes) -> None:
         """From the thread: send `frame` on the loop, if the session is still ours."""
         self.loop.call_soon_threadsafe(self._send, frame)
@@ -129,10 +134,15 @@ class Outbound(_Bridge):
             if len(self._pending) < limit:
                 return
 
-    def finish(self) -> None:
-        """From the thread: send what is left and the EOF frame."""
+    def push(self) -> None:
+        """From the thread: send what is queued now, though less than a frame (a
+        stream of events must not wait for a full chunk)."""
         while self._pending:
             self._flush(DATA_CHUNK)
+
+    def finish(self) -> None:
+        """From the thread: send what is left and the EOF frame."""
+        self.push()
         with self.cond:
             self._check()
         self._post(encode_data(self.stream_id, b"", eof=True))

@@ -35,11 +35,15 @@ if TYPE_CHECKING:
 MAX_DEPTH = 64
 
 
-async def _download(ch: Channel, msg: dict[str, Any], what: str, path: str,
-                    prepare: Callable[[Outbound], Body], body: Callable[[Outbound], Body],
-                    cleanup: Callable[[], None]) -> dict[str, Any]:
+async def start_download(ch: Channel, msg: dict[str, Any], what: str, path: str,
+                         prepare: Callable[[Outbound], Body], body: Callable[[Outbound], Body],
+                         cleanup: Callable[[], None], *,
+                         outbound: Callable[[Channel, int], Outbound] = Outbound
+                         ) -> dict[str, Any]:
+    """Run a download's `prepare` then `body` in a worker thread; answered after
+    `prepare` (`watches` uses it too, with its own `outbound` stream)."""
     window = int_field(msg, "window", 1, MAX_WINDOW, DEFAULT_WINDOW)
-    out = Outbound(ch, stream_id_field(ch, msg))
+    out = outbound(ch, stream_id_field(ch, msg))
     transfer = Transfer(ch, out, what, path)
     transfer.start(prepare(out), body(out), cleanup)
     try:
@@ -109,7 +113,7 @@ async def file_read(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str,
                 cleanup()
         return wrapped
 
-    return await _download(ch, msg, "file_read", path, prepare, closing, cleanup)
+    return await start_download(ch, msg, "file_read", path, prepare, closing, cleanup)
 
 
 def _arcname(msg: dict[str, Any], path: str) -> str:
@@ -136,7 +140,7 @@ async def tar_read(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str, 
             return {"bytes": out.count, "sha256": out.hexdigest(), "members": members}
         return run
 
-    return await _download(ch, msg, "tar_read", path, prepare, body, lambda: None)
+    return await start_download(ch, msg, "tar_read", path, prepare, body, lambda: None)
 
 
 async def file_list(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +168,6 @@ async def file_list(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str,
             return {"bytes": out.count, "sha256": out.hexdigest(), **counts}
         return run
 
-    return await _download(ch, msg, "file_list", path, prepare, body, lambda: None)
+    return await start_download(ch, msg, "file_list", path, prepare, body, lambda: None)
 
 

@@ -1,13 +1,13 @@
 """The requests of the ``files`` capability (docs/guest-protocol.md, "Files"), loaded
 on the first one: nothing of it is on the way to the first hello.
 
-`fileops` answers the metadata requests; `downloads` and `uploads` stream, each in a
-worker thread (`bridge`); `tarstream` packs and unpacks directory trees.
+`fileops` answers the metadata requests; `downloads`, `uploads` and `watches` stream,
+each in a worker thread (`bridge`); `tarstream` packs and unpacks directory trees.
 """
 
 from __future__ import annotations
 
-from . import downloads, fileops, uploads
+from . import downloads, fileops, uploads, watches
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,5 +24,5 @@ REQUESTS: dict[str, Callable[[Agent, Channel, dict[str, Any]],
     "file_list": downloads.file_list, "file_read": downloads.file_read,
     "tar_read": downloads.tar_read, "file_write": uploads.file_write,
     "tar_write": uploads.tar_write, "transfer_commit": uploads.transfer_commit,
-    "transfer_cancel": uploads.transfer_cancel,
+    "transfer_cancel": uploads.transfer_cancel, "file_watch": watches.file_watch,
 }
