@@ -1,0 +1,210 @@
+"""The Exposure gateway in front of the E2B gateway's test cluster (test VMM: the real
+node, data plane and guest agent; the sandbox's processes run for real): the official
+SDK's ``get_host(port)`` reached through it by host name and by E2B's header form,
+keep-alive, WebSocket passthrough, 502 for a closed port, 404 for an unknown sandbox,
+the traffic access token of a sandbox created with ``allow_public_traffic: false``, and
+large bodies streamed both ways with the gateway's memory flat.  A server
+(`exposure_server.py`) runs inside each sandbox."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import trio
+from e2b import Sandbox
+from gateway_proc import E2bSetup
+from trio_websocket import open_websocket_url
+
+from kibotos.testing.waiting import wait_until_sync
+
+pytestmark = pytest.mark.slow
+
+SERVER = (Path(__file__).parent / "exposure_server.py").read_text()
+PATTERN = bytes(range(256)) * 256
+
+
+def _free_port() -> int:
+    """A port nothing on this host listens on now (the test VMM's guest shares the
+    host's loopback)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(e2b: E2bSetup, sbx: Sandbox, token: str | None = None) -> int:
+    """Start the test server in `sbx`; its port, once it answers through the gateway."""
+    port = _free_port()
+    sbx.commands.run(f'exec python3 -c "$EXPOSURE_SERVER" {port}',
+                     envs={"EXPOSURE_SERVER": SERVER}, background=True)
+    headers = {"Host": sbx.get_host(port)}
+    if token:
+        headers["e2b-traffic-access-token"] = token
+
+    def answers() -> httpx.Response | None:
+        got = httpx.get(f"{e2b.gateway.exposure_url}/hello", headers=headers)
+        return got if got.status_code == 200 else None
+
+    wait_until_sync(answers, "the sandbox's server answers through the gateway", timeout=60)
+    return port
+
+
+@pytest.fixture(scope="module")
+def public(e2b: E2bSetup) -> Iterator[tuple[Sandbox, int]]:
+    sbx = Sandbox.create("base", **e2b.opts())
+    try:
+        yield sbx, _serve(e2b, sbx)
+    finally:
+        sbx.kill()
+
+
+def _get(e2b: E2bSetup, path: str, **headers: str) -> httpx.Response:
+    return httpx.get(f"{e2b.gateway.exposure_url}{path}", headers=headers, timeout=60)
+
+
+def _metrics(e2b: E2bSetup) -> str:
+    address = (e2b.cluster.dir / "gateway-exposure/state/metrics-listen-address").read_text()
+    return httpx.get(f"http://{address.strip()}/metrics").text
+
+
+def test_get_host_is_reached_by_host_name_and_by_headers(
+        e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
+    sbx, port = public
+    host = sbx.get_host(port)
+    assert host == f"{port}-{sbx.sandbox_id}.kibotos.localhost"
+    by_host = _get(e2b, "/hello", Host=host)
+    assert by_host.status_code == 200, by_host.text
+    assert by_host.text == (f"hello /hello host={host} xff=127.0.0.1 token=False "
+                            "routing=False\n")
+    by_headers = _get(e2b, "/hello", **{"E2b-Sandbox-Id": sbx.sandbox_id,
+                                        "E2b-Sandbox-Port": str(port)})
+    assert by_headers.status_code == 200, by_headers.text
+    assert by_headers.text.startswith("hello /hello host=127.0.0.1:")
+    assert "routing=False" in by_headers.text
+    assert _get(e2b, "/nothing", Host=host).status_code == 404  # the sandbox's own 404
+
+
+def test_one_client_connection_carries_many_requests(
+        e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
+    sbx, port = public
+    gateway = urlsplit(e2b.gateway.exposure_url)
+    conn = http.client.HTTPConnection(gateway.hostname or "", gateway.port, timeout=60)
+    try:
+        sockets = []
+        for _ in range(3):
+            conn.request("GET", "/hello", headers={"Host": sbx.get_host(port)})
+            answer = conn.getresponse()
+            assert answer.status == 200
+            assert answer.read().startswith(b"hello /hello")
+            sockets.append(conn.sock)
+        assert sockets[0] is not None
+        assert sockets.count(sockets[0]) == 3
+    finally:
+        conn.close()
+
+
+def test_a_closed_port_is_502_and_an_unknown_sandbox_404(
+        e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
+    sbx, _ = public
+    closed = _free_port()
+    refused = _get(e2b, "/", Host=sbx.get_host(closed))
+    assert refused.status_code == 502
+    assert f"nothing listens on port {closed} in sandbox {sbx.sandbox_id}" in refused.text
+    unknown = _get(e2b, "/", Host=f"8000-{'0' * 26}.kibotos.localhost")
+    assert unknown.status_code == 404
+    assert "not found" in unknown.text
+    assert _get(e2b, "/", Host="example.org").status_code == 404
+    assert _get(e2b, "/", Host=f"8000-{sbx.sandbox_id}.other.example").status_code == 404
+    half = _get(e2b, "/", **{"E2b-Sandbox-Id": sbx.sandbox_id})
+    assert half.status_code == 400
+
+
+def test_websocket_upgrades_pass_through(e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
+    sbx, port = public
+    url = e2b.gateway.exposure_url.replace("http://", "ws://") + "/ws"
+    heard: list[str] = []
+
+    async def talk() -> None:
+        with trio.fail_after(60):
+            async with open_websocket_url(url, extra_headers=[
+                    ("E2b-Sandbox-Id", sbx.sandbox_id),
+                    ("E2b-Sandbox-Port", str(port))]) as ws:
+                for text in ("hello", "x" * 300):
+                    await ws.send_message(text)
+                    heard.append(str(await ws.get_message()))
+
+    trio.run(talk)
+    assert heard == ["echo: hello", "echo: " + "x" * 300]
+    assert re.search(r'kibotos_gateway_exposure_http_requests_total\{kind="websocket",'
+                     r'status="101"\} [1-9]', _metrics(e2b))
+
+
+def test_a_private_sandbox_needs_its_traffic_token(e2b: E2bSetup) -> None:
+    sbx = Sandbox.create("base", network={"allow_public_traffic": False}, **e2b.opts())
+    try:
+        token = sbx.traffic_access_token
+        assert isinstance(token, str)
+        assert len(token) >= 40
+        port = _serve(e2b, sbx, token)
+        host = sbx.get_host(port)
+        assert _get(e2b, "/hello", Host=host).status_code == 403
+        wrong = _get(e2b, "/hello", Host=host, **{"e2b-traffic-access-token": "x" * 43})
+        assert wrong.status_code == 403
+        assert "e2b-traffic-access-token" in wrong.text
+        right = _get(e2b, "/hello", Host=host, **{"e2b-traffic-access-token": token})
+        assert right.status_code == 200
+        assert "token=False" in right.text  # the token stops at the gateway
+        # Connect hands the token out again; a get shows no secret, ctrl only a digest.
+        assert Sandbox.connect(sbx.sandbox_id, **e2b.opts()).traffic_access_token == token
+        shown = httpx.get(f"{e2b.gateway.api_url}/sandboxes/{sbx.sandbox_id}",
+                          headers={"X-API-Key": e2b.key})
+        assert shown.status_code == 200
+        assert token not in shown.text
+        ws = e2b.cluster.api("GET", f"/v1/workspaces/ws-{sbx.sandbox_id}")
+        assert token not in str(ws)
+        assert set(ws["labels"]) == {"e2b.team", "e2b.traffic-token-sha256"}
+    finally:
+        sbx.kill()
+
+
+def _peak_rss(e2b: E2bSetup) -> int:
+    pid = (e2b.cluster.dir / "gateway-exposure/gateway.pid").read_text().split()[0]
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) << 10  # type: ignore[union-attr]
+
+
+def test_large_bodies_stream_both_ways_with_flat_memory(
+        e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
+    sbx, port = public
+    size = 128 << 20
+    url = e2b.gateway.exposure_url
+    headers = {"Host": sbx.get_host(port)}
+    before = _peak_rss(e2b)
+
+    def body() -> Iterator[bytes]:
+        for _ in range(size // len(PATTERN)):
+            yield PATTERN
+
+    expected = hashlib.sha256()
+    for chunk in body():
+        expected.update(chunk)
+    with httpx.Client(timeout=300) as client:
+        up = client.post(f"{url}/sha256", content=body(), headers=headers)
+        assert up.status_code == 200, up.text
+        assert up.text == f"{expected.hexdigest()} {size}\n"
+        got, length = hashlib.sha256(), 0
+        with client.stream("GET", f"{url}/blob?n={size}", headers=headers) as down:
+            assert down.status_code == 200
+            for chunk in down.iter_bytes():
+                got.update(chunk)
+                length += len(chunk)
+    assert (length, got.hexdigest()) == (size, expected.hexdigest())
+    grown = _peak_rss(e2b) - before
+    assert grown < 32 << 20, f"the gateway's peak memory grew by {grown >> 20} MiB"
