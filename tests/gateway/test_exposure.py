@@ -208,3 +208,25 @@ def test_large_bodies_stream_both_ways_with_flat_memory(
     assert (length, got.hexdigest()) == (size, expected.hexdigest())
     grown = _peak_rss(e2b) - before
     assert grown < 32 << 20, f"the gateway's peak memory grew by {grown >> 20} MiB"
+
+
+def _raw(e2b: E2bSetup, data: bytes) -> bytes:
+    """Send `data` on a fresh connection to the gateway; all it answers until it closes."""
+    gateway = urlsplit(e2b.gateway.exposure_url)
+    with socket.create_connection((gateway.hostname, gateway.port), timeout=60) as s:
+        s.sendall(data)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_malformed_and_old_requests_do_not_hurt_the_gateway(
+        e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
+    sbx, port = public
+    assert _raw(e2b, b"NOT HTTP AT ALL\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    old = _raw(e2b, (f"GET /hello HTTP/1.0\r\nE2b-Sandbox-Id: {sbx.sandbox_id}\r\n"
+                     f"E2b-Sandbox-Port: {port}\r\n\r\n").encode())
+    assert old.startswith(b"HTTP/1.1 200 "), old[:200]
+    assert b"hello /hello host=127.0.0.1:" in old
+    assert _get(e2b, "/hello", Host=sbx.get_host(port)).status_code == 200  # still serving

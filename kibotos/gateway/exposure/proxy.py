@@ -189,6 +189,8 @@ class ClientConnection:
                           + self.peer.encode()))
         forwarded.append((b"x-forwarded-host", _header(headers, b"x-forwarded-host")
                           or _header(headers, b"host") or b""))
+        if _header(headers, b"host") is None:  # an HTTP/1.0 client may send none
+            forwarded.append((b"host", f"127.0.0.1:{upstream.target.port}".encode()))
         if upgrade:
             forwarded += [(b"connection", b"upgrade"),
                           (b"upgrade", _header(headers, b"upgrade") or b"")]

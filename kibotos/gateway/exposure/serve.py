@@ -72,6 +72,8 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
         try:
             await ClientConnection(stream, access, metrics, config.limits,
                                    config.domain).run()
+        except Exception:  # one connection's bug must not end the others (serve_tcp would)
+            log.exception("gateway: a client connection failed")
         finally:
             open_connections -= 1
             metrics.connections.dec()
