@@ -3,15 +3,20 @@ node, data plane and guest agent; the sandbox's processes run for real): the off
 SDK's ``get_host(port)`` reached through it by host name and by E2B's header form,
 keep-alive, WebSocket passthrough, 502 for a closed port, 404 for an unknown sandbox,
 the traffic access token of a sandbox created with ``allow_public_traffic: false``, and
-large bodies streamed both ways with the gateway's memory flat.  A server
+large bodies streamed both ways with the gateway's memory flat, and the same over TLS
+from a second gateway process given a certificate.  A server
 (`exposure_server.py`) runs inside each sandbox."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import http.client
 import re
 import socket
+import ssl
+import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,7 +28,9 @@ from e2b import Sandbox
 from gateway_proc import E2bSetup
 from trio_websocket import open_websocket_url
 
+from kibotos.dev.cluster import script
 from kibotos.testing.waiting import wait_until_sync
+from kibotos.tls.ca import ClusterCA
 
 pytestmark = pytest.mark.slow
 
@@ -230,3 +237,44 @@ def test_malformed_and_old_requests_do_not_hurt_the_gateway(
     assert old.startswith(b"HTTP/1.1 200 "), old[:200]
     assert b"hello /hello host=127.0.0.1:" in old
     assert _get(e2b, "/hello", Host=sbx.get_host(port)).status_code == 200  # still serving
+
+
+def test_the_gateway_serves_tls_when_given_a_certificate(
+        e2b: E2bSetup, public: tuple[Sandbox, int], tmp_path: Path) -> None:
+    """A second Exposure gateway (the dev cluster's identity, a certificate of a CA made
+    here) answers over TLS, and not in plain."""
+    sbx, port = public
+    ca = ClusterCA.generate()
+    # For the address the client dials (a deployment's would be *.<domain>, which this
+    # CA helper does not issue).
+    issued = ca.issue(["127.0.0.1"], lifetime=dt.timedelta(days=1))
+    assert issued.key_pem is not None
+    (tmp_path / "gw.crt").write_bytes(issued.cert_pem)
+    (tmp_path / "gw.key").write_bytes(issued.key_pem)
+    ctrl = tomllib.loads((e2b.cluster.dir / "gateway-exposure/gateway.toml").read_text())
+    ctrl_lines = "".join(f'{k} = "{v}"\n' for k, v in ctrl["ctrl"].items())
+    config = tmp_path / "tls.toml"
+    config.write_text(f'listen = "127.0.0.1:0"\nmetrics_listen = "127.0.0.1:0"\n'
+                      f'state_dir = "{tmp_path / "state"}"\ndomain = "kibotos.localhost"\n'
+                      f"[ctrl]\n{ctrl_lines}[tls]\ncert_file = \"{tmp_path / 'gw.crt'}\"\n"
+                      f"key_file = \"{tmp_path / 'gw.key'}\"\n")
+    with open(tmp_path / "gateway.log", "wb") as log:
+        proc = subprocess.Popen([script("kibotos"), "gateway", "exposure", "serve",
+                                 "--config", str(config)], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL)
+    try:
+        listen_file = tmp_path / "state/listen-address"
+        address = wait_until_sync(
+            lambda: listen_file.read_text().strip() if listen_file.exists() else None,
+            "the TLS gateway listens", timeout=60)
+        trusted = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        got = httpx.get(f"https://{address}/hello", headers={"Host": sbx.get_host(port)},
+                        verify=trusted, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.text.startswith(f"hello /hello host={sbx.get_host(port)} ")
+        with pytest.raises(httpx.TransportError):  # a client that expects plain HTTP
+            httpx.get(f"http://{address}/hello", headers={"Host": sbx.get_host(port)},
+                      timeout=10)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, (tmp_path / "gateway.log").read_text()[-2000:]

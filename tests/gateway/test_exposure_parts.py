@@ -80,6 +80,16 @@ def test_config_is_strict(tmp_path: Path) -> None:
     assert cfg.read_credential() == "kid-x:secret"
     assert cfg.limits.max_connections == 1024
     for extra in ({"domain": "Sandbox.Example"}, {"domain": ".x"}, {"listen": "nowhere"},
-                  {"limits": {"idle_timeout_s": "5"}}, {"unknown": 1}):
+                  {"limits": {"idle_timeout_s": "5"}}, {"unknown": 1},
+                  {"tls": {"cert_file": "/x"}}):
         with pytest.raises((ValidationError, InvalidArgument)):
             config_mod.parse(ExposureConfig, {**base, **extra}, "x.toml")
+    # Plain HTTP only on loopback: traffic tokens cross the listener.
+    with pytest.raises(InvalidArgument, match="not a loopback address"):
+        config_mod.parse(ExposureConfig, {**base, "listen": "0.0.0.0:3002"}, "x.toml")
+    tls = {"cert_file": str(tmp_path / "none.crt"), "key_file": str(tmp_path / "none.key")}
+    public = config_mod.parse(ExposureConfig, {**base, "listen": "0.0.0.0:3002", "tls": tls},
+                              "x.toml")
+    assert public.tls is not None
+    with pytest.raises(InvalidArgument, match=r"tls\.cert_file"):
+        public.tls.context()

@@ -39,7 +39,7 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te"
                         b"proxy-authorization"})
 _NOT_FORWARDED = frozenset({TRAFFIC_HEADER.encode(), SANDBOX_ID_HEADER,
                             SANDBOX_PORT_HEADER})
-Stream = trio.SocketStream
+Stream = trio.abc.Stream
 #: `_download`'s status when the sandbox closed the stream before its answer began.
 NO_ANSWER = -1
 
@@ -69,19 +69,16 @@ def _forwardable(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]
 
 
 class ClientConnection:
-    def __init__(self, stream: Stream, access: SandboxAccess, metrics: ExposureMetrics,
-                 limits: Limits, domain: str | None) -> None:
+    def __init__(self, stream: Stream, peer: str, access: SandboxAccess,
+                 metrics: ExposureMetrics, limits: Limits, domain: str | None) -> None:
         self.stream = stream
+        self.peer = peer
         self.access = access
         self.metrics = metrics
         self.limits = limits
         self.domain = domain
         self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.upstream: Upstream | None = None
-        try:
-            self.peer = str(stream.socket.getpeername()[0])
-        except OSError:
-            self.peer = "unknown"
 
     # ------------------------------------------------------------ the connection
 
@@ -103,7 +100,7 @@ class ClientConnection:
             await self._drop_upstream()
 
     async def _receive(self) -> None:
-        self.http.receive_data(await self.stream.receive_some(CHUNK))
+        self.http.receive_data(bytes(await self.stream.receive_some(CHUNK)))
 
     async def _read_head(self) -> h11.Event | None:
         """The next request's head: None when the client stays idle too long or takes
@@ -284,7 +281,7 @@ class ClientConnection:
             if client_rest:
                 await upstream.send_raw(client_rest)
             while data := await self.stream.receive_some(CHUNK):
-                await upstream.send_raw(data)
+                await upstream.send_raw(bytes(data))
             await upstream.stream.send_eof()
 
         async def guest_to_client() -> None:
@@ -292,7 +289,10 @@ class ClientConnection:
                 await self.stream.send_all(guest_rest)
             while data := await upstream.receive_raw():
                 await self.stream.send_all(data)
-            await self.stream.send_eof()
+            if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                await self.stream.send_eof()  # TLS has no half-close: the pipe ends here
+            else:
+                raise trio.ClosedResourceError("the sandbox closed its side")
 
         async def guarded(pump: object, cancel: trio.CancelScope) -> None:
             try:

@@ -1,6 +1,7 @@
 """``kibotos gateway exposure serve``: the Exposure gateway process.
 
-It accepts client connections on ``listen`` (each a `ClientConnection`, at most
+It accepts client connections on ``listen`` (over TLS with ``[tls]``; each a
+`ClientConnection`, at most
 ``limits.max_connections`` at once: one more is answered 503 and closed) and serves
 ``GET /metrics`` on ``metrics_listen`` (hypercorn, as the E2B gateway).  The bound
 addresses (port 0 allowed) go to ``task_status`` and, atomically, to
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import ssl
 from pathlib import Path
 
 import trio
@@ -43,6 +45,28 @@ def _prepare(config: ExposureConfig) -> list[Path]:
     return files
 
 
+class _NoHandshake(Exception):
+    """The client did not complete the TLS handshake (in time)."""
+
+
+async def _handshake(raw: trio.SocketStream, context: ssl.SSLContext,
+                     timeout: float) -> trio.SSLStream[trio.SocketStream]:
+    stream = trio.SSLStream(raw, context, server_side=True, https_compatible=True)
+    try:
+        with trio.fail_after(timeout):
+            await stream.do_handshake()
+    except (trio.TooSlowError, trio.BrokenResourceError):
+        raise _NoHandshake from None
+    return stream
+
+
+def _peer(raw: trio.SocketStream) -> str:
+    try:
+        return str(raw.socket.getpeername()[0])
+    except OSError:
+        return "unknown"
+
+
 def _host_port(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     return host.strip("[]"), int(port)
@@ -58,20 +82,26 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
                     user_agent="kibotos-gateway-exposure", command_prefix="gwexp",
                     verify=config.ctrl.tls())
     access, metrics = SandboxAccess(ctrl), ExposureMetrics()
+    tls = config.tls.context() if config.tls is not None else None
     open_connections = 0
 
-    async def handle(stream: trio.SocketStream) -> None:
+    async def handle(raw: trio.SocketStream) -> None:
         nonlocal open_connections
+        stream: trio.abc.Stream = raw
         if open_connections >= config.limits.max_connections:
             with trio.move_on_after(5):
-                await stream.send_all(_BUSY)
-            await stream.aclose()
+                await raw.send_all(_BUSY)
+            await raw.aclose()
             return
         open_connections += 1
         metrics.connections.inc()
         try:
-            await ClientConnection(stream, access, metrics, config.limits,
+            if tls is not None:
+                stream = await _handshake(raw, tls, config.limits.header_timeout_s)
+            await ClientConnection(stream, _peer(raw), access, metrics, config.limits,
                                    config.domain).run()
+        except _NoHandshake:
+            pass
         except Exception:  # one connection's bug must not end the others (serve_tcp would)
             log.exception("gateway: a client connection failed")
         finally:
