@@ -25,6 +25,7 @@ import httpx
 import pytest
 import trio
 from e2b import Sandbox
+from exposure_proc import PATTERN, free_port, gateway_pid, serve
 from gateway_proc import E2bSetup
 from trio_websocket import open_websocket_url
 
@@ -34,40 +35,11 @@ from kibotos.tls.ca import ClusterCA
 
 pytestmark = pytest.mark.slow
 
-SERVER = (Path(__file__).parent / "exposure_server.py").read_text()
-PATTERN = bytes(range(256)) * 256
-
-
-def _free_port() -> int:
-    """A port nothing on this host listens on now (the test VMM's guest shares the
-    host's loopback)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(e2b: E2bSetup, sbx: Sandbox, token: str | None = None) -> int:
-    """Start the test server in `sbx`; its port, once it answers through the gateway."""
-    port = _free_port()
-    sbx.commands.run(f'exec python3 -c "$EXPOSURE_SERVER" {port}',
-                     envs={"EXPOSURE_SERVER": SERVER}, background=True)
-    headers = {"Host": sbx.get_host(port)}
-    if token:
-        headers["e2b-traffic-access-token"] = token
-
-    def answers() -> httpx.Response | None:
-        got = httpx.get(f"{e2b.gateway.exposure_url}/hello", headers=headers)
-        return got if got.status_code == 200 else None
-
-    wait_until_sync(answers, "the sandbox's server answers through the gateway", timeout=60)
-    return port
-
-
 @pytest.fixture(scope="module")
 def public(e2b: E2bSetup) -> Iterator[tuple[Sandbox, int]]:
     sbx = Sandbox.create("base", **e2b.opts())
     try:
-        yield sbx, _serve(e2b, sbx)
+        yield sbx, serve(e2b, sbx)
     finally:
         sbx.kill()
 
@@ -120,7 +92,7 @@ def test_one_client_connection_carries_many_requests(
 def test_a_closed_port_is_502_and_an_unknown_sandbox_404(
         e2b: E2bSetup, public: tuple[Sandbox, int]) -> None:
     sbx, _ = public
-    closed = _free_port()
+    closed = free_port()
     refused = _get(e2b, "/", Host=sbx.get_host(closed))
     assert refused.status_code == 502
     assert f"nothing listens on port {closed} in sandbox {sbx.sandbox_id}" in refused.text
@@ -159,7 +131,7 @@ def test_a_private_sandbox_needs_its_traffic_token(e2b: E2bSetup) -> None:
         token = sbx.traffic_access_token
         assert isinstance(token, str)
         assert len(token) >= 40
-        port = _serve(e2b, sbx, token)
+        port = serve(e2b, sbx, token)
         host = sbx.get_host(port)
         assert _get(e2b, "/hello", Host=host).status_code == 403
         wrong = _get(e2b, "/hello", Host=host, **{"e2b-traffic-access-token": "x" * 43})
@@ -182,8 +154,7 @@ def test_a_private_sandbox_needs_its_traffic_token(e2b: E2bSetup) -> None:
 
 
 def _peak_rss(e2b: E2bSetup) -> int:
-    pid = (e2b.cluster.dir / "gateway-exposure/gateway.pid").read_text().split()[0]
-    status = Path(f"/proc/{pid}/status").read_text()
+    status = Path(f"/proc/{gateway_pid(e2b)}/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) << 10  # type: ignore[union-attr]
 
 
