@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import tomllib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -190,8 +191,12 @@ def test_large_bodies_stream_both_ways_with_flat_memory(
 
 def _raw(e2b: E2bSetup, data: bytes) -> bytes:
     """Send `data` on a fresh connection to the gateway; all it answers until it closes."""
-    gateway = urlsplit(e2b.gateway.exposure_url)
-    with socket.create_connection((gateway.hostname, gateway.port), timeout=60) as s:
+    return _raw_to(e2b.gateway.exposure_url.removeprefix("http://"), data)
+
+
+def _raw_to(address: str, data: bytes) -> bytes:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
         s.sendall(data)
         answer = b""
         while chunk := s.recv(65536):
@@ -210,10 +215,35 @@ def test_malformed_and_old_requests_do_not_hurt_the_gateway(
     assert _get(e2b, "/hello", Host=sbx.get_host(port)).status_code == 200  # still serving
 
 
+@contextmanager
+def _second_gateway(e2b: E2bSetup, tmp_path: Path, sections: str) -> Iterator[str]:
+    """Another ``kibotos gateway exposure serve`` process (the dev cluster's gateway
+    identity, `sections` of TOML added) for the block; its ``host:port``.  It must stop
+    cleanly on SIGTERM."""
+    ctrl = tomllib.loads((e2b.cluster.dir / "gateway-exposure/gateway.toml").read_text())
+    ctrl_lines = "".join(f'{k} = "{v}"\n' for k, v in ctrl["ctrl"].items())
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'listen = "127.0.0.1:0"\nmetrics_listen = "127.0.0.1:0"\n'
+                      f'state_dir = "{tmp_path / "state"}"\ndomain = "kibotos.localhost"\n'
+                      f"[ctrl]\n{ctrl_lines}{sections}")
+    with open(tmp_path / "gateway.log", "wb") as log:
+        proc = subprocess.Popen([script("kibotos"), "gateway", "exposure", "serve",
+                                 "--config", str(config)], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL)
+    try:
+        listen_file = tmp_path / "state/listen-address"
+        yield wait_until_sync(
+            lambda: listen_file.read_text().strip() if listen_file.exists() else None,
+            "the second gateway listens", timeout=60)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, (tmp_path / "gateway.log").read_text()[-2000:]
+
+
 def test_the_gateway_serves_tls_when_given_a_certificate(
         e2b: E2bSetup, public: tuple[Sandbox, int], tmp_path: Path) -> None:
-    """A second Exposure gateway (the dev cluster's identity, a certificate of a CA made
-    here) answers over TLS, and not in plain."""
+    """A second Exposure gateway with a certificate of a CA made here answers over
+    TLS, and not in plain."""
     sbx, port = public
     ca = ClusterCA.generate()
     # For the address the client dials (a deployment's would be *.<domain>, which this
@@ -222,22 +252,9 @@ def test_the_gateway_serves_tls_when_given_a_certificate(
     assert issued.key_pem is not None
     (tmp_path / "gw.crt").write_bytes(issued.cert_pem)
     (tmp_path / "gw.key").write_bytes(issued.key_pem)
-    ctrl = tomllib.loads((e2b.cluster.dir / "gateway-exposure/gateway.toml").read_text())
-    ctrl_lines = "".join(f'{k} = "{v}"\n' for k, v in ctrl["ctrl"].items())
-    config = tmp_path / "tls.toml"
-    config.write_text(f'listen = "127.0.0.1:0"\nmetrics_listen = "127.0.0.1:0"\n'
-                      f'state_dir = "{tmp_path / "state"}"\ndomain = "kibotos.localhost"\n'
-                      f"[ctrl]\n{ctrl_lines}[tls]\ncert_file = \"{tmp_path / 'gw.crt'}\"\n"
-                      f"key_file = \"{tmp_path / 'gw.key'}\"\n")
-    with open(tmp_path / "gateway.log", "wb") as log:
-        proc = subprocess.Popen([script("kibotos"), "gateway", "exposure", "serve",
-                                 "--config", str(config)], stdout=log, stderr=log,
-                                stdin=subprocess.DEVNULL)
-    try:
-        listen_file = tmp_path / "state/listen-address"
-        address = wait_until_sync(
-            lambda: listen_file.read_text().strip() if listen_file.exists() else None,
-            "the TLS gateway listens", timeout=60)
+    tls = (f"[tls]\ncert_file = \"{tmp_path / 'gw.crt'}\"\n"
+           f"key_file = \"{tmp_path / 'gw.key'}\"\n")
+    with _second_gateway(e2b, tmp_path, tls) as address:
         trusted = ssl.create_default_context(cadata=ca.cert_pem.decode())
         got = httpx.get(f"https://{address}/hello", headers={"Host": sbx.get_host(port)},
                         verify=trusted, timeout=60)
@@ -246,6 +263,24 @@ def test_the_gateway_serves_tls_when_given_a_certificate(
         with pytest.raises(httpx.TransportError):  # a client that expects plain HTTP
             httpx.get(f"http://{address}/hello", headers={"Host": sbx.get_host(port)},
                       timeout=10)
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0, (tmp_path / "gateway.log").read_text()[-2000:]
+
+
+def test_connection_limits_refuse_the_extra_one_and_close_idle_ones(
+        e2b: E2bSetup, public: tuple[Sandbox, int], tmp_path: Path) -> None:
+    """With ``max_connections = 1`` a second client connection is answered 503 while
+    the first is open; the first, left idle, is closed by the gateway itself."""
+    sbx, port = public
+    limits = "[limits]\nmax_connections = 1\nidle_timeout_s = 2\n"
+    with _second_gateway(e2b, tmp_path, limits) as address:
+        host, _, listen_port = address.rpartition(":")
+        with socket.create_connection((host, int(listen_port)), timeout=120) as first:
+            first.sendall(f"GET /hello HTTP/1.1\r\nHost: {sbx.get_host(port)}\r\n\r\n"
+                          .encode())
+            answer = first.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+            busy = _raw_to(address, f"GET /hello HTTP/1.1\r\nHost: {sbx.get_host(port)}"
+                                    "\r\n\r\n".encode())
+            assert busy.startswith(b"HTTP/1.1 503 "), busy[:200]
+            assert b"too many connections" in busy
+            while chunk := first.recv(65536):  # the rest of the answer, then the close
+                assert b"HTTP/1.1" not in chunk

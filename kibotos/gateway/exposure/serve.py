@@ -11,6 +11,7 @@ clean exit.  SIGTERM and SIGINT stop it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import ssl
@@ -31,9 +32,11 @@ from kibotos.gateway.exposure.proxy import ClientConnection
 log = logging.getLogger("kibotos.gateway.exposure")
 
 LISTEN_FILE, METRICS_LISTEN_FILE = "listen-address", "metrics-listen-address"
+_BUSY_TEXT = b"the gateway has too many connections\n"
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
-         b"content-length: 40\r\nconnection: close\r\n\r\n"
-         b"the gateway has too many connections\r\n\r\n")
+         b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT))
+#: How long a closing connection's unread input is drained (see `_close_gently`).
+LINGER_S = 2.0
 
 
 def _prepare(config: ExposureConfig) -> list[Path]:
@@ -58,6 +61,21 @@ async def _handshake(raw: trio.SocketStream, context: ssl.SSLContext,
     except (trio.TooSlowError, trio.BrokenResourceError):
         raise _NoHandshake from None
     return stream
+
+
+async def _close_gently(raw: trio.SocketStream) -> None:
+    """Close after the client had the chance to read what was sent: closing a socket
+    with unread input sends a reset, which can destroy an answer still in flight (a
+    refusal sent before the request's body was read).  So: our side shut, the client's
+    input drained until it closes, for at most `LINGER_S`."""
+    with trio.move_on_after(LINGER_S):
+        try:
+            await raw.send_eof()
+            while await raw.receive_some(1 << 16):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+    await raw.aclose()
 
 
 def _peer(raw: trio.SocketStream) -> str:
@@ -89,9 +107,10 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
         nonlocal open_connections
         stream: trio.abc.Stream = raw
         if open_connections >= config.limits.max_connections:
-            with trio.move_on_after(5):
+            with trio.move_on_after(5), contextlib.suppress(trio.BrokenResourceError,
+                                                            trio.ClosedResourceError):
                 await raw.send_all(_BUSY)
-            await raw.aclose()
+            await _close_gently(raw)
             return
         open_connections += 1
         metrics.connections.inc()
@@ -107,7 +126,7 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
         finally:
             open_connections -= 1
             metrics.connections.dec()
-            await stream.aclose()
+            await (_close_gently(raw) if stream is raw else stream.aclose())
 
     try:
         async with trio.open_nursery() as nursery:
