@@ -68,14 +68,14 @@ async def _close_gently(raw: trio.SocketStream) -> None:
     with unread input sends a reset, which can destroy an answer still in flight (a
     refusal sent before the request's body was read).  So: our side shut, the client's
     input drained until it closes, for at most `LINGER_S`."""
-    with trio.move_on_after(LINGER_S):
-        try:
+    try:
+        with trio.move_on_after(LINGER_S), contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await raw.send_eof()
             while await raw.receive_some(1 << 16):
                 pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-    await raw.aclose()
+    finally:  # also when the gateway is stopping (cancelled)
+        await raw.aclose()
 
 
 def _peer(raw: trio.SocketStream) -> str:
