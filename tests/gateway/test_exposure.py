@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import trio
-from e2b import Sandbox
+from e2b import NotFoundException, Sandbox
 from exposure_proc import PATTERN, free_port, gateway_pid, serve
 from gateway_proc import E2bSetup
 from trio_websocket import open_websocket_url
@@ -141,8 +141,11 @@ def test_a_private_sandbox_needs_its_traffic_token(e2b: E2bSetup) -> None:
         right = _get(e2b, "/hello", Host=host, **{"e2b-traffic-access-token": token})
         assert right.status_code == 200
         assert "token=False" in right.text  # the token stops at the gateway
-        # Connect hands the token out again; a get shows no secret, ctrl only a digest.
+        # Connect hands the token out again, to the team only; a get shows no secret,
+        # ctrl only a digest.
         assert Sandbox.connect(sbx.sandbox_id, **e2b.opts()).traffic_access_token == token
+        with pytest.raises(NotFoundException):
+            Sandbox.connect(sbx.sandbox_id, **e2b.opts(e2b.other_key))
         shown = httpx.get(f"{e2b.gateway.api_url}/sandboxes/{sbx.sandbox_id}",
                           headers={"X-API-Key": e2b.key})
         assert shown.status_code == 200

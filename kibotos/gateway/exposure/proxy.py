@@ -195,7 +195,7 @@ class ClientConnection:
                                         headers=forwarded))
         if upgrade:  # the 101 may come only after the whole request went
             if not await self._upload(upstream):
-                return 502, False
+                return NO_ANSWER, False
             return await self._download(upstream, request)
         outcome: dict[str, bool] = {}
         answer: tuple[int, bool] = (502, False)
