@@ -93,3 +93,25 @@ def test_config_is_strict(tmp_path: Path) -> None:
     assert public.tls is not None
     with pytest.raises(InvalidArgument, match=r"tls\.cert_file"):
         public.tls.context()
+
+
+def test_serve_refuses_a_bad_config_before_it_listens(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kibotos.cli.main import kibotos_cli
+
+    def serve(text: str) -> tuple[int, str]:
+        config = tmp_path / "gateway.toml"
+        config.write_text(text)
+        result = CliRunner().invoke(kibotos_cli, ["gateway", "exposure", "serve",
+                                                  "--config", str(config)])
+        return result.exit_code, result.output
+
+    ctrl = f'[ctrl]\nurl = "http://127.0.0.1:1"\ncredential_file = "{tmp_path / "none"}"\n'
+    code, output = serve(f'state_dir = "{tmp_path}"\nlisten = "0.0.0.0:3002"\n{ctrl}')
+    assert code == 10, output
+    assert "not a loopback address" in output
+    code, output = serve(f'state_dir = "{tmp_path}"\n{ctrl}')
+    assert code == 13, output
+    assert "credential file" in output
+    assert not (tmp_path / "listen-address").exists()
