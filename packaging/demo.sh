@@ -70,6 +70,11 @@ The cluster and the Workspace keep running.  To use them from this shell:
     kibo workspace exec $ws -- cat /etc/debian_version
     kibo workspace exec $ws --tty -- bash      # a shell in the microVM (exit to leave)
 
+The E2B SDK against it (the E2B and Exposure gateways run on loopback):
+
+    set -a; . $DIR/e2b.env; set +a
+    $BIN/python -c 'from e2b import Sandbox; s = Sandbox.create(); print(s.commands.run("uname -a").stdout); s.kill()'
+
 See what runs:  kibotos dev cluster status --dir $DIR
 Logs:           $DIR/ctrl/ctrl.log, $DIR/nodes/node-1/node.log
 Stop it all:    kibotos dev cluster down --dir $DIR

@@ -82,13 +82,13 @@ def cluster_group() -> None:
 @click.option("--test-inputs", is_flag=True,
               help="Give every node the test inputs of docs/dev.md: a clock skew file and a "
                    "prepared proc tree under DIR/nodes/<id>/.")
-@click.option("--e2b-gateway", is_flag=True,
-              help="Also start the E2B gateway (docs/gateways.md) on loopback, create an "
-                   "API key and write DIR/e2b.env for the E2B SDKs.")
+@click.option("--gateways/--no-gateways", default=True, show_default=True,
+              help="Also start the E2B and Exposure gateways (docs/gateways.md) on "
+                   "loopback, create an API key and write DIR/e2b.env for the E2B SDKs.")
 @_errors
 def up_command(directory: Path, nodes: int, shared_pool: bool, cpu: str, memory: str,
                timeout: float, reconcile_interval: float | None,
-               session_timeout: float | None, test_inputs: bool, e2b_gateway: bool) -> None:
+               session_timeout: float | None, test_inputs: bool, gateways: bool) -> None:
     """Start ctrl and the nodes, enroll an operator into DIR/kibo.toml, and wait until
     every node is READY.  Prints the line that points `kibo` at the cluster."""
     from kibotos.dev import DevCluster
@@ -105,14 +105,16 @@ def up_command(directory: Path, nodes: int, shared_pool: bool, cpu: str, memory:
         test_inputs=test_inputs,
         log=out.message,
     )
-    if e2b_gateway:
+    if gateways:
         try:
             urls = cluster.start_e2b_gateway()
         except BaseException:
             cluster.down(grace=5.0)
             raise
-        out.message(f"E2B gateway: API {urls.api_url}, sandboxes {urls.sandbox_url}; for "
-                    f"the E2B SDKs: set -a; . {shlex.quote(str(urls.env_file))}; set +a")
+        out.message(f"E2B gateway: API {urls.api_url}, sandboxes {urls.sandbox_url}; "
+                    f"Exposure gateway: {urls.exposure_url} (Host: <port>-<sandbox>."
+                    f"{urls.domain}); for the E2B SDKs: set -a; . "
+                    f"{shlex.quote(str(urls.env_file))}; set +a")
     config = shlex.quote(str(cluster.layout.kibo_config))
     out.message(f"{nodes} node(s) READY; ctrl at {cluster.ctrl_url}. Use the cluster with:")
     out.line(f"export KIBO_CONFIG={config}")

@@ -1,4 +1,5 @@
-"""``kibotos gateway e2b serve --config FILE``: the E2B gateway role (docs/gateways.md).
+"""``kibotos gateway e2b serve --config FILE`` and ``kibotos gateway exposure serve
+--config FILE``: the gateway roles (docs/gateways.md).
 
 The configuration is read and checked before anything listens, so a mistake is one
 line naming the field and the exit code of its error kind.
@@ -43,3 +44,28 @@ def serve(config_path: str, log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trio.run(serve_e2b_gateway, cfg)
+
+
+@gateway_group.group("exposure")
+def exposure_group() -> None:
+    """The Exposure gateway: HTTP and WebSockets to ports in sandboxes."""
+
+
+@exposure_group.command("serve")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The gateway's TOML configuration (docs/gateways.md).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@_fail_cleanly
+def exposure_serve(config_path: str, log_level: str) -> None:
+    """Proxy <port>-<sandbox>.<domain> to sandbox ports until SIGTERM or SIGINT."""
+    import trio
+
+    from kibotos.gateway.exposure.config import ExposureConfig
+    from kibotos.gateway.exposure.serve import serve_exposure_gateway
+
+    cfg = config_mod.load(ExposureConfig, config_path)
+    cfg.read_credential()  # refused now, with its reason, rather than at the first request
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    trio.run(serve_exposure_gateway, cfg)

@@ -90,10 +90,15 @@ class DevCluster:
         """The E2B gateway (`start_e2b_gateway`), a service once its config exists."""
         return e2b_gateway.service(self.dir, script("kibotos"))
 
+    def gateway_services(self) -> list[Service]:
+        """The gateways started (E2B, Exposure): those whose config exists."""
+        both = [self.gateway_service(), e2b_gateway.exposure_service(self.dir,
+                                                                     script("kibotos"))]
+        return [svc for svc in both if svc.config.exists()]
+
     def services(self) -> list[Service]:
-        gateway = self.gateway_service()
         return [self.ctrl_service(), *(self.node_service(n) for n in self.node_ids()),
-                *([gateway] if gateway.config.exists() else [])]
+                *self.gateway_services()]
 
     def node_ids(self) -> list[str]:
         return self.layout.node_ids()
@@ -163,9 +168,9 @@ class DevCluster:
         """Stop every process of this cluster (nodes first, each with the data-plane
         processes and VMM units it started, which outlive a node by design); return the
         names of the node and ctrl processes and of the VMM units stopped.  The E2B
-        gateway, a client of both, stops first."""
-        gateway = self.gateway_service()
-        stopped = self._sup.stop([gateway], grace) if gateway.config.exists() else []
+        and Exposure gateways, clients of both, stop first."""
+        gateways = self.gateway_services()
+        stopped = self._sup.stop(gateways, grace) if gateways else []
         nodes = [self.node_service(n) for n in self.node_ids()]
         stopped += self._sup.stop(nodes, grace)
         for svc in nodes:
@@ -209,8 +214,7 @@ class DevCluster:
         for node_id in self.node_ids():
             pid = self._sup.pid(self.node_service(node_id))
             out.append(ProcessStatus(node_id, pid, statuses.get(node_id)))
-        gateway = self.gateway_service()
-        if gateway.config.exists():
+        for gateway in self.gateway_services():
             out.append(ProcessStatus(gateway.name, self._sup.pid(gateway), None))
         return out
 
@@ -218,26 +222,37 @@ class DevCluster:
 
     def start_e2b_gateway(self, *, templates: Mapping[str, str] | None = None,
                           default_timeout_s: int = 300, memory_bytes: int = 512 << 20,
-                          layer_size_bytes: int = 1 << 30) -> e2b_gateway.GatewayUrls:
-        """Start the E2B gateway (docs/gateways.md) with its own operator identity, wait
-        until it listens, create an API key of team ``default`` and write DIR/e2b.env.
-        `templates` are its aliases (default: ``base`` is ``kibotos-base``)."""
+                          layer_size_bytes: int = 1 << 30, exposure: bool = True
+                          ) -> e2b_gateway.GatewayUrls:
+        """Start the E2B gateway (docs/gateways.md) and, with `exposure`, the Exposure
+        gateway, each with its own operator identity; wait until they listen, create an
+        API key of team ``default`` and write DIR/e2b.env.  `templates` are the E2B
+        gateway's aliases (default: ``base`` is ``kibotos-base``)."""
         e2b_gateway.write_config(
             self, templates=dict(templates or e2b_gateway.DEFAULT_TEMPLATES),
             default_timeout_s=default_timeout_s, memory_bytes=memory_bytes,
             layer_size_bytes=layer_size_bytes)
-        svc = self.gateway_service()
+        api, sandbox = self._start_gateway(self.gateway_service(), exposure=False)
+        exposure_url = None
+        if exposure:
+            e2b_gateway.write_exposure_config(self)
+            exposure_url, _ = self._start_gateway(
+                e2b_gateway.exposure_service(self.dir, script("kibotos")), exposure=True)
+        key = e2b_gateway.api_key(self, "dev", "default")
+        urls = e2b_gateway.GatewayUrls(api, sandbox, key, self.dir / "e2b.env",
+                                       exposure_url)
+        e2b_gateway.write_env(self.dir, urls)
+        return urls
+
+    def _start_gateway(self, svc: Service, *, exposure: bool) -> tuple[str, str]:
         self._sup.start(svc)
         try:
-            api, sandbox = e2b_gateway.wait_listening(
+            return e2b_gateway.wait_listening(
                 self.dir, lambda: self._sup.exit_status(svc.name),
-                time.monotonic() + self.timeout)
+                time.monotonic() + self.timeout, exposure=exposure)
         except RuntimeError as exc:
             self._sup.stop([svc], 5.0)
             raise ClusterError(str(exc)) from None
-        key = e2b_gateway.api_key(self, "dev", "default")
-        env = e2b_gateway.write_env(self.dir, api, sandbox, key)
-        return e2b_gateway.GatewayUrls(api, sandbox, key, env)
 
     # ------------------------------------------------------------------ ctrl
 

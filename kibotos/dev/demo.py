@@ -1,5 +1,6 @@
-"""The steps of `make demo` after the apt packages and the venv: a cluster, a Template, a
-Workspace booted in a real microVM, and a command run in it.
+"""The steps of `make demo` after the apt packages and the venv: a cluster with its two
+gateways, a Template, a Workspace booted in a real microVM, a command run in it with
+``kibo``, and the same microVM used through the official E2B SDK (`demo_sdk`).
 
 ``packaging/demo.sh`` installs what the machine lacks, builds the venv and then runs
 ``python -m kibotos.dev.demo``; ``tests/e2e/test_demo.py`` runs the same module, so CI
@@ -10,11 +11,14 @@ real processes), and every step can be run again:
 * a dev cluster that runs in DIR is reused; a stopped one is removed and started anew;
 * the Template build is cached by its inputs (a rerun uploads nothing and leaves the
   Template ``unchanged``);
-* a Workspace labelled ``purpose=demo`` that is AVAILABLE is reused, a STOPPED one is
-  started, otherwise a new one is created.
+* a Workspace labelled ``purpose=demo`` (and ``e2b.team=default``, which makes it a
+  sandbox of the dev cluster's API key) that is AVAILABLE is reused, a STOPPED one is
+  started, otherwise a new one is created;
+* the gateways of a reused cluster are reused; missing ones are started.
 
-The command's output is written to stdout and nothing else is, so
-``make demo 2>/dev/null`` prints just what ran in the guest; progress goes to stderr.
+The command's output and the SDK script's lines are written to stdout and nothing else
+is, so ``make demo 2>/dev/null`` prints just what ran in the guest; progress goes to
+stderr.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from kibotos.dev.cluster import DevCluster, script
 NODES = 1
 TEMPLATE = "kibotos-base"
 LABEL = "purpose=demo"
+#: The dev cluster's API key is of team ``default``: this label makes the Workspace one
+#: of its sandboxes (kibotos.gateway.common.sandbox_labels).
+SANDBOX_LABEL = "e2b.team=default"
 #: The guest's answer to "what am I?": its kernel, its Python, its distribution.
 COMMAND = "uname -a; python3 --version; head -1 /etc/os-release"
 #: A TCG boot takes 5-20 s here; a loaded machine can take minutes.
@@ -62,6 +69,17 @@ def ensure_cluster(cluster: DevCluster) -> None:
             "another --dir")
     say(f"starting ctrl and {NODES} node (VMM backend qemu) under {cluster.dir}")
     cluster.up(NODES, vmm_backend="qemu", log=lambda m: print(f"    {m}", file=sys.stderr))
+
+
+def ensure_gateways(cluster: DevCluster) -> Path:
+    """The E2B and Exposure gateways, started unless both run; DIR/e2b.env."""
+    env_file = cluster.dir / "e2b.env"
+    if len(cluster.gateway_services()) == 2 and env_file.exists():
+        return env_file
+    say("starting the E2B and Exposure gateways on loopback")
+    urls = cluster.start_e2b_gateway()
+    print(f"    E2B API {urls.api_url}, Exposure {urls.exposure_url}", file=sys.stderr)
+    return urls.env_file
 
 
 def kibo(cluster: DevCluster, *args: str, sudo: bool = False,
@@ -99,8 +117,8 @@ def build_template(cluster: DevCluster, recipe: Path, cache_dir: Path | None) ->
 def ensure_workspace(cluster: DevCluster) -> str:
     """The demo Workspace's ID: an AVAILABLE one, else a STOPPED one started, else a new
     one created from the Template (``create`` and ``start`` wait for AVAILABLE)."""
-    found = _json(kibo(cluster, "workspace", "list", "--label", LABEL, "--json",
-                       capture=True))["workspaces"]
+    found = _json(kibo(cluster, "workspace", "list", "--label", LABEL, "--label",
+                       SANDBOX_LABEL, "--json", capture=True))["workspaces"]
     by_state: dict[str, list[str]] = {}
     for ws in found:
         by_state.setdefault(ws["state"], []).append(ws["workspace_id"])
@@ -116,7 +134,8 @@ def ensure_workspace(cluster: DevCluster) -> str:
     say(f"creating a Workspace from {TEMPLATE}: a microVM boots (QEMU; about 15 s "
         "under TCG)")
     ws = _json(kibo(cluster, "workspace", "create", "--template", TEMPLATE, "--label",
-                    LABEL, "--memory", "512M", "--timeout", WAIT, "--json", capture=True))
+                    LABEL, "--label", SANDBOX_LABEL, "--memory", "512M", "--timeout", WAIT,
+                    "--json", capture=True))
     print(f"    workspace {ws['workspace_id']} {ws['state']} on {ws.get('node_id')}",
           file=sys.stderr)
     return str(ws["workspace_id"])
@@ -127,6 +146,25 @@ def run_in(cluster: DevCluster, ws_id: str, command: str = COMMAND) -> str:
     say(f"kibo workspace exec {ws_id} -- sh -c '{command}'")
     return kibo(cluster, "workspace", "exec", ws_id, "--timeout", "5m", "--", "sh", "-c",
                 command, capture=True).stdout
+
+
+def run_sdk_script(env_file: Path, ws_id: str) -> str:
+    """`demo_sdk` in a process of its own whose only E2B settings are DIR/e2b.env's (as
+    ``set -a; . DIR/e2b.env`` gives a shell); its output."""
+    settings = dict(line.split("=", 1) for line in env_file.read_text().splitlines()
+                    if "=" in line)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    sandbox_id = ws_id.removeprefix("ws-")
+    say(f"the E2B SDK (set -a; . {env_file}): connect to sandbox {sandbox_id}, run, "
+        "write, read, and get_host(8000) through the Exposure gateway")
+    done = subprocess.run([sys.executable, "-m", "kibotos.dev.demo_sdk", sandbox_id],
+                          env={**env, **settings}, stdin=subprocess.DEVNULL, text=True,
+                          stdout=subprocess.PIPE, check=False, timeout=600)
+    if done.returncode != 0:
+        raise errors.FailedPrecondition(f"the E2B SDK script failed with exit code "
+                                        f"{done.returncode} (its message is above); it "
+                                        f"printed: {done.stdout.strip()!r}")
+    return done.stdout
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -155,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     cluster = DevCluster(args.dir, timeout=args.timeout)
     try:
         ensure_cluster(cluster)
+        env_file = ensure_gateways(cluster)
         build_template(cluster, args.recipe, args.cache_dir)
         ws_id = ensure_workspace(cluster)
         output = run_in(cluster, ws_id)
+        output += run_sdk_script(env_file, ws_id)
     except errors.KibotosError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

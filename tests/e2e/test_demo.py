@@ -1,8 +1,9 @@
 """The README's first command, minus apt and the venv: ``python -m kibotos.dev.demo``
 (what ``packaging/demo.sh`` runs) against a temporary directory.
 
-One microVM boots: the first run starts a one-node qemu cluster, builds ``kibotos-base``
-and creates a Workspace; the second run must reuse all three and print the same
+One microVM boots: the first run starts a one-node qemu cluster with its two gateways,
+builds ``kibotos-base``, creates a Workspace and uses it with ``kibo`` and with the E2B
+SDK (through both gateways); the second run must reuse all of it and print the same
 output; ``kibotos dev cluster down`` must then leave no process and no mount behind.
 
 The Template is built into the VM tests' cache (``tests/vm/conftest.py``: the same
@@ -69,13 +70,20 @@ def test_make_demo_boots_a_workspace_and_runs_a_command(tmp_path: Path) -> None:
         first = demo(d, cache)
         assert first.returncode == 0, f"stderr:\n{first.stderr}\nstdout:\n{first.stdout}"
         lines = first.stdout.splitlines()
-        # Only the command's output is on stdout: uname -a, python3 --version, os-release.
-        assert len(lines) == 3, first.stdout
+        # Only the command's output is on stdout: uname -a, python3 --version, os-release,
+        # then the E2B SDK script's three lines (kibotos/dev/demo_sdk.py).
+        assert len(lines) == 6, first.stdout
         assert lines[0].startswith("Linux ws-"), lines
         assert lines[0].endswith("GNU/Linux"), lines
         assert lines[1].startswith("Python 3."), lines
         assert lines[2] == 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"', lines
         ws_id = lines[0].split()[1]  # the guest's hostname is its Workspace ID
+        sid = ws_id.removeprefix("ws-")
+        assert lines[3:] == [
+            "e2b sdk: commands.run -> hello from the E2B SDK",
+            "e2b sdk: files.read -> written through the E2B SDK",
+            f"e2b sdk: GET http://8000-{sid}.kibotos.localhost/demo.txt through the "
+            "Exposure gateway -> 200 written through the E2B SDK"]
         assert f"workspace {ws_id} AVAILABLE on node-1" in first.stderr
         assert cluster.node_ids() == ["node-1"]
         node = config.load(config.NodeConfig, cluster.layout.node_config("node-1"))

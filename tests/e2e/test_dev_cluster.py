@@ -8,6 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kibotos.dev import ClusterError, DevCluster
@@ -45,8 +46,18 @@ def test_up_status_down_from_the_command_line(tmp_path):
         assert (d / "ctrl" / "ctrl.log").is_file()
 
         status = _status(d)
-        assert set(status) == {"ctrl", "node-1", "node-2"}
+        assert set(status) == {"ctrl", "node-1", "node-2", "e2b-gateway", "exposure-gateway"}
         assert all(p["running"] and p["pid"] for p in status.values())
+        # Both gateways by default, and what an SDK script needs (docs/dev.md).
+        env_file = d / "e2b.env"
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        settings = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+        assert set(settings) == {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY",
+                                 "E2B_DOMAIN", "KIBOTOS_EXPOSURE_URL"}
+        assert settings["E2B_DOMAIN"] == "kibotos.localhost"
+        unrouted = httpx.get(settings["KIBOTOS_EXPOSURE_URL"] + "/", timeout=30)
+        assert unrouted.status_code == 404
+        assert "<port>-<sandbox>.kibotos.localhost" in unrouted.text
         assert status["node-1"]["node_status"] == "READY"
         assert status["node-2"]["node_status"] == "READY"
 

@@ -285,7 +285,8 @@ def test_the_clusters_e2b_env_is_all_an_sdk_script_needs(e2b: E2bSetup) -> None:
     env_file = e2b.gateway.env_file
     assert env_file.stat().st_mode & 0o777 == 0o600
     settings = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
-    assert set(settings) == {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"}
+    assert set(settings) == {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN",
+                             "KIBOTOS_EXPOSURE_URL"}
     script = ("from e2b import Sandbox\n"
               "s = Sandbox.create()\n"
               "print(s.commands.run('echo from a script').stdout, end='')\n"
@@ -297,6 +298,7 @@ def test_the_clusters_e2b_env_is_all_an_sdk_script_needs(e2b: E2bSetup) -> None:
     assert done.stdout == "from a script\n"
     status = {p.name: p for p in e2b.cluster.status()}
     assert status["e2b-gateway"].pid is not None
+    assert status["exposure-gateway"].pid is not None
 
 
 def test_network_options_become_the_workspace_policy(e2b: E2bSetup) -> None:

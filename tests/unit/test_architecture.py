@@ -68,6 +68,7 @@ GATEWAY_USES_OF_DATAPLANE = frozenset({
     "kibotos.dataplane.client",  # exec over a WebSocket
     "kibotos.dataplane.exec_wire",  # the exec request's shape
     "kibotos.dataplane.files_client",  # the file endpoints
+    "kibotos.dataplane.ports_client",  # port streams (the Exposure gateway)
 })
 SDK = "kibotos.sdk"
 SYNCHRONOUS = ("kibotos.ctrl.model", "kibotos.ctrl.pools", "kibotos.ctrl.wire")

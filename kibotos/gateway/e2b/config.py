@@ -22,72 +22,22 @@
     memory_bytes = 1073741824
     layer_size_bytes = 10737418240
 
-ctrl is verified against ``ca_file`` (ctrl's ``<state_dir>/cluster-ca.crt``, or the CA
-of the operator's certificate), as a node verifies it against ``[node] ctrl_ca_file``;
-plain ``http://`` is refused unless ctrl is on loopback (the credential is a secret).
-The credential file holds the gateway's own operator identity (docs/gateways.md); it
-must be readable by its owner only, since it lets its holder act as an operator.
+The ``[ctrl]`` section and the credential file are every gateway's
+(`kibotos.gateway.common.config`).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import Field, StrictInt, StrictStr, field_validator
 
 from kibotos import ids
-from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.tls.contexts import client_context_from_file, require_secure
-
-if TYPE_CHECKING:
-    import ssl
+from kibotos.errors import InvalidArgument
+from kibotos.gateway.common.config import CtrlSection, Strict, as_path, check_listen
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-def _listen(value: str) -> str:
-    """``host:port``, port 0 allowed (the kernel picks one; the bound address is written
-    to the state directory)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isascii() or not port.isdigit() \
-            or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected host:port, got {value!r}")
-    return value
-
-
-class CtrlSection(_Strict):
-    url: StrictStr
-    credential_file: Path
-    #: The CA ctrl's certificate is verified against; None: the system trust store.
-    ca_file: Path | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http(s):// URL, got {value!r}")
-        try:
-            require_secure(value, "the URL")
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
-        return value.rstrip("/")
-
-    def tls(self) -> ssl.SSLContext:
-        """The context ctrl is verified with (an unreadable CA file is an
-        `InvalidArgument` naming ctrl.ca_file)."""
-        return client_context_from_file(self.ca_file, "ctrl.ca_file")
-
-    @field_validator("credential_file", "ca_file", mode="before")
-    @classmethod
-    def _path(cls, value: object) -> object:
-        return Path(value) if isinstance(value, str) else value
-
-
-class SandboxSection(_Strict):
+class SandboxSection(Strict):
     default_timeout_s: StrictInt = Field(default=300, ge=1)
     max_timeout_s: StrictInt = Field(default=0, ge=0)
     cpu_millis: StrictInt = Field(default=1000, ge=100)
@@ -95,7 +45,7 @@ class SandboxSection(_Strict):
     layer_size_bytes: StrictInt = Field(default=10 << 30, ge=64 << 20)
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(Strict):
     listen: StrictStr = "127.0.0.1:3000"
     sandbox_listen: StrictStr = "127.0.0.1:3001"
     state_dir: Path
@@ -104,12 +54,8 @@ class GatewayConfig(_Strict):
     templates: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     sandbox: SandboxSection = SandboxSection()
 
-    _check_listen = field_validator("listen", "sandbox_listen")(_listen)
-
-    @field_validator("state_dir", mode="before")
-    @classmethod
-    def _path(cls, value: object) -> object:
-        return Path(value) if isinstance(value, str) else value
+    _check_listen = field_validator("listen", "sandbox_listen")(check_listen)
+    _state_dir = field_validator("state_dir", mode="before")(as_path)
 
     @field_validator("templates")
     @classmethod
@@ -126,18 +72,5 @@ class GatewayConfig(_Strict):
         return self.templates.get(template_id, template_id)
 
     def read_credential(self) -> str:
-        """The gateway's bearer credential; a file others can read is refused."""
-        path = self.ctrl.credential_file
-        try:
-            mode = os.stat(path).st_mode & 0o777
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise FailedPrecondition(f"cannot read the gateway's credential file {path}: "
-                                     f"{exc.strerror}") from None
-        if mode & 0o077:
-            raise FailedPrecondition(f"credential file {path} has mode {mode:04o}: it must "
-                                     "be readable by its owner only (chmod 600)")
-        if ":" not in text:
-            raise FailedPrecondition(f"credential file {path} does not hold "
-                                     "<identity_id>:<secret>")
-        return text
+        """The gateway's bearer credential (`CtrlSection.read_credential`)."""
+        return self.ctrl.read_credential()

@@ -1,14 +1,8 @@
-"""The gateway's client of ctrl's HTTP API: keys, Workspaces, data-plane sessions.
+"""The E2B gateway's client of ctrl's HTTP API: keys, Workspaces, data-plane sessions
+(the calls themselves, errors and session caching: `kibotos.gateway.common.ctrl_http`).
 
-The gateway calls ctrl as its own operator identity.  Everything foreign becomes
-`kibotos.errors` here, as in the CLI's client: ctrl's ``{"error": …}`` the class its
-code names, a refused connection `Unavailable`, a timeout `DeadlineExceeded`.  Writes
-carry a command ID, so ctrl replays a write whose answer was lost instead of doing it
-twice.
-
-Two short-lived caches keep the common path to one ctrl call or none: verified keys
-(`KEY_TTL`: a revoke takes effect within it) and data-plane session credentials (used
-until `SESSION_MARGIN` before they expire).
+Verified keys are cached for `KEY_TTL` (a revoke takes effect within it), so the
+common path is one ctrl call or none.
 """
 
 from __future__ import annotations
@@ -16,28 +10,17 @@ from __future__ import annotations
 import ssl
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
-from kibotos.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    Internal,
-    Unauthenticated,
-    Unavailable,
-    error_from_wire,
-)
-from kibotos.ids import new_id
-from kibotos.tls.contexts import client_context, verification_error
+from kibotos.errors import Unauthenticated
+from kibotos.gateway.common.ctrl_http import CtrlHttp, DataplaneSession, workspace_path
+
+__all__ = ["KEY_TTL", "CtrlClient", "DataplaneSession", "Team"]
 
 #: How long a verified key is trusted without asking ctrl again.
 KEY_TTL = 5.0
-#: A cached session credential is replaced this long before it expires.
-SESSION_MARGIN = 60.0
-REQUEST_TIMEOUT = 90.0
 
 
 @dataclass(frozen=True)
@@ -49,59 +32,14 @@ class Team:
     team: str
 
 
-@dataclass(frozen=True)
-class DataplaneSession:
-    url: str
-    credential: str
-    expires_at: float  # monotonic
-
-
-class CtrlClient:
+class CtrlClient(CtrlHttp):
     def __init__(self, base_url: str, credential: str, *,
                  transport: httpx.AsyncBaseTransport | None = None,
                  verify: ssl.SSLContext | None = None) -> None:
         """`verify` checks ctrl's certificate (default: the system trust store)."""
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, transport=transport, follow_redirects=False,
-            verify=verify or client_context(),
-            headers={"Authorization": f"Bearer {credential}",
-                     "User-Agent": "kibotos-gateway-e2b"})
+        super().__init__(base_url, credential, user_agent="kibotos-gateway-e2b",
+                         command_prefix="gwe2b", transport=transport, verify=verify)
         self._keys: dict[str, tuple[float, Team]] = {}
-        self._sessions: dict[str, DataplaneSession] = {}
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def call(self, method: str, path: str, *, body: dict[str, Any] | None = None,
-                   params: dict[str, Any] | None = None, write: bool = False,
-                   timeout: float = REQUEST_TIMEOUT) -> Any:
-        """``result`` of one call; `write` adds a fresh command ID."""
-        if write:
-            body = {**(body or {}), "command_id": new_id("gwe2b")}
-        try:
-            response = await self._http.request(method, path, json=body, params=params,
-                                                timeout=timeout)
-        except httpx.TimeoutException:
-            raise DeadlineExceeded(f"ctrl did not answer {method} {path} within "
-                                   f"{timeout:g}s") from None
-        except httpx.TransportError as exc:
-            unverified = verification_error(exc)
-            if unverified is not None:  # retrying cannot fix it
-                raise FailedPrecondition(
-                    f"ctrl at {self.base_url} presented a certificate that does not verify "
-                    f"against ctrl.ca_file ({unverified.verify_message}): give the gateway "
-                    "ctrl's CA (ctrl's <state_dir>/cluster-ca.crt unless the operator gave "
-                    "ctrl a certificate)") from None
-            raise Unavailable(f"cannot reach ctrl at {self.base_url}: {exc}") from None
-        try:
-            answer = response.json()
-        except ValueError:
-            raise Internal(f"ctrl answered {method} {path} with HTTP "
-                           f"{response.status_code} and no JSON") from None
-        if response.status_code != 200:
-            raise error_from_wire(answer)
-        return answer.get("result") if isinstance(answer, dict) else None
 
     # ---------------------------------------------------------------- keys
 
@@ -124,12 +62,6 @@ class CtrlClient:
     async def create_workspace(self, body: dict[str, Any]) -> dict[str, Any]:
         return dict(await self.call("POST", "/v1/workspaces", body=body, write=True))
 
-    async def workspace(self, workspace_id: str, *, wait_s: int | None = None
-                        ) -> dict[str, Any]:
-        params = None if wait_s is None else {"wait_s": wait_s}
-        return dict(await self.call("GET", _path(workspace_id), params=params,
-                                    timeout=REQUEST_TIMEOUT + (wait_s or 0)))
-
     async def workspaces(self, *, labels: dict[str, str], states: list[str],
                          page_size: int, page_token: str | None) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -141,38 +73,12 @@ class CtrlClient:
 
     async def act(self, workspace_id: str, action: str, **body: Any) -> dict[str, Any]:
         """``start``, ``stop`` (``force=True`` allowed) or ``delete``."""
-        self._sessions.pop(workspace_id, None)
-        return dict(await self.call("POST", _path(workspace_id, action), body=body,
+        self.forget_session(workspace_id)
+        return dict(await self.call("POST", workspace_path(workspace_id, action), body=body,
                                     write=True))
 
     # ---------------------------------------------------------------- data plane
 
     async def session(self, workspace_id: str) -> DataplaneSession:
         """A data-plane URL and credential for exec and files on the Workspace."""
-        cached = self._sessions.get(workspace_id)
-        if cached is not None and time.monotonic() < cached.expires_at:
-            return cached
-        got = await self.call("POST", _path(workspace_id, "sessions"),
-                              body={"operations": ["exec", "files"]})
-        lifetime = _seconds_until(str(got["expires_at"]))
-        made = DataplaneSession(str(got["dataplane_url"]), str(got["credential"]),
-                                time.monotonic() + max(0.0, lifetime - SESSION_MARGIN))
-        self._sessions[workspace_id] = made
-        return made
-
-    def forget_session(self, workspace_id: str) -> None:
-        self._sessions.pop(workspace_id, None)
-
-
-def _path(workspace_id: str, action: str = "") -> str:
-    path = f"/v1/workspaces/{quote(workspace_id, safe='')}"
-    return f"{path}/{action}" if action else path
-
-
-def _seconds_until(stamp: str) -> float:
-    try:
-        at = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        raise Internal(f"ctrl sent a session expiry that is not a time: {stamp!r}") from None
-    return (at - datetime.now(UTC)).total_seconds()
-
+        return await self.dataplane_session(workspace_id, ("exec", "files"))

@@ -16,6 +16,11 @@ a Workspace has no field for, kept in the gateway's state directory.
   (``<state_dir>/token.key``), so it is never stored and survives a lost record; every
   envd call must carry it (every sandbox is "secure"), and only a key of the team gets
   it, from create, connect or get.
+* The traffic access token of a sandbox created with ``allowPublicTraffic: false``:
+  32 random bytes, in the record (create and connect hand it out), its digest in the
+  Workspace's `TRAFFIC_LABEL` (set at create, before the ID is known, so it cannot be
+  derived from the ID as the envd token is), which the Exposure gateway checks.  A
+  lost record loses the token: the sandbox's ports then stay closed, never open.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from typing import Any
 
 from kibotos import atomicfile
 from kibotos.errors import FailedPrecondition, NotFound
+from kibotos.gateway.common import sandbox_labels
 
-TEAM_LABEL = "e2b.team"
+TEAM_LABEL = sandbox_labels.TEAM_LABEL
 WORKSPACE_PREFIX = "ws-"
 RECORD_FORMAT = 1
 #: The envd version the gateway speaks (the SDK gates features on it): default user
@@ -78,6 +84,8 @@ class SandboxRecord:
     #: ``kill`` (delete the Workspace) or ``pause`` (stop it, the layer kept).
     on_timeout: str = "kill"
     auto_resume: bool = False
+    #: The traffic access token; None: the sandbox's traffic is public.
+    traffic_token: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **asdict(self)}
@@ -143,3 +151,7 @@ class AccessTokens:
     def matches(self, sandbox_id: str, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(
             self.token(sandbox_id).encode(), presented.encode())
+
+
+def new_traffic_token() -> str:
+    return base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()

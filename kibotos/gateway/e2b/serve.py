@@ -13,14 +13,12 @@ clean exit.  SIGTERM and SIGINT stop it.
 from __future__ import annotations
 
 import logging
-import signal
 from pathlib import Path
 
 import trio
-from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from kibotos import atomicfile
+from kibotos.gateway.common.serving import hypercorn_config, stop_on_signals, write_address
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.control_api import build_control_app
 from kibotos.gateway.e2b.ctrl_client import CtrlClient
@@ -34,22 +32,6 @@ from kibotos.gateway.e2b.service import SandboxService
 log = logging.getLogger("kibotos.gateway.e2b")
 
 LISTEN_FILE, SANDBOX_LISTEN_FILE = "listen-address", "sandbox-listen-address"
-
-
-def _hypercorn(listen: str) -> HypercornConfig:
-    hc = HypercornConfig()
-    hc.bind = [listen]
-    hc.accesslog = None
-    hc.graceful_timeout = 5.0
-    return hc
-
-
-async def _signals(cancel: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-        async for signum in received:
-            log.info("gateway: %s received, stopping", signal.Signals(signum).name)
-            cancel.cancel()
-            return
 
 
 def _prepare(config: GatewayConfig) -> tuple[list[Path], Records, AccessTokens]:
@@ -73,8 +55,13 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
+<<<<<<< HEAD
                 nursery.start_soon(_signals, nursery.cancel_scope)
             processes, watchers = ProcessTable(nursery), WatcherTable(nursery)
+=======
+                nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+            processes = ProcessTable(nursery)
+>>>>>>> exposure
             metrics = GatewayMetrics()
             control = build_control_app(service)
             control.add_route("/metrics", metrics.endpoint, methods=["GET"])
@@ -86,10 +73,10 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
             for app, listen in apps:
                 binds: list[str] = await nursery.start(
                     lambda task_status, app=app, listen=listen: hypercorn_serve(
-                        app, _hypercorn(listen), task_status=task_status))
+                        app, hypercorn_config(listen), task_status=task_status))
                 addresses.append(binds[0].split("://", 1)[-1])
             for path, address in zip(files, addresses, strict=True):
-                atomicfile.write_bytes(path, (address + "\n").encode())
+                write_address(path, address)
             nursery.start_soon(service.reap_forever)
             log.info("gateway: E2B API on %s, sandboxes on %s, ctrl %s", addresses[0],
                      addresses[1], config.ctrl.url)

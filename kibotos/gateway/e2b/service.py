@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, NotFound
+from kibotos.gateway.common.sandbox_labels import TRAFFIC_LABEL, traffic_digest
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.ctrl_client import CtrlClient, Team
 from kibotos.gateway.e2b.sandboxes import (
@@ -30,6 +31,7 @@ from kibotos.gateway.e2b.sandboxes import (
     Records,
     SandboxRecord,
     e2b_state,
+    new_traffic_token,
     sandbox_id,
     workspace_id,
 )
@@ -94,16 +96,19 @@ class SandboxService:
             "templateID": record.template_id if record else ws["template"]["name"],
             "sandboxID": sid, "clientID": "kibotos", "envdVersion": ENVD_VERSION,
             "envdAccessToken": self.tokens.token(sid)}
+        if record is not None and record.traffic_token is not None:
+            out["trafficAccessToken"] = record.traffic_token
         if self.config.domain:
             out["domain"] = self.config.domain
         return out
 
     def detail_json(self, ws: dict[str, Any], record: SandboxRecord | None) -> dict[str, Any]:
-        """E2B's ``SandboxDetail`` / ``ListedSandbox``: without the access token (a get
-        or a list shows no secret; create and connect hand it out)."""
+        """E2B's ``SandboxDetail`` / ``ListedSandbox``: without the access tokens (a get
+        or a list shows no secret; create and connect hand them out)."""
         res = ws["resources"]
         shown = self.sandbox_json(ws, record)
         del shown["envdAccessToken"]
+        shown.pop("trafficAccessToken", None)
         return {**shown,
                 "startedAt": ws["created_at"],
                 "endAt": _iso(record.end_at if record else None),
@@ -142,13 +147,17 @@ class SandboxService:
         network = _network(body)
         if network is not None:
             request["network"] = network
+        traffic_token = None if body.public_traffic() else new_traffic_token()
+        if traffic_token is not None:
+            request["labels"][TRAFFIC_LABEL] = traffic_digest(traffic_token)
         ws = await self.ctrl.create_workspace(request)
         sid = sandbox_id(ws["workspace_id"])
         record = SandboxRecord(
             sandbox_id=sid, team=team.team, template_id=body.templateID,
             metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
             end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
-            auto_resume=bool(body.autoResume and body.autoResume.enabled))
+            auto_resume=bool(body.autoResume and body.autoResume.enabled),
+            traffic_token=traffic_token)
         await self._put(record)
         log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)
         try:

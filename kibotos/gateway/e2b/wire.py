@@ -74,9 +74,12 @@ class NewSandbox(BaseModel):
             out += [f"network.{name}" for name in ("maskRequestHost", "egressProxy",
                                                    "rules", "httpsPorts")
                     if getattr(net, name) is not None]
-            if net.allowPublicTraffic is False:
-                out.append("network.allowPublicTraffic=false (the exposure gateway)")
         return out
+
+    def public_traffic(self) -> bool:
+        """Whether anyone may reach the sandbox's ports through the Exposure gateway
+        (E2B's default), or only a client with its traffic access token."""
+        return self.network is None or self.network.allowPublicTraffic is not False
 
 
 class TimeoutBody(BaseModel):
