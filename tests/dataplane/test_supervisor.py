@@ -208,7 +208,7 @@ async def test_a_process_of_another_listen_address_or_build_is_replaced(
         assert (third.generation, third.adopted) == (3, None)
         units = await third.supervisor.list("kibotos-dataplane-")
         assert [u.name for u in units if u.active] == [unit_name(third.scope, 3)]
-    assert "reason=\"another build" in caplog.text
+    assert "reason=\"another release line" in caplog.text
 
 
 async def test_state_not_taken_in_time_is_logged_and_resent(
