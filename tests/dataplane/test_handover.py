@@ -13,6 +13,8 @@ run; a build of the same version is on the same release line, ``9.9.9+…`` is n
   last connection ended, and its counts stay in the node's sum.
 * Another release line: the open connection drops (after the 10 s drain) and a new
   one works on the new generation.
+* A second build change while generation 1 still waits: it is ended (its connection
+  drops), so at most one old generation waits.
 * The new generation killed right after it received the socket
   (``dataplane.handover.after-receive``): the old one still accepts, and the node's
   retry hands over once the failpoint is gone.
@@ -51,7 +53,7 @@ from kibotos.dataplane.files_client import FilesClient
 from kibotos.dataplane.ports_client import open_port
 from kibotos.errors import KibotosError, Unavailable
 from kibotos.node.dataplane import supervisor as dps
-from kibotos.node.dataplane.supervisor import DataplaneSupervisor, unit_name
+from kibotos.node.dataplane.supervisor import NEWER_DRAINS, DataplaneSupervisor, unit_name
 from kibotos.testing.tcp_servers import echo, tcp_server
 from kibotos.testing.waiting import wait_until
 
@@ -148,6 +150,11 @@ async def test_a_build_change_hands_over_and_a_release_line_change_drops(
                     async with running(restarted(node, agent)) as second:
                         assert (second.generation, second.waiting) == (2, 1)
                         assert second.confirmed
+                        # New connections reach generation 2, with the state it took
+                        # over; the node's sum counts both generations.
+                        assert (await run_exec(plane, ["echo", "new"])).stdout == b"new\n"
+                        assert "kibotos_dataplane_exec_started_total 2" in \
+                            await second.metrics_text()
                     # The node is stopped again; both generations still run.
                     await trio.sleep(0.5)  # a few more probes after the restart
                 assert refused == []
@@ -161,8 +168,6 @@ async def test_a_build_change_hands_over_and_a_release_line_change_drops(
                 digest = "sha256:" + hashlib.sha256(payload).hexdigest()
                 assert "sha256:" + hashlib.sha256(received).hexdigest() == download.sha256 \
                     == digest
-                # New connections reach generation 2, with the state it took over.
-                assert (await run_exec(plane, ["echo", "new"])).stdout == b"new\n"
                 info = await second.supervisor.describe(unit_name(second.scope, 1))
                 assert info is not None
                 assert info.active  # generation 1 waits for its connections
@@ -222,6 +227,36 @@ async def test_a_new_generation_killed_after_taking_the_socket_leaves_the_old_on
                                      and dp.confirmed, "generation 3 to take over")
                     assert (await run_exec(plane, ["echo", "on 3"])).stdout == b"on 3\n"
                     assert await echoed(ex, b"still kept\n")
+
+
+async def test_a_second_build_change_ends_the_waiting_generation(
+        node: Node, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kibotos.node")
+    with running_agent(node.base) as agent:
+        async with running(node.dataplane()) as first:
+            await hand_over(node, first, agent)
+        plane = node.plane(first)
+        with trio.fail_after(TIMEOUT):
+            async with open_exec(plane.url, plane.credential(), ExecRequest(("cat",))) as on_1:
+                assert isinstance(await on_1.next_event(), Started)
+                node_as_build(monkeypatch, SAME_LINE)
+                async with running(restarted(node, agent)) as second:
+                    assert (second.generation, second.waiting) == (2, 1)
+                async with open_exec(plane.url, plane.credential(),
+                                     ExecRequest(("cat",))) as on_2:
+                    assert isinstance(await on_2.next_event(), Started)
+                    node_as_build(monkeypatch, f"{__version__}+build-c")
+                    async with running(restarted(node, agent)) as third:
+                        assert (third.generation, third.waiting) == (3, 2)
+                        assert f'reason="{NEWER_DRAINS}"' in caplog.text
+                        assert await third.supervisor.describe(
+                            unit_name(third.scope, 1)) is None
+                        assert await dropped(on_1)
+                        assert await echoed(on_2, b"generation 2 drains\n")
+                        units = await third.units()
+                        assert [u.name for u in units if u.active] == [
+                            unit_name(third.scope, 2), unit_name(third.scope, 3)]
 
 
 async def test_a_new_listen_address_is_bound_while_the_old_one_drains(
