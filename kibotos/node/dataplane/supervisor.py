@@ -389,7 +389,6 @@ class DataplaneSupervisor:
             self.generation, self._replace_pending = old, decision
             self._replace_at = trio.current_time() + self._backoff.next_delay()
             return
-        self._replace_pending = None
         await self._retire(old)
 
     def _generation_socket(self, generation: int) -> Path:
@@ -460,6 +459,7 @@ class DataplaneSupervisor:
             raise Unavailable(f"data-plane unit {name} did not start: its control socket did "
                               f"not answer within {self.timing.start_timeout:g}s")
         self.generation = generation
+        self._replace_pending = None  # whatever runs now is this node's build and address
         log.info("data-plane process started", generation=generation, unit=name,
                  pid=info.main_pid, listen=self.listen, control=self.control,
                  took_over_from=take_over_from)
