@@ -13,9 +13,11 @@ directory as the control socket, 0700; the socket 0600; peers checked by
 the one that holds ``control.sock``.  Requests (`kibotos.fd_control`, JSON lines with
 descriptors beside them):
 
-* ``{"type": "listeners"}`` → ``{generation, count, state}`` and the listening sockets
-  as descriptors (SCM_RIGHTS), with the last state the node handed over, so the new
-  generation serves the same Instances with the same key from its first accept;
+* ``{"type": "listeners"}`` → ``{generation, count, replay}`` and the listening
+  sockets as descriptors (SCM_RIGHTS); ``replay`` is the last control message of each
+  kind in `REPLAYED` that the node handed this generation (the state: Instances and
+  key), which the new one takes before its first accept, so it serves the same
+  Instances with the same key at once;
 * ``{"type": "drain"}`` → ``{draining: true}``: stop accepting, exit after the last
   connection ends;
 * ``{"type": "status"}``, ``{"type": "metrics"}``: as on the control socket.
@@ -53,6 +55,9 @@ GENERATION_SOCKET = "generation-{generation}.sock"
 AFTER_RECEIVE = "dataplane.handover.after-receive"
 #: Requests the generation socket passes on to the control handler unchanged.
 FORWARDED = ("status", "metrics")
+#: The node's control messages a new generation must have before it accepts, in the
+#: order it takes them.
+REPLAYED = ("state",)
 
 class _Descriptor(Protocol):
     """A stdlib or a trio socket."""
@@ -71,10 +76,10 @@ def generation_path(socket_dir: Path, generation: int) -> Path:
 
 @dataclass
 class Inherited:
-    """What a new generation took over: the listening sockets and the last state."""
+    """What a new generation took over: the listening sockets and the node's messages."""
 
     sockets: list[socket.socket]
-    state: dict[str, Any] | None
+    replay: list[dict[str, Any]]
     from_generation: int
 
 
@@ -111,9 +116,11 @@ async def take_listeners(path: Path, *, host: str, port: int, timeout: float = 1
             raise FailedPrecondition(f"the {WHO} on {path} handed over no listening socket")
         for sock in sockets:
             check_listener(sock, host, port)
-        state, sender = answer.body.get("state"), answer.body.get("generation")
-        if state is not None and not isinstance(state, dict):
-            raise InvalidArgument("handed-over state must be an object")
+        replay, sender = answer.body.get("replay"), answer.body.get("generation")
+        if not isinstance(replay, list) or not all(
+                isinstance(m, dict) and m.get("type") in REPLAYED for m in replay):
+            raise InvalidArgument(f"handed-over messages must be a list of objects of "
+                                  f"the types {list(REPLAYED)}")
         if not isinstance(sender, int) or isinstance(sender, bool):
             raise InvalidArgument("handed-over generation must be an integer")
     except Exception:
@@ -121,19 +128,35 @@ async def take_listeners(path: Path, *, host: str, port: int, timeout: float = 1
             sock.close()
         raise
     failpoints.hit(AFTER_RECEIVE)
-    return Inherited(sockets, state, sender)
+    return Inherited(sockets, replay, sender)
 
 
 class HandoverPoint:
-    """The serving side: hands out duplicates of this generation's listening sockets,
-    and sets `drain_requested` when the node asks it to drain."""
+    """The serving side: hands out duplicates of this generation's listening sockets
+    with the node's last messages (`recording`), and sets `drain_requested` when the
+    node asks it to drain."""
 
     def __init__(self, generation: int, control: ControlHandler) -> None:
         self.generation = generation
         self.control = control
         self.listening: Sequence[_Descriptor] = ()
-        self.last_state: dict[str, Any] | None = None
+        self.taken: dict[str, dict[str, Any]] = {}
         self.drain_requested = trio.Event()
+
+    async def recording(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The control handler, keeping each `REPLAYED` message it took without error
+        (the control socket and a replay at start both go through here)."""
+        answer = await self.control(message)
+        if message.get("type") in REPLAYED:
+            self.taken[str(message["type"])] = message
+        return answer
+
+    async def replay(self, inherited: Inherited) -> None:
+        """Take the older generation's messages, as this generation's own."""
+        for message in inherited.replay:
+            own = {**message, "generation": self.generation} if "generation" in message \
+                else message
+            await self.recording(own)
 
     async def handle(self, message: Message) -> Message:
         kind = message.body.get("type")
@@ -144,8 +167,9 @@ class HandoverPoint:
             fds = [os.dup(sock.fileno()) for sock in self.listening]
             log.info("listening socket handed over", generation=self.generation,
                      sockets=len(fds))
+            replay = [self.taken[kind] for kind in REPLAYED if kind in self.taken]
             return Message({"generation": self.generation, "count": len(fds),
-                            "state": self.last_state}, fds)
+                            "replay": replay}, fds)
         if kind == "drain":
             if not self.drain_requested.is_set():
                 log.info("data plane draining: a newer generation serves",

@@ -173,7 +173,6 @@ class DataplaneServer:
                                 version=self._versions + 1)
             self._versions += 1
             self.state = state
-            self.handover.last_state = message
             self.guests.retain_only(set(state.targets))
             self.metrics.state_updates.inc()
             log.info("state taken", generation=state.generation, version=state.version,
@@ -326,7 +325,8 @@ class DataplaneServer:
                                            handler_nursery=handlers, disconnect_timeout=5.0,
                                            receive_buffer_size=RECEIVE_BUFFER)
                 await accepting.start(server.run)
-                await handlers.start(control.serve_control, control_path, self.on_control)
+                await handlers.start(control.serve_control, control_path,
+                                     self.handover.recording)
                 log.info("data plane serving", generation=self.settings.generation,
                          listen=self.listen_address, control=control_path, pid=os.getpid(),
                          build=build_id())
@@ -352,12 +352,10 @@ class DataplaneServer:
                                   f"{exc.strerror}") from None
         inherited = await take_listeners(generation_path(self.settings.socket_dir, source),
                                          host=host, port=port)
-        if inherited.state is not None:
-            await self.on_control({**inherited.state, "type": "state",
-                                   "generation": self.settings.generation})
+        await self.handover.replay(inherited)
         log.info("listening socket taken over", generation=self.settings.generation,
                  from_generation=inherited.from_generation, sockets=len(inherited.sockets),
-                 has_state=inherited.state is not None)
+                 replayed=",".join(m["type"] for m in inherited.replay) or "nothing")
         return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 for sock in inherited.sockets]
 

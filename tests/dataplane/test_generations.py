@@ -22,7 +22,7 @@ def status(build: str, listen: str = LISTEN, *, handover: bool = True) -> dict[s
 
 
 @pytest.mark.parametrize(("running", "node_build", "action", "reason"), [
-    (status("0.4.1+aaa"), "0.4.1+aaa", ADOPT, "the same build"),
+    (status("0.4.1+aaa"), "0.4.1+aaa", ADOPT, "the same build, listen address"),
     (status("0.4.1+aaa"), "0.4.3+bbb", HAND_OVER, "another build on the same release line"),
     (status("0.4.1+aaa", "127.0.0.1:7600"), "0.4.1+aaa", REBIND,
      "the listen address changed (127.0.0.1:7600 -> 127.0.0.1:7500)"),
@@ -42,6 +42,19 @@ def test_the_spec_table_row_by_row(running: dict[str, object], node_build: str, 
     decision = decide(running, build=node_build, listen=LISTEN)
     assert decision.action == action
     assert reason in decision.reason
+
+
+def test_changed_listener_settings_hand_over() -> None:
+    running = {**status("0.4.1+aaa"), "tls": False}
+    assert decide(running, build="0.4.1+aaa", listen=LISTEN,
+                  settings={"tls": False}).action == ADOPT
+    decision = decide(running, build="0.4.1+aaa", listen=LISTEN, settings={"tls": True})
+    assert (decision.action, decision.reason) == (
+        HAND_OVER, "the listener settings changed (tls False -> True)")
+    assert decide(running, build="0.5.0+aaa", listen=LISTEN,
+                  settings={"tls": True}).action == RESTART
+    assert decide(running, build="0.4.1+aaa", listen="127.0.0.1:1",
+                  settings={"tls": True}).action == REBIND
 
 
 def test_only_a_listening_tcp_socket_on_the_configured_address_is_taken() -> None:

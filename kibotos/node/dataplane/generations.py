@@ -14,13 +14,15 @@
 binds the new address, then the old one drains on the old.  `RESTART`: the old one is
 ended first (its 10 s drain), then the new one binds.  A process that does not say it
 can hand over (``handover`` in its status: builds before the handover existed) is
-restarted.  Changed TLS settings of the listener belong to the `HAND_OVER` row too:
-the handed-over socket is plain TCP and TLS wraps each accepted connection, so a new
-generation with new settings serves on the same socket.
+restarted.  Changed listener settings (`decide`'s ``settings``: what the process
+reports in its status under the same keys, such as whether it serves TLS) belong to
+the `HAND_OVER` row too: the handed-over socket is plain TCP and TLS wraps each
+accepted connection, so a new generation with new settings serves on the same socket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,13 +40,17 @@ class Decision:
     reason: str
 
 
-def decide(status: dict[str, Any], *, build: str, listen: str) -> Decision:
+def decide(status: dict[str, Any], *, build: str, listen: str,
+           settings: Mapping[str, object] | None = None) -> Decision:
     """The row of the table for a running generation's `status` (as its control socket
-    answers it), when this node would start `build` on `listen`."""
+    answers it), when this node would start `build` on `listen` with the listener
+    `settings` (each compared with the status's value under its key)."""
     running_build = str(status.get("build"))
     running_listen = status.get("configured_listen")
-    if running_build == build and running_listen == listen:
-        return Decision(ADOPT, "the same build and listen address")
+    wanted = dict(settings or {})
+    changed = sorted(key for key, value in wanted.items() if status.get(key) != value)
+    if running_build == build and running_listen == listen and not changed:
+        return Decision(ADOPT, "the same build, listen address and settings")
     if not same_release_line(running_build, build):
         return Decision(RESTART, f"another release line ({running_build}; this node would "
                                  f"start {build})")
@@ -52,5 +58,9 @@ def decide(status: dict[str, Any], *, build: str, listen: str) -> Decision:
         return Decision(RESTART, f"it cannot hand over its listening socket ({running_build})")
     if running_listen != listen:
         return Decision(REBIND, f"the listen address changed ({running_listen} -> {listen})")
+    if running_build == build:
+        return Decision(HAND_OVER, "the listener settings changed ("
+                        + ", ".join(f"{key} {status.get(key)!r} -> {wanted[key]!r}"
+                                    for key in changed) + ")")
     return Decision(HAND_OVER, f"another build on the same release line ({running_build}; "
                                f"this node starts {build})")
