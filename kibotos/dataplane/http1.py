@@ -291,26 +291,8 @@ class DataplaneListener(WebSocketServer):
                  http_handler: HttpHandler, listeners: Any, **kwargs: Any) -> None:
         super().__init__(ws_handler, listeners, **kwargs)
         self._http_handler = http_handler
-        self.open_streams = 0
-        self._no_streams = trio.Event()
-        self._no_streams.set()
-
-    async def wait_no_streams(self) -> None:
-        """Until every accepted connection ended, also one still in its handshake: what
-        a generation that stopped accepting waits for before it exits."""
-        await self._no_streams.wait()
 
     async def _handle_connection(self, stream: trio.abc.Stream) -> None:
-        self.open_streams += 1
-        self._no_streams = trio.Event()
-        try:
-            await self._serve_stream(stream)
-        finally:
-            self.open_streams -= 1
-            if not self.open_streams:
-                self._no_streams.set()
-
-    async def _serve_stream(self, stream: trio.abc.Stream) -> None:
         head = await read_head(stream)
         if not head:
             await trio.aclose_forcefully(stream)

@@ -43,11 +43,12 @@ from trio_websocket import ConnectionClosed, WebSocketRequest
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane import control
 from kibotos.dataplane.build import build_id
+from kibotos.dataplane.counted_listener import CountedListener
 from kibotos.dataplane.exec_session import ExecSession
 from kibotos.dataplane.exec_wire import EXEC_PATH
 from kibotos.dataplane.files_api import FilesRequest, route
 from kibotos.dataplane.guests import GuestPool
-from kibotos.dataplane.http1 import DataplaneListener, HttpExchange, error_status
+from kibotos.dataplane.http1 import HttpExchange, error_status
 from kibotos.dataplane.listen_handover import HandoverPoint, generation_path, take_listeners
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.dataplane.ports_session import (
@@ -85,10 +86,10 @@ class DataplaneSettings:
     listen: str
     socket_dir: Path
     generation: int
-    drain_timeout: float = DRAIN_TIMEOUT
-    handle_signals: bool = True
     #: The generation whose listening socket and state this one takes over.
     take_over_from: int | None = None
+    drain_timeout: float = DRAIN_TIMEOUT
+    handle_signals: bool = True
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -159,10 +160,10 @@ class DataplaneServer:
         self.metrics = DataplaneMetrics()
         self.guests = GuestPool()
         self.connections = _Connections()
+        self.handover = HandoverPoint(settings.generation, self.on_control)
         self.listen_address = settings.listen
         self.draining = False
         self._versions = 0
-        self.handover = HandoverPoint(settings.generation, self.on_control)
 
     # ---------------------------------------------------------------- control
 
@@ -182,10 +183,10 @@ class DataplaneServer:
         if kind == "status":
             return {"generation": self.settings.generation, "build": build_id(),
                     "listen": self.listen_address, "configured_listen": self.settings.listen,
-                    "pid": os.getpid(), "has_state": self.state is not None,
+                    "pid": os.getpid(), "has_state": self.state is not None, "handover": True,
                     "version": self.state.version if self.state else 0,
                     "connections": len(self.connections.sessions),
-                    "draining": self.draining, "handover": True}
+                    "draining": self.draining}
         if kind == "metrics":
             return {"text": self.metrics.text()}
         raise InvalidArgument(f"unknown control request type {kind!r}")
@@ -321,7 +322,7 @@ class DataplaneServer:
             if self.settings.handle_signals:
                 handlers.start_soon(self._signals, stop)
             async with trio.open_nursery() as accepting:
-                server = DataplaneListener(self.handle, self.handle_http, listeners,
+                server = CountedListener(self.handle, self.handle_http, listeners,
                                            handler_nursery=handlers, disconnect_timeout=5.0,
                                            receive_buffer_size=RECEIVE_BUFFER)
                 await accepting.start(server.run)
