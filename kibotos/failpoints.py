@@ -34,6 +34,9 @@ KNOWN: dict[str, str] = {
     "dataplane.handover.after-receive": "data-plane handover, in the new generation after it "
                                         "received and checked the listening socket and "
                                         "before it accepts on it",
+    "dataplane.serve.after-control": "a data-plane process, after it bound control.sock "
+                                     "and before it answers there (a handover's new "
+                                     "generation has taken the path from the old one)",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
     "node.instance.after-attachment-record": "Instance launch, after the attachment records "

@@ -20,7 +20,9 @@ descriptors beside them):
   Instances with the same key at once;
 * ``{"type": "drain"}`` → ``{draining: true}``: stop accepting, exit after the last
   connection ends;
-* ``{"type": "status"}``, ``{"type": "metrics"}``: as on the control socket.
+* ``{"type": "state", …}``, ``{"type": "status"}``, ``{"type": "metrics"}``: as on the
+  control socket (the node uses these while a failed handover left this generation
+  current: a successor that died after binding ``control.sock`` took its path).
 
 The sockets are plain TCP listeners: TLS, where it is on, wraps each accepted
 connection, so the handover is the same with and without it.  The receiving side
@@ -53,8 +55,11 @@ log = EventLogger("kibotos.dataplane")
 WHO = "data-plane generation"
 GENERATION_SOCKET = "generation-{generation}.sock"
 AFTER_RECEIVE = "dataplane.handover.after-receive"
-#: Requests the generation socket passes on to the control handler unchanged.
-FORWARDED = ("status", "metrics")
+AFTER_CONTROL = "dataplane.serve.after-control"
+#: Requests the generation socket passes on to the control handler unchanged: the
+#: node reaches an old generation that stays current after a failed handover here,
+#: since its successor took the control socket's path.
+FORWARDED = ("state", "status", "metrics")
 #: The node's control messages a new generation must have before it accepts, in the
 #: order it takes them.
 REPLAYED = ("state",)
@@ -177,7 +182,7 @@ class HandoverPoint:
             self.drain_requested.set()
             return Message({"draining": True})
         if kind in FORWARDED:
-            return Message(await self.control({"type": kind}))
+            return Message(await self.recording(message.body))
         raise InvalidArgument(f"unknown generation socket request type {kind!r}")
 
     async def serve(self, path: Path, *,

@@ -40,6 +40,7 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest
 
+from kibotos import failpoints
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane import control
 from kibotos.dataplane.build import build_id
@@ -49,7 +50,12 @@ from kibotos.dataplane.exec_wire import EXEC_PATH
 from kibotos.dataplane.files_api import FilesRequest, route
 from kibotos.dataplane.guests import GuestPool
 from kibotos.dataplane.http1 import HttpExchange, error_status
-from kibotos.dataplane.listen_handover import HandoverPoint, generation_path, take_listeners
+from kibotos.dataplane.listen_handover import (
+    AFTER_CONTROL,
+    HandoverPoint,
+    generation_path,
+    take_listeners,
+)
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.dataplane.ports_session import (
     PORTS_PREFIX,
@@ -328,6 +334,7 @@ class DataplaneServer:
                 await accepting.start(server.run)
                 await handlers.start(control.serve_control, control_path,
                                      self.handover.recording)
+                failpoints.hit(AFTER_CONTROL)
                 log.info("data plane serving", generation=self.settings.generation,
                          listen=self.listen_address, control=control_path, pid=os.getpid(),
                          build=build_id())

@@ -16,13 +16,15 @@ run; a build of the same version is on the same release line, ``9.9.9+…`` is n
 * A second build change while generation 1 still waits: it is ended (its connection
   drops), so at most one old generation waits.
 * The new generation killed right after it received the socket
-  (``dataplane.handover.after-receive``): the old one still accepts, and the node's
-  retry hands over once the failpoint is gone.
+  (``dataplane.handover.after-receive``), or hung after it also took the control
+  socket's path (``dataplane.serve.after-control``): the old one still accepts and
+  takes the node's state, and the node's retry hands over once the failpoint is gone.
 * Another listen address: the new generation binds it, the old one drains on the old.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -32,7 +34,9 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 from dp_harness import (
+    FAST,
     TIMEOUT,
+    WORKSPACE_ID,
     Agent,
     Node,
     Plane,
@@ -53,7 +57,12 @@ from kibotos.dataplane.files_client import FilesClient
 from kibotos.dataplane.ports_client import open_port
 from kibotos.errors import KibotosError, Unavailable
 from kibotos.node.dataplane import supervisor as dps
-from kibotos.node.dataplane.supervisor import NEWER_DRAINS, DataplaneSupervisor, unit_name
+from kibotos.node.dataplane.supervisor import (
+    NEWER_DRAINS,
+    DataplaneSupervisor,
+    DataplaneTiming,
+    unit_name,
+)
 from kibotos.testing.tcp_servers import echo, tcp_server
 from kibotos.testing.waiting import wait_until
 
@@ -104,10 +113,10 @@ async def prober(plane: Plane) -> AsyncIterator[list[str]]:
     assert made > 0
 
 
-def restarted(node: Node, agent: Agent, *, listen: str | None = None
-              ) -> DataplaneSupervisor:
+def restarted(node: Node, agent: Agent, *, listen: str | None = None,
+              timing: DataplaneTiming = FAST) -> DataplaneSupervisor:
     """The node started again: it reloaded its Instance (the agent's target)."""
-    dp = node.dataplane(listen=listen)
+    dp = node.dataplane(listen=listen, timing=timing)
     dp.preload([target(agent)])
     return dp
 
@@ -201,10 +210,15 @@ async def test_a_build_change_hands_over_and_a_release_line_change_drops(
                         unit_name(fourth.scope, 3)]
 
 
-async def test_a_new_generation_killed_after_taking_the_socket_leaves_the_old_one(
-        node: Node, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("failpoint", [
+    "dataplane.handover.after-receive=kill",  # it holds a copy of the listening socket
+    "dataplane.serve.after-control=stop",  # it also took control.sock's path, then hung
+])
+async def test_a_new_generation_that_dies_in_the_handover_leaves_the_old_one(
+        node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        failpoint: str) -> None:
     caplog.set_level(logging.INFO, logger="kibotos.node")
+    timing = dataclasses.replace(FAST, start_timeout=3.0, stop_timeout=2.0)
     with running_agent(node.base) as agent:
         async with running(node.dataplane()) as first:
             await hand_over(node, first, agent)
@@ -213,19 +227,28 @@ async def test_a_new_generation_killed_after_taking_the_socket_leaves_the_old_on
             async with open_exec(plane.url, plane.credential(), ExecRequest(("cat",))) as ex:
                 assert isinstance(await ex.next_event(), Started)
                 node_as_build(monkeypatch, SAME_LINE)
-                monkeypatch.setenv(failpoints.ENV, "dataplane.handover.after-receive=kill")
-                async with running(restarted(node, agent)) as dp:
-                    # Generation 2 died holding a copy of the socket; 1 still accepts.
+                monkeypatch.setenv(failpoints.ENV, failpoint)
+                async with running(restarted(node, agent, timing=timing)) as dp:
+                    # The new generation died (each retry dies too while the failpoint
+                    # is set); generation 1 still accepts, and still takes the node's
+                    # state: a new Instance is served at once.
                     assert (dp.generation, dp.waiting) == (1, None)
                     assert "data-plane handover failed" in caplog.text
                     assert (await run_exec(plane, ["echo", "still 1"])).stdout == \
                         b"still 1\n"
                     assert await echoed(ex, b"kept\n")
+                    assert await dp.set_target(target(agent, "inst-2", WORKSPACE_ID))
+                    assert dp.generation == 1
+                    other = plane.credential(instance_id="inst-2")
+                    assert (await run_exec(plane, ["echo", "2"], credential=other)).stdout \
+                        == b"2\n"
                     # Without the failpoint, the node's retry hands over.
                     monkeypatch.delenv(failpoints.ENV)
-                    await wait_until(lambda: dp.generation == 3 and dp.waiting == 1
-                                     and dp.confirmed, "generation 3 to take over")
-                    assert (await run_exec(plane, ["echo", "on 3"])).stdout == b"on 3\n"
+                    await wait_until(lambda: dp.generation not in (None, 1)
+                                     and dp.waiting == 1 and dp.confirmed,
+                                     "a later generation to take over")
+                    assert (await run_exec(plane, ["echo", "on the new one"])).stdout == \
+                        b"on the new one\n"
                     assert await echoed(ex, b"still kept\n")
 
 

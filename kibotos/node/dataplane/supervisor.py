@@ -205,7 +205,7 @@ class DataplaneSupervisor:
                                     self.targets.values())
             self._last_push = trio.current_time()
             try:
-                await control_call(self.control, message, timeout=self.timing.confirm_timeout)
+                await self._call_current(message)
             except KibotosError as exc:
                 if not self._push_failing:
                     log.warning("data-plane state not taken", generation=generation,
@@ -312,8 +312,7 @@ class DataplaneSupervisor:
         if generation is None:
             return
         try:
-            answer = await control_call(self.control, {"type": "metrics"},
-                                        timeout=self.timing.confirm_timeout)
+            answer = await self._call_current({"type": "metrics"})
         except KibotosError:
             return
         if isinstance(answer.get("text"), str) and generation == self.generation:
@@ -390,6 +389,16 @@ class DataplaneSupervisor:
             self._replace_at = trio.current_time() + self._backoff.next_delay()
             return
         await self._retire(old)
+
+    async def _call_current(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request to the current generation: on ``control.sock``, or on its own
+        generation socket while a failed replacement left an old generation current
+        (a successor that died after binding ``control.sock`` took that path)."""
+        timeout = self.timing.confirm_timeout
+        if self._replace_pending is not None and self.generation is not None:
+            return await listen_handover.call(self._generation_socket(self.generation),
+                                              message, timeout=timeout)
+        return await control_call(self.control, message, timeout=timeout)
 
     def _generation_socket(self, generation: int) -> Path:
         return listen_handover.generation_path(self.socket_dir, generation)
