@@ -329,8 +329,8 @@ class DataplaneServer:
                 handlers.start_soon(self._signals, stop)
             async with trio.open_nursery() as accepting:
                 server = CountedListener(self.handle, self.handle_http, listeners,
-                                           handler_nursery=handlers, disconnect_timeout=5.0,
-                                           receive_buffer_size=RECEIVE_BUFFER)
+                                         handler_nursery=handlers, disconnect_timeout=5.0,
+                                         receive_buffer_size=RECEIVE_BUFFER)
                 await accepting.start(server.run)
                 await handlers.start(control.serve_control, control_path,
                                      self.handover.recording)
