@@ -31,6 +31,12 @@ KNOWN: dict[str, str] = {
     "atomic.after-rename": "an atomic file write, after the rename and before the dir fsync",
     "ctrl.ca.after-key": "cluster CA creation, after the key is written and before the "
                          "certificate",
+    "dataplane.handover.after-receive": "data-plane handover, in the new generation after it "
+                                        "received and checked the listening socket and "
+                                        "before it accepts on it",
+    "dataplane.serve.after-control": "a data-plane process, after it bound control.sock "
+                                     "and before it answers there (a handover's new "
+                                     "generation has taken the path from the old one)",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
     "node.instance.after-attachment-record": "Instance launch, after the attachment records "
@@ -145,3 +151,13 @@ def hit(name: str) -> None:
         time.sleep(float(action.split(":", 1)[1]))
     else:
         raise FailpointError(f"failpoint {name} triggered")
+
+
+def environment_for(prefix: str) -> dict[str, str]:
+    """The variable for a child process the node starts in a unit of its own (the
+    supervisor does not pass the node's environment on): the entries of this process's
+    variable, read now, whose names start with `prefix` (``dataplane.``), so a test
+    that starts a node with a data-plane failpoint reaches the data-plane process."""
+    items = [f"{name}={action}" for name, action in _parse(os.environ.get(ENV, "")).items()
+             if name.startswith(prefix)]
+    return {ENV: ",".join(items)} if items else {}

@@ -19,6 +19,11 @@ cannot be reached.
 SIGTERM or SIGINT: stop accepting (the listening socket closes), give the open
 connections `drain_timeout` seconds (10 by default) to end on their own, close the rest
 with 1001 and log how many were closed.
+
+Generations (`listen_handover`): started with `DataplaneSettings.take_over_from`, the
+process takes the listening socket and the state from that generation instead of
+binding; asked to ``drain`` on its generation socket, it stops accepting and exits
+when its last connection ends (a signal meanwhile starts the 10 s drain above).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,14 +40,22 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest
 
+from kibotos import failpoints
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane import control
 from kibotos.dataplane.build import build_id
+from kibotos.dataplane.counted_listener import CountedListener
 from kibotos.dataplane.exec_session import ExecSession
 from kibotos.dataplane.exec_wire import EXEC_PATH
 from kibotos.dataplane.files_api import FilesRequest, route
 from kibotos.dataplane.guests import GuestPool
-from kibotos.dataplane.http1 import DataplaneListener, HttpExchange, error_status
+from kibotos.dataplane.http1 import HttpExchange, error_status
+from kibotos.dataplane.listen_handover import (
+    AFTER_CONTROL,
+    HandoverPoint,
+    generation_path,
+    take_listeners,
+)
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.dataplane.ports_session import (
     PORTS_PREFIX,
@@ -78,6 +92,8 @@ class DataplaneSettings:
     listen: str
     socket_dir: Path
     generation: int
+    #: The generation whose listening socket and state this one takes over.
+    take_over_from: int | None = None
     drain_timeout: float = DRAIN_TIMEOUT
     handle_signals: bool = True
 
@@ -150,6 +166,7 @@ class DataplaneServer:
         self.metrics = DataplaneMetrics()
         self.guests = GuestPool()
         self.connections = _Connections()
+        self.handover = HandoverPoint(settings.generation, self.on_control)
         self.listen_address = settings.listen
         self.draining = False
         self._versions = 0
@@ -172,7 +189,7 @@ class DataplaneServer:
         if kind == "status":
             return {"generation": self.settings.generation, "build": build_id(),
                     "listen": self.listen_address, "configured_listen": self.settings.listen,
-                    "pid": os.getpid(), "has_state": self.state is not None,
+                    "pid": os.getpid(), "has_state": self.state is not None, "handover": True,
                     "version": self.state.version if self.state else 0,
                     "connections": len(self.connections.sessions),
                     "draining": self.draining}
@@ -297,11 +314,8 @@ class DataplaneServer:
     async def serve(self, *, task_status: trio.TaskStatus[DataplaneServer]
                     = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_listen(self.settings.listen)
-        try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
-        except OSError as exc:
-            raise Unavailable(f"cannot listen on {self.settings.listen}: {exc.strerror}") \
-                from None
+        listeners = await self._listeners(host, port)
+        self.handover.listening = [listener.socket for listener in listeners]
         sockname = listeners[0].socket.getsockname()
         self.listen_address = f"{host}:{sockname[1]}" if ":" not in host else \
             f"[{host}]:{sockname[1]}"
@@ -309,23 +323,49 @@ class DataplaneServer:
         stop = trio.Event()
         async with trio.open_nursery() as handlers:
             await handlers.start(self.guests.run)
+            await handlers.start(self.handover.serve, generation_path(
+                self.settings.socket_dir, self.settings.generation))
+            if self.settings.handle_signals:
+                handlers.start_soon(self._signals, stop)
             async with trio.open_nursery() as accepting:
-                server = DataplaneListener(self.handle, self.handle_http, listeners,
-                                           handler_nursery=handlers, disconnect_timeout=5.0,
-                                           receive_buffer_size=RECEIVE_BUFFER)
+                server = CountedListener(self.handle, self.handle_http, listeners,
+                                         handler_nursery=handlers, disconnect_timeout=5.0,
+                                         receive_buffer_size=RECEIVE_BUFFER)
                 await accepting.start(server.run)
-                await handlers.start(control.serve_control, control_path, self.on_control)
-                if self.settings.handle_signals:
-                    accepting.start_soon(self._signals, stop)
+                await handlers.start(control.serve_control, control_path,
+                                     self.handover.recording)
+                failpoints.hit(AFTER_CONTROL)
                 log.info("data plane serving", generation=self.settings.generation,
                          listen=self.listen_address, control=control_path, pid=os.getpid(),
                          build=build_id())
                 task_status.started(self)
-                await stop.wait()
+                await _first_of(stop.wait, self.handover.drain_requested.wait)
                 self.draining = True
-                accepting.cancel_scope.cancel()  # the listening socket closes here
+                accepting.cancel_scope.cancel()  # this copy of the listening socket closes
+            if not stop.is_set():  # a newer generation serves: wait for the last one
+                log.info("data plane stopped accepting", generation=self.settings.generation,
+                         connections=server.open_streams)
+                await _first_of(stop.wait, server.wait_no_streams)
             await self._drain()
             handlers.cancel_scope.cancel()
+
+    async def _listeners(self, host: str, port: int) -> list[trio.SocketListener]:
+        """Bound here, or taken over from an older generation with its state."""
+        source = self.settings.take_over_from
+        if source is None:
+            try:
+                return await trio.open_tcp_listeners(port, host=host)
+            except OSError as exc:
+                raise Unavailable(f"cannot listen on {self.settings.listen}: "
+                                  f"{exc.strerror}") from None
+        inherited = await take_listeners(generation_path(self.settings.socket_dir, source),
+                                         host=host, port=port)
+        await self.handover.replay(inherited)
+        log.info("listening socket taken over", generation=self.settings.generation,
+                 from_generation=inherited.from_generation, sockets=len(inherited.sockets),
+                 replayed=",".join(m["type"] for m in inherited.replay) or "nothing")
+        return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                for sock in inherited.sockets]
 
     async def _signals(self, stop: trio.Event) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
@@ -345,6 +385,17 @@ class DataplaneServer:
         log.info("data plane stopped", generation=self.settings.generation,
                  open_at_stop=open_at_start, ended_on_their_own=open_at_start - closed,
                  closed=closed)
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Until the first of `waits` returns."""
+    async with trio.open_nursery() as nursery:
+        async def one(wait: Callable[[], Awaitable[object]]) -> None:
+            await wait()
+            nursery.cancel_scope.cancel()
+
+        for wait in waits:
+            nursery.start_soon(one, wait)
 
 
 async def serve_dataplane(settings: DataplaneSettings, *,

@@ -4,7 +4,8 @@ As for the data plane (`kibotos.dataplane.build`): a packaged build is
 ``<version>+<source revision>``; a checkout, whose revision is ``unknown``, is named by a
 digest of the sources the egress process runs, so an edit to them gives a new process
 at the next node start instead of silently keeping the old code.  The version before
-the ``+`` is what the node compares release lines with.
+the ``+`` is what the node compares release lines with
+(`kibotos.node.runtime.build_identity.same_release_line`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import functools
 from kibotos import source_build
 
 #: What an egress process runs, relative to the package.
-SOURCES = ("egress", "errors.py", "logs.py", "control_socket.py", "source_build.py")
+SOURCES = ("egress", "errors.py", "logs.py", "control_socket.py", "fd_control.py",
+           "source_build.py")
 
 
 @functools.cache
@@ -26,8 +28,3 @@ def build_id() -> str:
 def source_build_id() -> str:
     """The build a process started now would run."""
     return source_build.source_build_id(SOURCES)
-
-
-def version_of(build: str) -> str:
-    """The release version a build string carries (before the ``+``)."""
-    return build.partition("+")[0]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import trio
 
+from kibotos.backends import Supervisor
 from kibotos.credentials import SigningKey
 from kibotos.dataplane.client import ExecClient, Output, Started, open_exec
 from kibotos.dataplane.control import control_call, control_path
@@ -28,7 +29,8 @@ from kibotos.dataplane.serve import DataplaneServer, DataplaneSettings, serve_da
 from kibotos.dataplane.state import Target, state_message
 from kibotos.errors import Unavailable
 from kibotos.guest import AGENT_PATH, ExitStatus
-from kibotos.node.dataplane.supervisor import DataplaneSupervisor
+from kibotos.node.dataplane.supervisor import DataplaneSupervisor, DataplaneTiming
+from kibotos.plugins import load_plugins
 
 GUEST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 TIMEOUT = 60
@@ -223,3 +225,44 @@ async def running(dp: DataplaneSupervisor) -> AsyncIterator[DataplaneSupervisor]
             await nursery.start(dp.run)
         yield dp
         nursery.cancel_scope.cancel()
+
+
+FAST = DataplaneTiming(watch_interval=0.2, restart_initial=0.2, restart_cap=1.0,
+                       metrics_interval=0.5)
+
+
+@dataclass
+class Node:
+    """What a node keeps across its restarts: its directories and config."""
+
+    base: Path
+    listen: str
+    key: SigningKey
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.base / "run"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.base / "state"
+
+    def supervisor(self) -> Supervisor:
+        cls = load_plugins().supervisor.get("direct")
+        return cls({"state_dir": str(self.base / "units")})  # type: ignore[no-any-return]
+
+    def dataplane(self, *, listen: str | None = None,
+                  timing: DataplaneTiming = FAST) -> DataplaneSupervisor:
+        return DataplaneSupervisor(node_id="node-a", listen=listen or self.listen,
+                                   socket_dir=self.socket_dir, state_dir=self.state_dir,
+                                   supervisor=self.supervisor(), timing=timing)
+
+    def plane(self, dp: DataplaneSupervisor) -> Plane:
+        assert dp.generation is not None
+        return Plane(self.socket_dir, dp.generation, self.key, dp.listen)
+
+
+async def hand_over(node: Node, dp: DataplaneSupervisor, agent: Agent) -> None:
+    """ctrl's key and the Instance, as a node hands them over."""
+    assert await dp.set_public_key(node.key.public_key)
+    assert await dp.set_target(target(agent))

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,86 +14,26 @@ import trio
 from dp_harness import (
     TIMEOUT,
     WORKSPACE_ID,
-    Agent,
-    Plane,
+    Node,
     free_port,
+    hand_over,
     run_exec,
     running,
     running_agent,
     target,
 )
 
-from kibotos.backends import Supervisor
-from kibotos.credentials import SigningKey
 from kibotos.dataplane.client import Output, Started, open_exec
 from kibotos.dataplane.exec_session import ExecRequest
 from kibotos.node.dataplane import supervisor as dps
 from kibotos.node.dataplane.supervisor import (
     NOT_CONFIRMED,
-    DataplaneSupervisor,
     DataplaneTiming,
     generation_of,
     scope_of,
     unit_name,
 )
-from kibotos.plugins import load_plugins
 from kibotos.testing.waiting import wait_until
-
-FAST = DataplaneTiming(watch_interval=0.2, restart_initial=0.2, restart_cap=1.0,
-                       metrics_interval=0.5)
-
-
-@dataclass
-class Node:
-    """What a node keeps across its restarts: its directories and config."""
-
-    base: Path
-    listen: str
-    key: SigningKey
-
-    @property
-    def socket_dir(self) -> Path:
-        return self.base / "run"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.base / "state"
-
-    def supervisor(self) -> Supervisor:
-        cls = load_plugins().supervisor.get("direct")
-        return cls({"state_dir": str(self.base / "units")})  # type: ignore[no-any-return]
-
-    def dataplane(self, *, listen: str | None = None,
-                  timing: DataplaneTiming = FAST) -> DataplaneSupervisor:
-        return DataplaneSupervisor(node_id="node-a", listen=listen or self.listen,
-                                   socket_dir=self.socket_dir, state_dir=self.state_dir,
-                                   supervisor=self.supervisor(), timing=timing)
-
-    def plane(self, dp: DataplaneSupervisor) -> Plane:
-        assert dp.generation is not None
-        return Plane(self.socket_dir, dp.generation, self.key, dp.listen)
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    base = Path(tempfile.mkdtemp(prefix="kdp-", dir="/tmp"))  # short socket paths
-    (base / "state").mkdir()
-    n = Node(base, f"127.0.0.1:{free_port()}", SigningKey.generate())
-    try:
-        yield n
-    finally:
-        async def stop_all() -> None:
-            sup = n.supervisor()
-            for info in await sup.list(""):
-                await sup.stop(info.name, timeout=5)
-
-        trio.run(stop_all)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-async def hand_over(node: Node, dp: DataplaneSupervisor, agent: Agent) -> None:
-    assert await dp.set_public_key(node.key.public_key)
-    assert await dp.set_target(target(agent))
 
 
 def test_scope_and_names() -> None:
@@ -208,7 +144,7 @@ async def test_a_process_of_another_listen_address_or_build_is_replaced(
         assert (third.generation, third.adopted) == (3, None)
         units = await third.supervisor.list("kibotos-dataplane-")
         assert [u.name for u in units if u.active] == [unit_name(third.scope, 3)]
-    assert "reason=\"another build" in caplog.text
+    assert "reason=\"another release line" in caplog.text
 
 
 async def test_state_not_taken_in_time_is_logged_and_resent(

@@ -195,7 +195,7 @@ async def test_another_release_line_ends_the_old_generation_at_once(setup, monke
 
 
 def test_release_lines():
-    from kibotos.node.egress.units import same_release_line
+    from kibotos.node.runtime.build_identity import same_release_line
 
     assert same_release_line("0.4.1+abc", "0.4.3+def")
     assert not same_release_line("0.4.1+abc", "0.5.0+abc")

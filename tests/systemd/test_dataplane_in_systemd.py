@@ -3,7 +3,9 @@
 plane processes" — a unit ``kibotos-dataplane-<scope>-<generation>.service`` in
 ``kibotos.slice/kibotos-dataplane.slice`` running ``kibotos dataplane serve`` as root,
 serving exec with the state the node hands over; a restarted node adopts it (same
-process, same generation); killed, the node starts the next generation.  The ``direct``
+process, same generation); killed, the node starts the next generation; on another
+build of the release line the next unit takes over the listening socket while the old
+unit keeps its session.  The ``direct``
 supervisor's version is tests/dataplane/test_supervisor.py.
 """
 
@@ -25,7 +27,11 @@ from usersystemd import UserSystemd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
 from dp_harness import TIMEOUT, Plane, free_port, run_exec, running, running_agent, target
 
+from kibotos._version import __version__
 from kibotos.credentials import SigningKey
+from kibotos.dataplane.client import Output, Started, open_exec
+from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.node.dataplane import supervisor as dps
 from kibotos.node.dataplane.supervisor import (
     DataplaneSupervisor,
     DataplaneTiming,
@@ -49,7 +55,8 @@ def base() -> Iterator[Path]:
 
 
 async def test_the_dataplane_unit_serves_is_adopted_and_replaced(
-        user_systemd: UserSystemd, raw: Raw, base: Path) -> None:
+        user_systemd: UserSystemd, raw: Raw, base: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     listen = f"127.0.0.1:{free_port()}"
     key = SigningKey.generate()
 
@@ -95,6 +102,26 @@ async def test_the_dataplane_unit_serves_is_adopted_and_replaced(
                 again = Plane(base / "run", 2, key, listen)
                 assert (await run_exec(again, ["echo", "again"])).stdout == b"again\n"
                 assert raw.unit_path(unit_name(second.scope, 2) + ".service") is not None
+            # Another build of the release line: generation 3's unit takes over the
+            # listening socket; generation 2's unit keeps the session it holds.
+            with trio.fail_after(TIMEOUT):
+                async with open_exec(again.url, again.credential(),
+                                     ExecRequest(("cat",))) as ex:
+                    assert isinstance(await ex.next_event(), Started)
+                    monkeypatch.setattr(dps, "source_build_id",
+                                        lambda: f"{__version__}+build-b")
+                    upgraded = dataplane()
+                    upgraded.preload([target(agent)])
+                    async with running(upgraded) as third:
+                        assert (third.generation, third.waiting) == (3, 2)
+                    assert (await run_exec(again, ["echo", "on 3"])).stdout == b"on 3\n"
+                    await ex.send_stdin(b"kept\n")
+                    event = await ex.next_event()
+                    assert isinstance(event, Output)
+                    assert event.data == b"kept\n"
+                    waiting = await sup.describe(unit_name(third.scope, 2))
+                    assert waiting is not None
+                    assert waiting.active
     finally:
         for info in await sup.list("kibotos-dataplane-"):
             await sup.stop(info.name, timeout=15)

@@ -60,6 +60,7 @@ ENTRY_POINTS = ("kibotos.cli", "kibotos.dev")
 NODE_USES_OF_DATAPLANE = frozenset({
     "kibotos.dataplane.build",  # the build identity, for adoption
     "kibotos.dataplane.control",  # the control socket's client end
+    "kibotos.dataplane.listen_handover",  # a generation's socket: drain, its metrics
     "kibotos.dataplane.metrics",  # summing counters over generations
     "kibotos.dataplane.state",  # the state message the node hands over
 })

@@ -7,12 +7,16 @@ scope is derived from the node's socket directory, so several nodes on one host 
 touch each other's processes; the generation grows by one on every start and is
 persisted in ``<storage.root>/state/dataplane-generation`` before the unit starts.
 
-At node start, a running data-plane process of this scope is *adopted* when it answers
-on its control socket as the generation its unit name says, with the same build
-(`kibotos.dataplane.build.build_id`) and the same listen address: its connections are
-not affected.  Any other running one is stopped first (its connections get the
-process's drain), then a new generation starts.  The handover across builds without
-dropping connections is a later step.
+At node start, the newest running data-plane process of this scope (the one that
+answers on the control socket as the generation its unit name says) is adopted,
+handed over, rebound or restarted as the spec's table says
+(`kibotos.node.dataplane.generations`): same build and listen address, adopted;
+another build of the same release line, a new generation takes over its listening
+socket and it drains; another listen address, the new one binds it and the old one
+drains on the old; another release line, it is ended first.  At most one old
+generation waits for its connections (`waiting`); the next replacement ends it.  A
+handover or rebind whose new generation does not come up leaves the old one serving,
+and is tried again while the node runs.
 
 State: the node hands over the whole state (ctrl's public key, node ID, the running
 Instances' data-plane agent sockets) on every change and waits for the ack, at most
@@ -35,15 +39,17 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
+from kibotos import atomicfile, failpoints
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.credentials import parse_public_key
+from kibotos.dataplane import listen_handover
 from kibotos.dataplane.build import source_build_id
 from kibotos.dataplane.control import check_socket_path, control_call, control_path
 from kibotos.dataplane.metrics import MetricsSum
 from kibotos.dataplane.state import Target, state_message
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.logs import EventLogger
+from kibotos.node.dataplane.generations import ADOPT, HAND_OVER, REBIND, Decision, decide
 from kibotos.node.network.names import node_scope
 from kibotos.node.runtime.process_units import ProcessUnits
 from kibotos.node.session.backoff import Backoff
@@ -53,6 +59,8 @@ log = EventLogger()
 UNIT_PREFIX = "kibotos-dataplane-"
 GENERATION_FILE = "dataplane-generation"
 PUBLIC_KEY_FILE = "session-signing-public-key"
+#: Why a waiting generation is ended (`DataplaneSupervisor.waiting`).
+NEWER_DRAINS = "a newer generation is about to drain"
 #: The spec's words, logged when the process did not confirm in time.
 NOT_CONFIRMED = "data-plane generation did not take the node's state before the reply"
 UNIT_PROPERTIES: dict[str, Any] = {
@@ -107,6 +115,9 @@ class DataplaneSupervisor:
         self.targets: dict[str, Target] = {}
         self.starts = 0  # generations started by this node process
         self.adopted: int | None = None  # the generation adopted at start, if any
+        self.waiting: int | None = None  # the old generation draining its connections
+        self._replace_pending: Decision | None = None  # a handover or rebind to retry
+        self._replace_at = 0.0
         self._version = 0  # of the wanted state
         self._acked = 0  # the newest version the process confirmed
         self._acked_at_generation: int | None = None
@@ -194,7 +205,7 @@ class DataplaneSupervisor:
                                     self.targets.values())
             self._last_push = trio.current_time()
             try:
-                await control_call(self.control, message, timeout=self.timing.confirm_timeout)
+                await self._call_current(message)
             except KibotosError as exc:
                 if not self._push_failing:
                     log.warning("data-plane state not taken", generation=generation,
@@ -233,7 +244,7 @@ class DataplaneSupervisor:
         were running."""
         stopped = await UNITS.stop_all(self.supervisor, self.scope,
                                        timeout=timeout or self.timing.stop_timeout)
-        self.generation = None
+        self.generation = self.waiting = None
         return stopped
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -252,6 +263,7 @@ class DataplaneSupervisor:
             await self._watch_once()
 
     async def _watch_once(self) -> None:
+        await self._watch_waiting()
         info = await self.supervisor.describe(self.unit) if self.unit else None
         if info is None or not info.active:
             if self.generation is not None:
@@ -268,21 +280,39 @@ class DataplaneSupervisor:
                 return
             await self._push()
             return
-        self._backoff.reset()
         now = trio.current_time()
+        pending, old = self._replace_pending, self.generation
+        if pending is not None and old is not None and now >= self._replace_at:
+            await self._replace(old, pending)
+            if self.generation != old:
+                await self._push()
+            return
+        if pending is None:
+            self._backoff.reset()
         if not self.confirmed or now - self._last_push >= self.timing.resend_interval:
             await self._push()
         if now - self._last_metrics >= self.timing.metrics_interval:
             await self._collect_metrics()
 
     async def _collect_metrics(self) -> None:
+        """The current generation's counters, and the waiting one's (its connections
+        still count while they last)."""
+        self._last_metrics = trio.current_time()
+        waiting = self.waiting
+        if waiting is not None:
+            try:
+                answer = await listen_handover.call(self._generation_socket(waiting),
+                                                    {"type": "metrics"},
+                                                    timeout=self.timing.confirm_timeout)
+            except KibotosError:
+                answer = {}
+            if isinstance(answer.get("text"), str) and waiting == self.waiting:
+                self.metrics.update(waiting, answer["text"])
         generation = self.generation
         if generation is None:
             return
-        self._last_metrics = trio.current_time()
         try:
-            answer = await control_call(self.control, {"type": "metrics"},
-                                        timeout=self.timing.confirm_timeout)
+            answer = await self._call_current({"type": "metrics"})
         except KibotosError:
             return
         if isinstance(answer.get("text"), str) and generation == self.generation:
@@ -294,50 +324,140 @@ class DataplaneSupervisor:
                        key=lambda pair: pair[0], reverse=True)
         floor = max([read_generation(self.state_dir / GENERATION_FILE),
                      *(g for g, _ in found)])
+        running = []
         for generation, info in found:
-            if not info.active:
+            if info.active:
+                running.append(generation)
+            else:
                 await self.supervisor.stop(info.name, timeout=1.0)  # forget the record
-                continue
-            reason = "an older generation" if self.generation is not None else \
-                await self._why_not_adoptable(generation)
-            if reason is None:
-                self.generation = self.adopted = generation
-                log.info("data-plane process adopted", generation=generation,
-                         unit=info.name, pid=info.main_pid)
-                continue
-            log.info("data-plane generation ended", generation=generation, unit=info.name,
-                     reason=reason)
-            await self.supervisor.stop(info.name, timeout=self.timing.stop_timeout)
+        if running:
+            await self._keep_one_waiting(running[1:])
+            await self._take_running(running[0], floor)
         if self.generation is None:
             await self._start(floor)
 
-    async def _why_not_adoptable(self, generation: int) -> str | None:
+    async def _keep_one_waiting(self, older: list[int]) -> None:
+        """Older generations still running (newest first): the newest of them may go on
+        draining, told to if it is not yet; the others are ended."""
+        for generation in older[1:]:
+            await self._end(generation, NEWER_DRAINS)
+        if older:
+            await self._retire(older[0])
+
+    async def _take_running(self, generation: int, floor: int) -> None:
+        """Adopt, hand over, rebind or restart the newest running generation."""
         try:
             status = await control_call(self.control, {"type": "status"},
                                         timeout=self.timing.confirm_timeout)
         except KibotosError as exc:
-            return f"it does not answer on its control socket: {exc.message}"
+            await self._end(generation, f"it does not answer on its control socket: "
+                                        f"{exc.message}")
+            return
         if status.get("generation") != generation:
-            return (f"the control socket is held by generation {status.get('generation')}, "
-                    f"not {generation}")
-        build = source_build_id()
-        if status.get("build") != build:
-            return f"another build ({status.get('build')}; this node would start {build})"
-        if status.get("configured_listen") != self.listen:
-            return (f"the listen address changed ({status.get('configured_listen')} -> "
-                    f"{self.listen})")
-        return None
+            await self._end(generation, f"the control socket is held by generation "
+                                        f"{status.get('generation')}, not {generation}")
+            return
+        decision = decide(status, build=source_build_id(), listen=self.listen)
+        if decision.action == ADOPT:
+            self.generation = self.adopted = generation
+            log.info("data-plane process adopted", generation=generation,
+                     unit=unit_name(self.scope, generation), pid=status.get("pid"))
+            return
+        if decision.action in (HAND_OVER, REBIND):
+            self.generation = generation
+            await self._replace(generation, decision, floor)
+            return
+        if self.waiting is not None:
+            await self._end(self.waiting, NEWER_DRAINS)
+        await self._end(generation, decision.reason)
 
-    async def _start(self, floor: int | None = None) -> None:
+    async def _replace(self, old: int, decision: Decision, floor: int = 0) -> None:
+        """A new generation takes over from `old` (the listening socket, or the new
+        address), then `old` drains.  When the new one does not come up, `old` keeps
+        serving and the replacement is tried again (backing off)."""
+        log.info("data-plane generation replaced", generation=old, action=decision.action,
+                 reason=decision.reason)
+        if self.waiting is not None and self.waiting != old:
+            await self._end(self.waiting, NEWER_DRAINS)
+        try:
+            await self._start(floor, take_over_from=old if decision.action == HAND_OVER
+                              else None)
+        except KibotosError as exc:
+            log.error("data-plane handover failed: the old generation keeps serving",
+                      generation=old, action=decision.action, error=exc.message)
+            self.generation, self._replace_pending = old, decision
+            self._replace_at = trio.current_time() + self._backoff.next_delay()
+            return
+        await self._retire(old)
+
+    async def _call_current(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request to the current generation: on ``control.sock``, or on its own
+        generation socket while a failed replacement left an old generation current
+        (a successor that died after binding ``control.sock`` took that path)."""
+        timeout = self.timing.confirm_timeout
+        if self._replace_pending is not None and self.generation is not None:
+            return await listen_handover.call(self._generation_socket(self.generation),
+                                              message, timeout=timeout)
+        return await control_call(self.control, message, timeout=timeout)
+
+    def _generation_socket(self, generation: int) -> Path:
+        return listen_handover.generation_path(self.socket_dir, generation)
+
+    async def _retire(self, generation: int) -> None:
+        """Let `generation` drain (it stops accepting, exits after its connections);
+        one that cannot be told is ended."""
+        try:
+            await listen_handover.call(self._generation_socket(generation),
+                                       {"type": "drain"}, timeout=self.timing.confirm_timeout)
+        except KibotosError as exc:
+            await self._end(generation, f"it does not drain: {exc.message}")
+            return
+        self.waiting = generation
+        log.info("data-plane generation draining", generation=generation,
+                 unit=unit_name(self.scope, generation))
+
+    async def _end(self, generation: int, reason: str) -> None:
+        """Stop `generation` (SIGTERM: its 10 s drain, then what is left is closed)."""
+        name = unit_name(self.scope, generation)
+        log.info("data-plane generation ended", generation=generation, unit=name,
+                 reason=reason)
+        await self.supervisor.stop(name, timeout=self.timing.stop_timeout)
+        self.metrics.exited(generation)
+        if self.waiting == generation:
+            self.waiting = None
+        if self.generation == generation:
+            self.generation = None
+
+    async def _watch_waiting(self) -> None:
+        """Forget the waiting generation once it exited (its last connection ended)."""
+        waiting = self.waiting
+        if waiting is None:
+            return
+        name = unit_name(self.scope, waiting)
+        info = await self.supervisor.describe(name)
+        if info is not None and info.active:
+            return
+        log.info("data-plane generation drained", generation=waiting, unit=name,
+                 result=info.result if info else "unknown")
+        self.metrics.exited(waiting)
+        await self.supervisor.stop(name, timeout=1.0)  # forget the record
+        if self.waiting == waiting:
+            self.waiting = None
+
+    async def _start(self, floor: int | None = None, *, take_over_from: int | None = None
+                     ) -> None:
         generation = await UNITS.next_generation(
-            self.state_dir, [floor or 0, self.generation or 0])
+            self.state_dir, [floor or 0, self.generation or 0, self.waiting or 0])
         name = unit_name(self.scope, generation)
         argv = [self.python, "-m", "kibotos.cli.main", "dataplane", "serve",
                 "--listen", self.listen, "--socket-dir", str(self.socket_dir),
                 "--generation", str(generation)]
+        if take_over_from is not None:
+            argv += ["--take-over-from", str(take_over_from)]
         info = await self.supervisor.start(UnitSpec(
             name=name, argv=argv, properties=UNIT_PROPERTIES,
-            environment={"PYTHONUNBUFFERED": "1"}, working_directory=Path("/")))
+            environment={"PYTHONUNBUFFERED": "1", **failpoints.environment_for("dataplane.")},
+            working_directory=Path("/")))
         self.starts += 1
         serving = await UNITS.wait_serving(
             self.supervisor, name, generation,
@@ -348,5 +468,7 @@ class DataplaneSupervisor:
             raise Unavailable(f"data-plane unit {name} did not start: its control socket did "
                               f"not answer within {self.timing.start_timeout:g}s")
         self.generation = generation
+        self._replace_pending = None  # whatever runs now is this node's build and address
         log.info("data-plane process started", generation=generation, unit=name,
-                 pid=info.main_pid, listen=self.listen, control=self.control)
+                 pid=info.main_pid, listen=self.listen, control=self.control,
+                 took_over_from=take_over_from)

@@ -47,6 +47,7 @@ from kibotos.node.egress import units
 from kibotos.node.egress.credentials import Credential, CredentialStore, Key
 from kibotos.node.egress.listeners import EgressInstance, close_all, open_sockets, verify
 from kibotos.node.network.names import NETNS_DIR
+from kibotos.node.runtime.build_identity import same_release_line
 from kibotos.node.session.backoff import Backoff
 
 log = EventLogger()
@@ -409,7 +410,7 @@ class EgressSupervisor:
             self.current, self.adopted = candidate, candidate.number
             log.info("egress process adopted", generation=candidate.number,
                      unit=candidate.unit)
-        elif not units.same_release_line(candidate.build, build):
+        elif not same_release_line(candidate.build, build):
             await self._end(candidate, f"another release line ({candidate.build}; this node "
                                        f"would start {build})")
         elif self.instances:
@@ -418,7 +419,7 @@ class EgressSupervisor:
             await self._replace(candidate)
         else:
             await self._retire(candidate)
-        if self.draining is not None and not units.same_release_line(self.draining.build,
+        if self.draining is not None and not same_release_line(self.draining.build,
                                                                      build):
             await self._end(self.draining, f"another release line ({self.draining.build})")
 

@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kibotos.backends import Supervisor, UnitInfo
-from kibotos.egress.build import version_of
 from kibotos.errors import FailedPrecondition
 from kibotos.logs import EventLogger
 from kibotos.node.dataplane.supervisor import scope_of
-from kibotos.node.runtime.build_identity import final_release
 from kibotos.node.runtime.process_units import ProcessUnits
 
 log = EventLogger()
@@ -79,16 +77,6 @@ def prepare_socket_dir(egress_dir: Path, owner: pwd.struct_passwd) -> None:
         os.chown(egress_dir, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(egress_dir, 0o700)
-
-
-def same_release_line(build_a: str, build_b: str) -> bool:
-    """Whether two builds are on one release line: ``MAJOR.MINOR`` of final releases;
-    anything else (pre-releases, development builds) only with exactly its version."""
-    a, b = version_of(build_a), version_of(build_b)
-    final_a, final_b = final_release(a), final_release(b)
-    if final_a is None or final_b is None:
-        return a == b
-    return final_a[:2] == final_b[:2]
 
 
 async def list_units(supervisor: Supervisor, socket_dir: Path) -> list[UnitInfo]:

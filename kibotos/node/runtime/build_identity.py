@@ -65,6 +65,17 @@ def final_release(version: str) -> tuple[int, int, int] | None:
     return int(major), int(minor), int(patch)
 
 
+def same_release_line(build_a: str, build_b: str) -> bool:
+    """Whether two process builds (``<version>+<revision>``, `kibotos.source_build`) are
+    on one release line: ``MAJOR.MINOR`` of final releases; anything else
+    (pre-releases, development builds, ``unreleased``) only with exactly its version."""
+    a, b = build_a.partition("+")[0], build_b.partition("+")[0]
+    final_a, final_b = final_release(a), final_release(b)
+    if final_a is None or final_b is None:
+        return a == b
+    return final_a[:2] == final_b[:2]
+
+
 def runtime_range_problem(runtime_version: str, build: BuildIdentity) -> str | None:
     """Why a runtime pinned by release `runtime_version` is outside what `build` can
     drive, or None when it is inside: the runtime `build` pins itself (same version),
