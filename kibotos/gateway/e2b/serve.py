@@ -55,13 +55,8 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
-<<<<<<< HEAD
-                nursery.start_soon(_signals, nursery.cancel_scope)
-            processes, watchers = ProcessTable(nursery), WatcherTable(nursery)
-=======
                 nursery.start_soon(stop_on_signals, nursery.cancel_scope)
-            processes = ProcessTable(nursery)
->>>>>>> exposure
+            processes, watchers = ProcessTable(nursery), WatcherTable(nursery)
             metrics = GatewayMetrics()
             control = build_control_app(service)
             control.add_route("/metrics", metrics.endpoint, methods=["GET"])
