@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import click
 from kibotos import config as config_mod
 from kibotos import ids
 from kibotos.cli.client import Client, Deadline
-from kibotos.cli.output import Output
+from kibotos.cli.output import Output, Row
 from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.units import parse_duration
 
@@ -58,6 +58,14 @@ class Invocation:
             self._client = Client(cfg.ctrl_url, cfg.credential,
                                   request_timeout=cfg.timeout, deadline=self.deadline)
         return self._client
+
+    def list_table(self, path: str, key: str, columns: Sequence[str],
+                   row: Callable[[dict[str, Any]], Row]) -> None:
+        """What a plain list command does: GET `path` and show the items under `key` as
+        a table, `row` making each one's cells (with ``--json``, the result as is)."""
+        found = self.client().get(path)
+        self.out.result(found, lambda: self.out.table(
+            columns, [row(item) for item in found.get(key) or []]))
 
     def close(self) -> None:
         if self._client is not None:
@@ -126,6 +134,13 @@ def expected_version_option(fn: Callable[..., None]) -> Callable[..., None]:
     return click.option(
         "--expected-version", type=click.IntRange(min=0), metavar="N",
         help="Refuse the change unless the record is still at this version.")(fn)
+
+
+def versioned_write_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--command-id``, ``--expected-version`` and the shared options, in that order:
+    what every write of a versioned record takes, declared once so that no such command
+    forgets one or lists them in another order."""
+    return command_id_option(expected_version_option(kibo_options(fn)))
 
 
 def check_command_id(value: str | None) -> str | None:
