@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, path_node_id, read_body, read_query
+from kibotos.ctrl.api.routing import Api, Route, path_node_id, read_body, read_query, require_true
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.node_view import node_json
 from kibotos.ctrl.pools import facts as pool_facts
@@ -33,7 +33,6 @@ from kibotos.ctrl.wire.base import (
     OvercommitOut,
     VersionedWrite,
 )
-from kibotos.errors import InvalidArgument
 from kibotos.protocol import CloseReason
 
 NodeOp = Callable[[Session, str, int | None, datetime], Node]
@@ -98,11 +97,9 @@ def routes(api: Api) -> list[Route]:
         assert caller is not None
         node_id = path_node_id(request)
         body = await read_body(request, IsolateIn)
-        if not body.confirm_host_cannot_write:
-            raise InvalidArgument(
-                "confirm_host_cannot_write must be true: isolate asserts that the host is "
-                "powered off or can no longer write to any of its storage pools",
-                details={"field": "confirm_host_cannot_write"})
+        require_true(body.confirm_host_cannot_write, "confirm_host_cannot_write",
+                     "isolate asserts that the host is powered off or can no longer write "
+                     "to any of its storage pools")
         alive_here = ctx.sessions.is_alive(node_id)
 
         def txn(session: Session) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.api.routing import Api, Route, read_body, require_true
 from kibotos.ctrl.pools import operator_writes as pool_ops
 from kibotos.ctrl.pools import view as pool_view
 from kibotos.ctrl.wire.pools import (
@@ -26,7 +26,6 @@ from kibotos.ctrl.wire.pools import (
     PoolOut,
     SetCapacityIn,
 )
-from kibotos.errors import InvalidArgument
 
 
 def path_pool_id(request: Request) -> str:
@@ -64,11 +63,9 @@ def routes(api: Api) -> list[Route]:
         assert caller is not None
         pool_id = path_pool_id(request)
         body = await read_body(request, DeclareLostIn)
-        if not body.confirm_data_lost:
-            raise InvalidArgument(
-                "confirm_data_lost must be true: declare-lost asserts that the pool's "
-                "storage is gone for good, and the Workspaces in it can only be deleted",
-                details={"field": "confirm_data_lost"})
+        require_true(body.confirm_data_lost, "confirm_data_lost",
+                     "declare-lost asserts that the pool's storage is gone for good, and "
+                     "the Workspaces in it can only be deleted")
 
         def txn(session: Session) -> dict[str, Any]:
             return pool_ops.declare_lost(session, pool_id, body.expected_version, ctx.now())

@@ -23,6 +23,10 @@ from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.store.journal import Journal
 from kibotos.errors import InvalidArgument
 
+#: The service call a plain write on one object is: its ID, the checked body, and the
+#: caller's identity for the journal.
+ObjectWrite = Callable[[str, Any, str | None], Awaitable[Any]]
+
 Who = Literal["anyone", "identity", "operator", "node"]
 Handler = Callable[[Request, Caller | None], Awaitable[Any]]
 M = TypeVar("M", bound=BaseModel)
@@ -91,6 +95,41 @@ def read_query(request: Request, model: type[M]) -> M:
 
 def path_node_id(request: Request) -> str:
     return ids.check_node_id(request.path_params["node_id"])
+
+
+def path_object_id(key: str, what: str) -> Callable[[Request], str]:
+    """The reader of the object ID in path parameter `key` (a Workspace, a Volume):
+    the wrong shape is `invalid_argument`, with `what` naming it."""
+
+    def read(request: Request) -> str:
+        return ids.check_object_id(request.path_params[key], what)
+
+    return read
+
+
+path_workspace_id = path_object_id("workspace_id", "workspace ID")
+
+
+def object_write(name: str, path_id: Callable[[Request], str], body: type[BaseModel],
+                 write: ObjectWrite) -> Handler:
+    """The handler of a write on the object its path names that one service call does
+    whole: the ID (checked before the body is read, so a bad one is refused first), the
+    body as `body`, the caller's identity for the journal.  `name` is the handler's
+    name, which is the route's OpenAPI operation ID."""
+
+    async def handler(request: Request, caller: Caller | None) -> Any:
+        object_id = path_id(request)
+        return await write(object_id, await read_body(request, body), identity_of(caller))
+
+    handler.__name__ = name
+    return handler
+
+
+def require_true(value: bool, field: str, asserts: str) -> None:
+    """A body field that asserts what ctrl cannot check (the host is off, the data is
+    gone) must be given as true: without it the write is `invalid_argument`."""
+    if not value:
+        raise InvalidArgument(f"{field} must be true: {asserts}", details={"field": field})
 
 
 def endpoint(api: Api, route: Route) -> Callable[[Request], Awaitable[Response]]:

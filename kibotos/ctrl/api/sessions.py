@@ -29,10 +29,9 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
 from kibotos.credentials import LIFETIME, OPERATIONS
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.api.routing import Api, Route, path_workspace_id, read_body
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.ctrl.wire.base import Result, WriteRequest, iso
 from kibotos.errors import FailedPrecondition, NotFound
@@ -94,10 +93,6 @@ def resolve_target(session: Session, workspace_id: str) -> SessionTarget:
 def dataplane_url(address: str) -> str:
     """The base URL of a node's data plane from its reported ``host:port``."""
     return f"http://{address}"
-
-
-def path_workspace_id(request: Request) -> str:
-    return ids.check_object_id(request.path_params["workspace_id"], "workspace ID")
 
 
 def routes(api: Api) -> list[Route]:

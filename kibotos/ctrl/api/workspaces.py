@@ -15,9 +15,16 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
+from kibotos.ctrl.api.routing import (
+    Api,
+    Route,
+    identity_of,
+    object_write,
+    path_workspace_id,
+    read_body,
+    read_query,
+)
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
@@ -43,10 +50,6 @@ from kibotos.ctrl.wire.workspaces import (
     WorkspaceStopIn,
 )
 from kibotos.errors import FailedPrecondition, NotFound
-
-
-def path_workspace_id(request: Request) -> str:
-    return ids.check_object_id(request.path_params["workspace_id"], "workspace ID")
 
 
 def _node_or_404(session: Session, node_id: str) -> Node:
@@ -113,25 +116,14 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         query = read_query(request, WorkspaceGetQuery)
         return await service.get(workspace_id, query.wait_s)
 
-    async def start_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, WorkspaceStartIn)
-        return await service.start(workspace_id, body, identity_of(caller))
-
-    async def stop_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, WorkspaceStopIn)
-        return await service.stop(workspace_id, body, identity_of(caller))
-
-    async def delete_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, VersionedWrite)
-        return await service.delete(workspace_id, body, identity_of(caller))
-
-    async def set_network(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, WorkspaceSetNetworkIn)
-        return await service.set_network(workspace_id, body, identity_of(caller))
+    start_workspace = object_write("start_workspace", path_workspace_id, WorkspaceStartIn,
+                                   service.start)
+    stop_workspace = object_write("stop_workspace", path_workspace_id, WorkspaceStopIn,
+                                  service.stop)
+    delete_workspace = object_write("delete_workspace", path_workspace_id, VersionedWrite,
+                                    service.delete)
+    set_network = object_write("set_network", path_workspace_id, WorkspaceSetNetworkIn,
+                               service.set_network)
 
     async def workspace_location(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_location, path_workspace_id(request)))
