@@ -41,9 +41,9 @@ class BaseLaunch(Generic[V]):
     template_image: Path
     writable_layer: Path
     volumes: tuple[V, ...]
+    kernel_args: tuple[str, ...]
     vcpus: int
     memory_bytes: int
-    kernel_args: tuple[str, ...]
 
     @property
     def vmm_log(self) -> Path:
