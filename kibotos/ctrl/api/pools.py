@@ -76,17 +76,17 @@ def routes(api: Api) -> list[Route]:
         return outcome.result
 
     return [
-        Route("GET", "/v1/storage-pools", list_pools, "operator",
+        Route("GET", "/v1/storage-pools", list_pools,
               "Every storage pool: capacity, reservations, members", result=PoolListOut),
-        Route("GET", "/v1/storage-pools/{pool_id}", get_pool, "operator",
+        Route("GET", "/v1/storage-pools/{pool_id}", get_pool,
               "One storage pool, with each member's availability and refused storages",
               result=PoolOut),
-        Route("GET", "/v1/storage-pools/{pool_id}/objects", pool_objects, "operator",
+        Route("GET", "/v1/storage-pools/{pool_id}/objects", pool_objects,
               "The retained layers and Volumes in a storage pool", result=PoolObjectsOut),
-        Route("POST", "/v1/storage-pools/{pool_id}/set-capacity", set_capacity, "operator",
-              "Set the pool's capacity (never below its reservations)",
-              body=SetCapacityIn, result=PoolOut),
-        Route("POST", "/v1/storage-pools/{pool_id}/declare-lost", declare_lost, "operator",
+        Route("POST", "/v1/storage-pools/{pool_id}/set-capacity", set_capacity,
+              "Set the pool's capacity (never below its reservations)", body=SetCapacityIn,
+              result=PoolOut),
+        Route("POST", "/v1/storage-pools/{pool_id}/declare-lost", declare_lost,
               "Declare a pool without members lost: its Workspaces can only be deleted",
               body=DeclareLostIn, result=DeclareLostOut),
     ]

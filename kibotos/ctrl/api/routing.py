@@ -1,9 +1,10 @@
 """The route table every API module contributes to, and what each handler shares.
 
-A `Route` names its method, path, who may call it, and its body, query and result
-models.  `app.py` turns the table into Starlette routes, and `openapi.py` into the
-OpenAPI document, so the two cannot disagree.  The ``who`` column is enforced here, in
-one wrapper, before a handler runs: a handler never forgets to authenticate.
+A `Route` names its method, path, handler and summary, who may call it (operators
+unless it says otherwise), and its body, query and result models.  `app.py` turns the
+table into Starlette routes, and `openapi.py` into the OpenAPI document, so the two
+cannot disagree.  The ``who`` column is enforced here, in one wrapper, before a handler
+runs: a handler never forgets to authenticate.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class Route:
     method: str
     path: str
     handler: Handler | None
-    who: Who
     summary: str
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
     result: type[BaseModel] | None = None
+    #: Who may call it.  Operators, unless the route says otherwise: nearly every route
+    #: is theirs, and the default is the narrowest caller but one, never "anyone".
+    who: Who = "operator"
     #: The control session: a WebSocket upgrade, served by `SessionHub`, not `handler`.
     websocket: bool = False
 

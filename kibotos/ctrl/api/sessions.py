@@ -119,7 +119,7 @@ def routes(api: Api) -> list[Route]:
         }
 
     return [
-        Route("POST", "/v1/workspaces/{workspace_id}/sessions", create_session, "operator",
+        Route("POST", "/v1/workspaces/{workspace_id}/sessions", create_session,
               "A short-lived credential for the data plane of an AVAILABLE Workspace",
               body=WorkspaceSessionIn, result=WorkspaceSessionOut),
     ]
