@@ -68,11 +68,9 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
 
     async def create_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, EgressCreateIn)
-        outcome = await api.journal.execute(
-            operation="egress.create", params=_secret_params(box, body.name, body.password),
-            body=body, identity_id=identity_of(caller),
-            fn=lambda s: records.create_egress(s, body, box, ctx.now()))
-        return outcome.result
+        return await api.journaled("egress.create", _secret_params(box, body.name, body.password),
+                                   body, caller,
+                                   lambda s: records.create_egress(s, body, box, ctx.now()))
 
     async def list_egresses(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(records.list_egresses)
@@ -96,11 +94,8 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
     async def delete_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
         name = _name(request, "egress")
         body = await read_body(request, NamedDeleteIn)
-        outcome = await api.journal.execute(
-            operation="egress.delete", params={"name": name}, body=body,
-            identity_id=identity_of(caller),
-            fn=lambda s: records.delete_egress(s, name, body.expected_version))
-        return outcome.result
+        return await api.journaled("egress.delete", {"name": name}, body, caller,
+                                   lambda s: records.delete_egress(s, name, body.expected_version))
 
     async def egress_credentials(request: Request, caller: Caller | None) -> dict[str, Any]:
         assert caller is not None
@@ -123,11 +118,8 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
 
     async def create_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, ResolverCreateIn)
-        outcome = await api.journal.execute(
-            operation="resolver.create", params={"name": body.name}, body=body,
-            identity_id=identity_of(caller),
-            fn=lambda s: records.create_resolver(s, body, ctx.now()))
-        return outcome.result
+        return await api.journaled("resolver.create", {"name": body.name}, body, caller,
+                                   lambda s: records.create_resolver(s, body, ctx.now()))
 
     async def list_resolvers(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(records.list_resolvers)
@@ -140,11 +132,9 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
     async def delete_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
         name = _name(request, "resolver")
         body = await read_body(request, NamedDeleteIn)
-        outcome = await api.journal.execute(
-            operation="resolver.delete", params={"name": name}, body=body,
-            identity_id=identity_of(caller),
-            fn=partial(records.delete_resolver, name=name, expected=body.expected_version))
-        return outcome.result
+        return await api.journaled(
+            "resolver.delete", {"name": name}, body, caller,
+            partial(records.delete_resolver, name=name, expected=body.expected_version))
 
     return [
         Route("POST", "/v1/egresses", create_egress,

@@ -112,10 +112,7 @@ def routes(api: Api) -> list[Route]:
                     "released_retained_layers": counts.released_retained_layers,
                     "failed_workspaces": counts.failed_workspaces}
 
-        outcome = await api.journal.execute(
-            operation="node.isolate", params={"node_id": node_id}, body=body,
-            identity_id=caller.identity_id, fn=txn)
-        return outcome.result
+        return await api.journaled("node.isolate", {"node_id": node_id}, body, caller, txn)
 
     async def overcommit_get(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(overcommit.overview)

@@ -54,10 +54,8 @@ def routes(api: Api) -> list[Route]:
             return pool_ops.set_capacity(session, pool_id, body.capacity_bytes,
                                          body.expected_version, ctx.now())
 
-        outcome = await api.journal.execute(
-            operation="storage_pool.set_capacity", params={"pool_id": pool_id}, body=body,
-            identity_id=caller.identity_id, fn=txn)
-        return outcome.result
+        return await api.journaled("storage_pool.set_capacity", {"pool_id": pool_id}, body, caller,
+                                   txn)
 
     async def declare_lost(request: Request, caller: Caller | None) -> dict[str, Any]:
         assert caller is not None
@@ -70,10 +68,8 @@ def routes(api: Api) -> list[Route]:
         def txn(session: Session) -> dict[str, Any]:
             return pool_ops.declare_lost(session, pool_id, body.expected_version, ctx.now())
 
-        outcome = await api.journal.execute(
-            operation="storage_pool.declare_lost", params={"pool_id": pool_id}, body=body,
-            identity_id=caller.identity_id, fn=txn)
-        return outcome.result
+        return await api.journaled("storage_pool.declare_lost", {"pool_id": pool_id}, body, caller,
+                                   txn)
 
     return [
         Route("GET", "/v1/storage-pools", list_pools,

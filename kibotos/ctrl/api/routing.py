@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response
 from kibotos import ids
 from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.live.context import CtrlContext
-from kibotos.ctrl.store.journal import Journal
+from kibotos.ctrl.store.journal import Journal, Txn
+from kibotos.ctrl.wire.base import WriteRequest
 from kibotos.errors import InvalidArgument
 
 #: The service call a plain write on one object is: its ID, the checked body, and the
@@ -64,6 +65,16 @@ class Api:
     ctx: CtrlContext
     auth: Authenticator
     journal: Journal
+
+    async def journaled(self, operation: str, params: dict[str, Any],
+                        body: WriteRequest | None, caller: Caller | None,
+                        fn: Txn) -> dict[str, Any]:
+        """The result of a write that one journaled transaction does whole, with nothing
+        to do after it commits (most writes): `fn` under the body's command ID, the
+        caller recorded as who asked."""
+        outcome = await self.journal.execute(operation=operation, params=params, body=body,
+                                             identity_id=identity_of(caller), fn=fn)
+        return outcome.result
 
 
 def identity_of(caller: Caller | None) -> str | None:
