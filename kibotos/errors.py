@@ -84,6 +84,17 @@ class Aborted(KibotosError):
     retryable = True
 
 
+def check_expected_version(what: str, key: str, object_id: str, current: int,
+                           expected: int | None, field: str = "revision") -> None:
+    """The optimistic check of every versioned write: an `expected` version (the
+    caller's ``expected_version``) other than the record's `current` one is `Aborted`,
+    said the same way for every kind of record (`what`, its ID under `key`)."""
+    if expected is not None and expected != current:
+        raise Aborted(
+            f"{what} {object_id} is at {field} {current}, not {expected}: read it again and "
+            "retry", details={key: object_id, field: current, "expected_version": expected})
+
+
 class AlreadyExists(KibotosError):
     code = "already_exists"
     http_status = 409

@@ -31,7 +31,7 @@ from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import use_rights, volume_attach
-from kibotos.ctrl.store.models import Instance, Node
+from kibotos.ctrl.store.models import Instance, Node, existing
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import (
@@ -49,14 +49,11 @@ from kibotos.ctrl.wire.workspaces import (
     WorkspaceStartIn,
     WorkspaceStopIn,
 )
-from kibotos.errors import FailedPrecondition, NotFound
+from kibotos.errors import FailedPrecondition
 
 
 def _node_or_404(session: Session, node_id: str) -> Node:
-    node = session.get(Node, node_id)
-    if node is None:
-        raise NotFound(f"node {node_id} does not exist", details={"node_id": node_id})
-    return node
+    return existing(session, Node, node_id, "node", "node_id")
 
 
 def _list(query: WorkspaceListQuery, session: Session) -> dict[str, Any]:
