@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         UnitInfo,
         UnitSpec,
         VmmBackend,
+        check_unit_name,
     )
     from kibotos.errors import (
         Aborted,
@@ -83,6 +84,7 @@ _NAMES: dict[str, str] = {
     "UnitInfo": "kibotos.backends",
     "UnitSpec": "kibotos.backends",
     "VmmBackend": "kibotos.backends",
+    "check_unit_name": "kibotos.backends",
     "Aborted": "kibotos.errors",
     "AlreadyExists": "kibotos.errors",
     "DeadlineExceeded": "kibotos.errors",
@@ -147,6 +149,7 @@ __all__ = [
     "VmmBackend",
     "atomicfile",
     "backend_options",
+    "check_unit_name",
     "default_cache_root",
     "hookimpl",
     "procfs",
