@@ -24,12 +24,18 @@ def temp_name(target: Path, prefix: str = "") -> Path:
     return target.with_name(f".{stem}{target.stem}-{secrets.randbelow(2**32)}.tmp")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_path(path: Path | str, flags: int = 0) -> None:
+    """fsync what `path` names, opened read-only with `flags` added (``O_DIRECTORY``,
+    ``O_NOFOLLOW``, ...): the file or directory is durable on return."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fsync_path(path, os.O_DIRECTORY)
 
 
 def write_bytes(path: Path, data: bytes, *, prefix: str = "", mode: int = 0o644) -> None:
