@@ -151,6 +151,12 @@ def error_from_wire(body: dict[str, Any]) -> KibotosError:
     err = body.get("error") if isinstance(body, dict) else None
     if not isinstance(err, dict):
         return Internal(f"malformed error response: {body!r}")
-    cls = ERROR_CLASSES.get(str(err.get("code")), Internal)
+    return error_of(err)
+
+
+def error_of(err: dict[str, Any], unknown: type[KibotosError] = Internal) -> KibotosError:
+    """The error a peer described as ``{"code", "message", "details"?}`` (ctrl, the
+    guest agent); a code this side does not know becomes `unknown`."""
+    cls = ERROR_CLASSES.get(str(err.get("code")), unknown)
     details = err.get("details")
     return cls(str(err.get("message", "")), details=details if isinstance(details, dict) else None)
