@@ -216,22 +216,23 @@ def list_page(session: Session, page_size: int,
 
 
 def drain(session: Session, node_id: str, expected: int | None, now: datetime) -> Node:
-    node = get_node(session, node_id, for_update=True)
-    refuse_retired(node, "drain")
-    check_version(node, expected)
-    node.drain_requested = True
-    bump(node)
-    record_event(session, now, node_id, "node.drain", None)
-    return node
+    return _set_drain(session, node_id, expected, now, True, "drain")
 
 
 def cancel_drain(session: Session, node_id: str, expected: int | None, now: datetime) -> Node:
+    return _set_drain(session, node_id, expected, now, False, "cancel-drain")
+
+
+def _set_drain(session: Session, node_id: str, expected: int | None, now: datetime,
+               requested: bool, verb: str) -> Node:
+    """Drain or cancel it (`verb`, as the CLI spells it): the flag, a new registration
+    version, and the event ``node.drain`` or ``node.cancel_drain``."""
     node = get_node(session, node_id, for_update=True)
-    refuse_retired(node, "cancel-drain")
+    refuse_retired(node, verb)
     check_version(node, expected)
-    node.drain_requested = False
+    node.drain_requested = requested
     bump(node)
-    record_event(session, now, node_id, "node.cancel_drain", None)
+    record_event(session, now, node_id, f"node.{verb.replace('-', '_')}", None)
     return node
 
 
