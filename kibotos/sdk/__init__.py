@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from kibotos.hookspecs import Register, hookimpl
     from kibotos.platform.cache import default_cache_root
     from kibotos.sdk.options import BackendOptions, Kind, backend_options
+    from kibotos.sdk.placement import SortedPlacementPolicy
 
 #: The modules the SDK exports, and where every other name is defined.
 _MODULES: dict[str, str] = {
@@ -103,6 +104,7 @@ _NAMES: dict[str, str] = {
     "BackendOptions": "kibotos.sdk.options",
     "Kind": "kibotos.sdk.options",
     "backend_options": "kibotos.sdk.options",
+    "SortedPlacementPolicy": "kibotos.sdk.placement",
 }
 
 if not TYPE_CHECKING:  # mypy sees the imports above, not a catch-all __getattr__
@@ -140,6 +142,7 @@ __all__ = [
     "PoolSpec",
     "Register",
     "ResourceExhausted",
+    "SortedPlacementPolicy",
     "StorageDriver",
     "Supervisor",
     "Unauthenticated",
