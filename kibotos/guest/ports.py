@@ -94,13 +94,7 @@ class GuestPort(trio.abc.HalfCloseableStream):
 
     def _discard_output(self) -> None:
         """Stop reading: what still arrives is dropped and credited back."""
-        out = self._out
-        if not out._closed:
-            out._closed = True
-            out._grant(out._buffered)
-            out._chunks.clear()
-            out._buffered = 0
-            out._changed.set()
+        self._out.discard()
 
     # -- the stream
 
