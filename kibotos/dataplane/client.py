@@ -40,6 +40,7 @@ from trio_websocket import (
 
 from kibotos.dataplane.exec_session import EXEC_PATH, STDIN, ExecRequest
 from kibotos.dataplane.groups import sole_error
+from kibotos.dataplane.until_none import UntilNone
 from kibotos.errors import (
     DeadlineExceeded,
     Internal,
@@ -122,12 +123,12 @@ class ExecClient:
     async def signal(self, sig: str | int, *, group: bool = True) -> None:
         await self._send_json({"type": "signal", "signal": sig, "group": group})
 
-    def events(self) -> _Events:
+    def events(self) -> UntilNone[Event]:
         """Started, then Output until the streams end, then the ExitStatus (also kept
         in `exit`); raises the data plane's error, or `Unavailable` if the connection
         ends without an exit.  (An iterator object, not an async generator, so leaving
         the loop early needs no cleanup.)"""
-        return _Events(self)
+        return UntilNone(self.next_event)
 
     async def next_event(self) -> Event | None:
         """The next event, or None once the exit was delivered."""
@@ -168,20 +169,6 @@ class ExecClient:
 
     async def _send_json(self, body: dict[str, Any]) -> None:
         await self._send(json.dumps(body, separators=(",", ":")))
-
-
-class _Events:
-    def __init__(self, client: ExecClient) -> None:
-        self._client = client
-
-    def __aiter__(self) -> _Events:
-        return self
-
-    async def __anext__(self) -> Event:
-        event = await self._client.next_event()
-        if event is None:
-            raise StopAsyncIteration
-        return event
 
 
 def _parse(message: str) -> dict[str, Any]:
