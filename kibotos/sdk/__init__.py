@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from kibotos.hookspecs import Register, hookimpl
+    from kibotos.path_tables import Below
     from kibotos.platform.cache import default_cache_root
     from kibotos.sdk.options import BackendOptions, Kind, backend_options
     from kibotos.sdk.placement import SortedPlacementPolicy
@@ -100,6 +101,7 @@ _NAMES: dict[str, str] = {
     "Unavailable": "kibotos.errors",
     "Register": "kibotos.hookspecs",
     "hookimpl": "kibotos.hookspecs",
+    "Below": "kibotos.path_tables",
     "default_cache_root": "kibotos.platform.cache",
     "BackendOptions": "kibotos.sdk.options",
     "Kind": "kibotos.sdk.options",
@@ -126,6 +128,7 @@ __all__ = [
     "AlreadyExists",
     "Availability",
     "BackendOptions",
+    "Below",
     "DeadlineExceeded",
     "FailedPrecondition",
     "HostPaths",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos.sdk import InvalidArgument, vmm_launch
+from kibotos.sdk import Below, InvalidArgument, vmm_launch
 
 ROOT_SERIAL = "kibotos-root"
 RW_SERIAL = "kibotos-rw"
@@ -57,22 +57,11 @@ class Volume:
 class Launch(vmm_launch.BaseLaunch[Volume]):
     """The checked description, and where the unit's sockets and logs are."""
 
-    @property
-    def agent_socket(self) -> Path:
-        return self.runtime_dir / "agent.sock"
-
-    @property
-    def dataplane_socket(self) -> Path:
-        """The data plane's agent socket (docs/dataplane.md)."""
-        return self.runtime_dir / "agent-dp.sock"
-
-    @property
-    def qmp_socket(self) -> Path:
-        return self.runtime_dir / "qmp.sock"
-
-    @property
-    def console_log(self) -> Path:
-        return self.runtime_dir / "console.log"
+    agent_socket = Below("runtime_dir", "agent.sock")
+    #: The data plane's agent socket (docs/dataplane.md).
+    dataplane_socket = Below("runtime_dir", "agent-dp.sock")
+    qmp_socket = Below("runtime_dir", "qmp.sock")
+    console_log = Below("runtime_dir", "console.log")
 
 
 def _volumes(launch: Mapping[str, Any]) -> tuple[Volume, ...]:
