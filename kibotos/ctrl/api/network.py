@@ -68,11 +68,9 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
 
     async def create_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, EgressCreateIn)
-        outcome = await api.journal.execute(
-            operation="egress.create", params=_secret_params(box, body.name, body.password),
-            body=body, identity_id=identity_of(caller),
-            fn=lambda s: records.create_egress(s, body, box, ctx.now()))
-        return outcome.result
+        return await api.journaled("egress.create", _secret_params(box, body.name, body.password),
+                                   body, caller,
+                                   lambda s: records.create_egress(s, body, box, ctx.now()))
 
     async def list_egresses(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(records.list_egresses)
@@ -96,11 +94,8 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
     async def delete_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
         name = _name(request, "egress")
         body = await read_body(request, NamedDeleteIn)
-        outcome = await api.journal.execute(
-            operation="egress.delete", params={"name": name}, body=body,
-            identity_id=identity_of(caller),
-            fn=lambda s: records.delete_egress(s, name, body.expected_version))
-        return outcome.result
+        return await api.journaled("egress.delete", {"name": name}, body, caller,
+                                   lambda s: records.delete_egress(s, name, body.expected_version))
 
     async def egress_credentials(request: Request, caller: Caller | None) -> dict[str, Any]:
         assert caller is not None
@@ -123,11 +118,8 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
 
     async def create_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, ResolverCreateIn)
-        outcome = await api.journal.execute(
-            operation="resolver.create", params={"name": body.name}, body=body,
-            identity_id=identity_of(caller),
-            fn=lambda s: records.create_resolver(s, body, ctx.now()))
-        return outcome.result
+        return await api.journaled("resolver.create", {"name": body.name}, body, caller,
+                                   lambda s: records.create_resolver(s, body, ctx.now()))
 
     async def list_resolvers(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(records.list_resolvers)
@@ -140,37 +132,32 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
     async def delete_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
         name = _name(request, "resolver")
         body = await read_body(request, NamedDeleteIn)
-        outcome = await api.journal.execute(
-            operation="resolver.delete", params={"name": name}, body=body,
-            identity_id=identity_of(caller),
-            fn=partial(records.delete_resolver, name=name, expected=body.expected_version))
-        return outcome.result
+        return await api.journaled(
+            "resolver.delete", {"name": name}, body, caller,
+            partial(records.delete_resolver, name=name, expected=body.expected_version))
 
     return [
-        Route("POST", "/v1/egresses", create_egress, "operator",
+        Route("POST", "/v1/egresses", create_egress,
               "Create an Egress (a SOCKS5 endpoint; the password is stored sealed and "
               "never shown)", body=EgressCreateIn, result=EgressOut),
-        Route("GET", "/v1/egresses", list_egresses, "operator", "List Egresses by name",
-              result=EgressListOut),
-        Route("GET", "/v1/egresses/{name}", get_egress, "operator", "One Egress",
-              result=EgressOut),
-        Route("POST", "/v1/egresses/{name}/update", update_egress, "operator",
-              "Change an Egress's address or credentials (a new revision)",
-              body=EgressUpdateIn, result=EgressUpdateOut),
-        Route("DELETE", "/v1/egresses/{name}", delete_egress, "operator",
+        Route("GET", "/v1/egresses", list_egresses, "List Egresses by name", result=EgressListOut),
+        Route("GET", "/v1/egresses/{name}", get_egress, "One Egress", result=EgressOut),
+        Route("POST", "/v1/egresses/{name}/update", update_egress,
+              "Change an Egress's address or credentials (a new revision)", body=EgressUpdateIn,
+              result=EgressUpdateOut),
+        Route("DELETE", "/v1/egresses/{name}", delete_egress,
               "Delete an Egress no Workspace or Resolver uses", body=NamedDeleteIn,
               result=EgressOut),
-        Route("GET", "/v1/egresses/{name}/credentials", egress_credentials, "node",
+        Route("GET", "/v1/egresses/{name}/credentials", egress_credentials,
               "An Egress revision's username and password, for a node running an "
-              "Instance that was sent it", query=CredentialsQuery,
-              result=EgressCredentialsOut),
-        Route("POST", "/v1/resolvers", create_resolver, "operator",
+              "Instance that was sent it", query=CredentialsQuery, result=EgressCredentialsOut,
+              who="node"),
+        Route("POST", "/v1/resolvers", create_resolver,
               "Create a Resolver (a DNS upstream, direct or through an Egress)",
               body=ResolverCreateIn, result=ResolverOut),
-        Route("GET", "/v1/resolvers", list_resolvers, "operator", "List Resolvers by name",
+        Route("GET", "/v1/resolvers", list_resolvers, "List Resolvers by name",
               result=ResolverListOut),
-        Route("GET", "/v1/resolvers/{name}", get_resolver, "operator", "One Resolver",
-              result=ResolverOut),
-        Route("DELETE", "/v1/resolvers/{name}", delete_resolver, "operator",
+        Route("GET", "/v1/resolvers/{name}", get_resolver, "One Resolver", result=ResolverOut),
+        Route("DELETE", "/v1/resolvers/{name}", delete_resolver,
               "Delete a Resolver no Workspace uses", body=NamedDeleteIn, result=ResolverOut),
     ]

@@ -157,14 +157,7 @@ class TransferService:
             if capacity < MIN_VOLUME_BYTES or capacity % (1 << 20):
                 raise FailedPrecondition(f"artifact {digest} holds a block file of "
                                          f"{capacity} bytes: not a Volume's capacity")
-            rt.watch.drain()
-            pool_id = body.pool_id or volumes.default_pool()
-            nodes = volumes.usable_nodes([pool_id], drained_ok=False)
-            if not nodes:
-                raise FailedPrecondition(
-                    f"no live node attached to pool {pool_id} can import the Volume "
-                    "(nodes must be connected, not drained, and report the pool available)",
-                    details={"pool_id": pool_id})
+            pool_id, nodes = volumes.placing_nodes(body.pool_id, "import")
             await store.run(partial(pool_capacity.check_room, pool_id=pool_id,
                                     add_bytes=capacity, what="Volume", now=ctx.now(),
                                     default_capacity=rt.default_capacity))

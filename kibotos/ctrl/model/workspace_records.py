@@ -25,9 +25,9 @@ from sqlalchemy.orm import Session
 from kibotos import ids
 from kibotos.ctrl.model.nodes import record_event
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
-from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel
+from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel, existing
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import Aborted, InvalidArgument, NotFound
+from kibotos.errors import InvalidArgument, check_expected_version
 
 CREATING = "CREATING"
 STARTING = "STARTING"
@@ -120,20 +120,12 @@ def clear_executing(ws: Workspace) -> None:
 
 def get_workspace(session: Session, workspace_id: str, *,
                   for_update: bool = False) -> Workspace:
-    ws = session.get(Workspace, workspace_id, with_for_update=for_update)
-    if ws is None:
-        raise NotFound(f"workspace {workspace_id} does not exist",
-                       details={"workspace_id": workspace_id})
-    return ws
+    return existing(session, Workspace, workspace_id, "workspace", "workspace_id",
+                    for_update=for_update)
 
 
 def check_revision(ws: Workspace, expected: int | None) -> None:
-    if expected is not None and expected != ws.revision:
-        raise Aborted(
-            f"workspace {ws.workspace_id} is at revision {ws.revision}, not {expected}: "
-            "read it again and retry",
-            details={"workspace_id": ws.workspace_id, "revision": ws.revision,
-                     "expected_version": expected})
+    check_expected_version("workspace", "workspace_id", ws.workspace_id, ws.revision, expected)
 
 
 # ------------------------------------------------------------------------ rendering
