@@ -120,6 +120,30 @@ def record_event(session: Session, now: datetime, subject: str, kind: str,
     session.add(Event(at=now, subject=subject, kind=kind, detail=detail, text=text))
 
 
+class StatefulRecord(Protocol):
+    """A record with a lifecycle state (a `Workspace`, a `Volume`): its state, the
+    reason beside it, its expected revision and when it last changed."""
+
+    state: str
+    reason: str | None
+    revision: int
+    updated_at: datetime
+
+
+def record_transition(session: Session, subject: str, row: StatefulRecord, to: str,
+                      cause: str, now: datetime, *, reason: str | None = None) -> None:
+    """Move `row` (the record `subject` names) to state `to`, its reason replaced by
+    `reason`, a new revision; the ``transition`` event says from where and why.  One
+    rule for every record with a lifecycle, so their event histories read alike."""
+    record_event(session, now, subject, "transition",
+                 {"from": row.state, "to": to, "cause": cause,
+                  **({"reason": reason} if reason else {})})
+    row.state = to
+    row.reason = reason
+    row.revision += 1
+    row.updated_at = now
+
+
 def get_node(session: Session, node_id: str, *, for_update: bool = False) -> Node:
     return existing(session, Node, node_id, "node", "node_id", for_update=for_update)
 

@@ -23,7 +23,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from kibotos import ids
-from kibotos.ctrl.model.nodes import record_event
+from kibotos.ctrl.model.nodes import record_event, record_transition
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
 from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel, existing
 from kibotos.ctrl.wire.base import iso
@@ -96,13 +96,7 @@ def add_workspace(session: Session, ws: Workspace, cause: str, now: datetime) ->
 def transition(session: Session, ws: Workspace, to: str, cause: str, now: datetime, *,
                reason: str | None = None) -> None:
     """Move `ws` to state `to` (its reason replaced by `reason`), record why."""
-    record_event(session, now, ws.workspace_id, "transition",
-                 {"from": ws.state, "to": to, "cause": cause,
-                  **({"reason": reason} if reason else {})})
-    ws.state = to
-    ws.reason = reason
-    ws.revision += 1
-    ws.updated_at = now
+    record_transition(session, ws.workspace_id, ws, to, cause, now, reason=reason)
 
 
 def set_executing(ws: Workspace, instance_id: str, node_id: str) -> None:

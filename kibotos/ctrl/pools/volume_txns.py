@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
-from kibotos.ctrl.model.nodes import record_event
+from kibotos.ctrl.model.nodes import record_event, record_transition
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
 from kibotos.ctrl.model.workspace_txns import RightPlan
 from kibotos.ctrl.pools import capacity as pool_capacity
@@ -148,13 +148,7 @@ def begin_create(session: Session, *, volume_id: str, pool_id: str, shared: bool
 
 def _transition(session: Session, vol: Volume, to: str, cause: str, now: datetime, *,
                 reason: str | None = None) -> None:
-    record_event(session, now, vol.volume_id, "transition",
-                 {"from": vol.state, "to": to, "cause": cause,
-                  **({"reason": reason} if reason else {})})
-    vol.state = to
-    vol.reason = reason
-    vol.revision += 1
-    vol.updated_at = now
+    record_transition(session, vol.volume_id, vol, to, cause, now, reason=reason)
 
 
 def create_target(session: Session, volume_id: str) -> tuple[str, str, int, int] | None:
