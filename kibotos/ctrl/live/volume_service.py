@@ -32,7 +32,6 @@ from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.pools import volume_txns as vt
-from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.volumes import VolumeCreateIn
 from kibotos.errors import (
@@ -143,12 +142,9 @@ class VolumeService:
         replay = await self.journal.lookup(operation="volume.create", params={}, body=body)
         if replay is not None:
             return replay.result
-        try:
+        async with self.journal.refusals(operation="volume.create", params={}, body=body,
+                                         identity_id=identity_id):
             pool_id, nodes = self.placing_nodes(body.pool_id, "create")
-        except STORED_ERRORS as exc:
-            await self.journal.refuse(operation="volume.create", params={}, body=body,
-                                      identity_id=identity_id, exc=exc)
-            raise  # pragma: no cover - refuse always raises
         node_id = nodes[0]
         volume_id = ids.new_id("vol")
         outcome = await self.journal.execute(
