@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -167,6 +167,27 @@ def describe_policy(policy: dict[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def _add_list_and_get(group: click.Group, path: str, key: str, columns: Sequence[str],
+                      row: Callable[[dict[str, Any]], Row], check_name: Callable[[str], str],
+                      sections: Callable[[dict[str, Any]], list[Section]], *,
+                      list_help: str, get_help: str) -> None:
+    """``list`` and ``get NAME`` of a kind of record known by its name (Egresses,
+    Resolvers) on `group`: the table of everything under `path`, and one record's
+    sections; the name is checked before anything is sent."""
+
+    @group.command("list", help=list_help)
+    @kibo_options
+    def list_command(inv: Invocation) -> None:
+        inv.list_table(path, key, columns, row)
+
+    @group.command("get", help=get_help)
+    @click.argument("name")
+    @kibo_options
+    def get_command(inv: Invocation, name: str) -> None:
+        found = inv.client().get(resource_path(path, check_name(name)))
+        inv.out.result(found, lambda: inv.out.sections(sections(found)))
+
+
 # ------------------------------------------------------------------ egress
 
 
@@ -222,20 +243,9 @@ def egress_create(inv: Invocation, name: str, address: str, username: str | None
     inv.out.result(egress, lambda: inv.out.line(f"egress {name}: created, {_egress_text(egress)}"))
 
 
-@egress_group.command("list")
-@kibo_options
-def egress_list(inv: Invocation) -> None:
-    """List Egresses."""
-    inv.list_table("/v1/egresses", "egresses", EGRESS_COLUMNS, egress_row)
-
-
-@egress_group.command("get")
-@click.argument("name")
-@kibo_options
-def egress_get(inv: Invocation, name: str) -> None:
-    """Show one Egress (never its password)."""
-    egress = inv.client().get(_egress_path(egress_name(name)))
-    inv.out.result(egress, lambda: inv.out.sections(egress_sections(egress)))
+_add_list_and_get(egress_group, "/v1/egresses", "egresses", EGRESS_COLUMNS, egress_row,
+                  egress_name, egress_sections, list_help="List Egresses.",
+                  get_help="Show one Egress (never its password).")
 
 
 @egress_group.command("update")
@@ -320,24 +330,17 @@ def resolver_create(inv: Invocation, name: str, upstream: str, via_egress: str |
         f"resolver {name}: created, revision {out.get('revision')} ({out.get('upstream')}{via})"))
 
 
-@resolver_group.command("list")
-@kibo_options
-def resolver_list(inv: Invocation) -> None:
-    """List Resolvers."""
-    inv.list_table("/v1/resolvers", "resolvers", RESOLVER_COLUMNS, resolver_row)
+def resolver_sections(resolver: dict[str, Any]) -> list[Section]:
+    section = Section(f"Resolver {resolver.get('name')}")
+    section.add_fields(resolver, {"Upstream": "upstream", "Via egress": "via_egress",
+                                  "Revision": "revision", "Created": "created_at",
+                                  "Updated": "updated_at"})
+    return [section]
 
 
-@resolver_group.command("get")
-@click.argument("name")
-@kibo_options
-def resolver_get(inv: Invocation, name: str) -> None:
-    """Show one Resolver."""
-    out = inv.client().get(_resolver_path(resolver_name(name)))
-    section = Section(f"Resolver {out.get('name')}")
-    section.add_fields(out, {"Upstream": "upstream", "Via egress": "via_egress",
-                             "Revision": "revision", "Created": "created_at",
-                             "Updated": "updated_at"})
-    inv.out.result(out, lambda: inv.out.sections([section]))
+_add_list_and_get(resolver_group, "/v1/resolvers", "resolvers", RESOLVER_COLUMNS,
+                  resolver_row, resolver_name, resolver_sections,
+                  list_help="List Resolvers.", get_help="Show one Resolver.")
 
 
 @resolver_group.command("delete")
