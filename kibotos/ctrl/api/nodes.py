@@ -17,7 +17,14 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, path_node_id, read_body, read_query, require_true
+from kibotos.ctrl.api.routing import (
+    Api,
+    Route,
+    path_node_id,
+    query_read,
+    read_body,
+    require_true,
+)
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.node_view import node_json
 from kibotos.ctrl.pools import facts as pool_facts
@@ -59,9 +66,7 @@ def _retire(session: Session, node_id: str, expected: int | None, now: datetime)
 def routes(api: Api) -> list[Route]:
     ctx = api.ctx
 
-    async def list_nodes(request: Request, caller: Caller | None) -> dict[str, Any]:
-        query = read_query(request, NodeListQuery)
-        return await ctx.store.run(partial(_list, query))
+    list_nodes = query_read("list_nodes", api, NodeListQuery, _list)
 
     async def get_node(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_get, path_node_id(request)))

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -22,7 +24,7 @@ from kibotos import ids
 from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.store.journal import Journal, Txn
-from kibotos.ctrl.wire.base import WriteRequest
+from kibotos.ctrl.wire.base import WaitQuery, WriteRequest
 from kibotos.errors import InvalidArgument
 from kibotos.protocol import json_text
 
@@ -208,6 +210,33 @@ def object_write(name: str, path_id: Callable[[Request], str], body: type[BaseMo
     async def handler(request: Request, caller: Caller | None) -> Any:
         object_id = path_id(request)
         return await write(object_id, await read_body(request, body), identity_of(caller))
+
+    handler.__name__ = name
+    return handler
+
+
+def query_read(name: str, api: Api, query: type[M],
+               read: Callable[[M, Session], dict[str, Any]]) -> Handler:
+    """The handler of a read the store answers from the query string alone (a list, a
+    page of locations): the query as `query`, then ``read(query, session)`` in one
+    store transaction.  `name` is the route's OpenAPI operation ID."""
+
+    async def handler(request: Request, caller: Caller | None) -> Any:
+        return await api.ctx.store.run(partial(read, read_query(request, query)))
+
+    handler.__name__ = name
+    return handler
+
+
+def waiting_get(name: str, path_id: Callable[[Request], str], query: type[WaitQuery],
+                get: Callable[[str, float], Awaitable[dict[str, Any]]]) -> Handler:
+    """The handler of a get of the object its path names that may wait (``wait_s`` of
+    `query`, a `WaitQuery`) for it to settle: the ID checked first, then
+    ``get(id, wait_s)``."""
+
+    async def handler(request: Request, caller: Caller | None) -> Any:
+        object_id = path_id(request)
+        return await get(object_id, read_query(request, query).wait_s)
 
     handler.__name__ = name
     return handler

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from kibotos.ctrl.api.auth import Caller
@@ -21,8 +22,9 @@ from kibotos.ctrl.api.routing import (
     object_write,
     path_object_id,
     path_workspace_id,
+    query_read,
     read_body,
-    read_query,
+    waiting_get,
 )
 from kibotos.ctrl.live.object_ops import ObjectOps
 from kibotos.ctrl.live.volume_service import VolumeService
@@ -43,23 +45,19 @@ from kibotos.ctrl.wire.volumes import (
 path_volume_id = path_object_id("volume_id", "volume ID")
 
 
-def routes(api: Api, volumes: VolumeService, objects: ObjectOps) -> list[Route]:
-    ctx = api.ctx
+def _list(q: VolumeListQuery, session: Session) -> dict[str, Any]:
+    return vt.list_page(session, pool_id=q.pool_id, workspace_id=q.workspace_id,
+                        deleted=q.deleted, page_size=q.page_size, page_token=q.page_token)
 
+
+def routes(api: Api, volumes: VolumeService, objects: ObjectOps) -> list[Route]:
     async def create_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, VolumeCreateIn)
         return await volumes.create(body, identity_of(caller))
 
-    async def list_volumes(request: Request, caller: Caller | None) -> dict[str, Any]:
-        q = read_query(request, VolumeListQuery)
-        return await ctx.store.run(partial(
-            vt.list_page, pool_id=q.pool_id, workspace_id=q.workspace_id, deleted=q.deleted,
-            page_size=q.page_size, page_token=q.page_token))
+    list_volumes = query_read("list_volumes", api, VolumeListQuery, _list)
 
-    async def get_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
-        volume_id = path_volume_id(request)
-        query = read_query(request, VolumeGetQuery)
-        return await volumes.get(volume_id, query.wait_s)
+    get_volume = waiting_get("get_volume", path_volume_id, VolumeGetQuery, volumes.get)
 
     delete_volume = object_write("delete_volume", path_volume_id, VersionedWrite,
                                  volumes.delete)

@@ -22,8 +22,10 @@ from kibotos.ctrl.api.routing import (
     identity_of,
     object_write,
     path_workspace_id,
+    query_read,
     read_body,
     read_query,
+    waiting_get,
 )
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
@@ -104,14 +106,9 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         body = await read_body(request, WorkspaceCreateIn)
         return await service.create(body, identity_of(caller))
 
-    async def list_workspaces(request: Request, caller: Caller | None) -> dict[str, Any]:
-        query = read_query(request, WorkspaceListQuery)
-        return await ctx.store.run(partial(_list, query))
-
-    async def get_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        query = read_query(request, WorkspaceGetQuery)
-        return await service.get(workspace_id, query.wait_s)
+    list_workspaces = query_read("list_workspaces", api, WorkspaceListQuery, _list)
+    get_workspace = waiting_get("get_workspace", path_workspace_id, WorkspaceGetQuery,
+                                service.get)
 
     start_workspace = object_write("start_workspace", path_workspace_id, WorkspaceStartIn,
                                    service.start)
@@ -125,9 +122,7 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
     async def workspace_location(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_location, path_workspace_id(request)))
 
-    async def workspace_locations(request: Request, caller: Caller | None) -> dict[str, Any]:
-        query = read_query(request, LocationQuery)
-        return await ctx.store.run(partial(_locations, query))
+    workspace_locations = query_read("workspace_locations", api, LocationQuery, _locations)
 
     async def move_check(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)

@@ -109,6 +109,14 @@ class Query(Request):
         return data
 
 
+class WaitQuery(Query):
+    """The query of a get that may wait for its object to settle (a Workspace, a
+    Volume): ``wait_s``, up to a minute."""
+
+    #: Wait up to this long for a settled state (no operation running).
+    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+
+
 class WriteRequest(Request):
     """Every write may carry a command ID; replaying it returns the stored result."""
 

@@ -19,6 +19,7 @@ from kibotos.ctrl.wire.base import (
     Request,
     Result,
     VersionedWrite,
+    WaitQuery,
     WriteRequest,
     _as_value_error,
 )
@@ -116,9 +117,8 @@ class VolumeListQuery(Query):
     page_token: Printable | None = Field(default=None, max_length=1000)
 
 
-class VolumeGetQuery(Query):
-    #: Wait up to this long for a settled state (no operation running).
-    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+class VolumeGetQuery(WaitQuery):
+    """``wait_s``: wait up to this long for a settled state (no operation running)."""
 
 
 # ------------------------------------------------------------------------ results

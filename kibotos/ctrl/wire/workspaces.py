@@ -16,6 +16,7 @@ from kibotos.ctrl.wire.base import (
     Query,
     Result,
     VersionedWrite,
+    WaitQuery,
     WriteRequest,
     _as_value_error,
 )
@@ -146,9 +147,8 @@ class LocationQuery(Query):
         return self
 
 
-class WorkspaceGetQuery(Query):
-    #: Wait up to this long for the Workspace to reach a settled state.
-    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+class WorkspaceGetQuery(WaitQuery):
+    """``wait_s``: wait up to this long for the Workspace to reach a settled state."""
 
 
 class MoveCheckQuery(Query):
