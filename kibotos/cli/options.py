@@ -147,6 +147,22 @@ def versioned_write_options(fn: Callable[..., None]) -> Callable[..., None]:
     return command_id_option(expected_version_option(kibo_options(fn)))
 
 
+def new_volume_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--pool`` and ``--label`` (repeatable) of a command that makes a Volume (``volume
+    create``, ``transfer import``); `new_volume_fields` checks them."""
+    fn = click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
+                      help="A label of the new Volume (repeatable).")(fn)
+    return click.option("--pool", "pool_id", metavar="POOL",
+                        help="Storage pool of the new Volume (default: the nodes' one "
+                             "default pool).")(fn)
+
+
+def new_volume_fields(pool_id: str | None, label_items: tuple[str, ...]) -> dict[str, Any]:
+    """The checked ``pool_id`` and ``labels`` of a request that makes a Volume."""
+    return {"pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
+            "labels": parse_labels(label_items)}
+
+
 def check_command_id(value: str | None) -> str | None:
     return None if value is None else ids.check_command_id(value)
 

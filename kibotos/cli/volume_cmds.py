@@ -24,7 +24,8 @@ from kibotos.cli.options import (
     check_command_id,
     command_id_option,
     kibo_options,
-    parse_labels,
+    new_volume_fields,
+    new_volume_options,
     versioned_write_options,
 )
 from kibotos.cli.output import Row, Section, dash
@@ -228,10 +229,7 @@ def _finish(inv: Invocation, vol: dict[str, Any], verb: str, wait: bool) -> None
 
 @volume_group.command("create")
 @click.option("--size", required=True, metavar="SIZE", help="Capacity, e.g. 10G.")
-@click.option("--pool", "pool_id", metavar="POOL",
-              help="Storage pool (default: the nodes' one default pool).")
-@click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
-              help="A label (repeatable).")
+@new_volume_options
 @no_wait_option
 @command_id_option
 @kibo_options
@@ -239,8 +237,8 @@ def create(inv: Invocation, size: str, pool_id: str | None, label_items: tuple[s
            no_wait: bool, command_id: str | None) -> None:
     """Create a Volume and, by default, wait until it is AVAILABLE."""
     body = {"capacity_bytes": size_argument(size, "--size"),
-            "pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
-            "labels": parse_labels(label_items), "command_id": check_command_id(command_id)}
+            **new_volume_fields(pool_id, label_items),
+            "command_id": check_command_id(command_id)}
     vol = inv.client().post("/v1/volumes", body)
     _finish(inv, vol, "create", not no_wait)
 
