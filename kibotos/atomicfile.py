@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kibotos import failpoints
+from kibotos.errors import FailedPrecondition
 
 
 def temp_name(target: Path, prefix: str = "") -> Path:
@@ -22,12 +24,18 @@ def temp_name(target: Path, prefix: str = "") -> Path:
     return target.with_name(f".{stem}{target.stem}-{secrets.randbelow(2**32)}.tmp")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_path(path: Path | str, flags: int = 0) -> None:
+    """fsync what `path` names, opened read-only with `flags` added (``O_DIRECTORY``,
+    ``O_NOFOLLOW``, ...): the file or directory is durable on return."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fsync_path(path, os.O_DIRECTORY)
 
 
 def write_bytes(path: Path, data: bytes, *, prefix: str = "", mode: int = 0o644) -> None:
@@ -118,3 +126,24 @@ def read_json(path: Path) -> Any:
     """Read a record written by `write_json`; always from disk, never cached."""
     with open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def read_json_object_if_present(path: Path, unreadable: Callable[[Exception], str],
+                                not_object: str) -> dict[str, Any] | None:
+    """The record at `path`, a JSON object, or None when there is none.
+
+    The rule every record reader keeps: a missing record is simply absent, while one
+    that cannot be read or parsed is `FailedPrecondition` with the reader's own message
+    (``unreadable(error)``), and so is one that holds anything but an object
+    (`not_object`): a damaged record is for a person to look at, never to be taken for
+    an empty one.  What the object must hold is the caller's check.
+    """
+    try:
+        value = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FailedPrecondition(unreadable(exc)) from None
+    if not isinstance(value, dict):
+        raise FailedPrecondition(not_object)
+    return value

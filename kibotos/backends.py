@@ -13,11 +13,14 @@ them directly, never through a ``getattr`` probe, and mypy sees every call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from kibotos.errors import InvalidArgument
 
 if TYPE_CHECKING:
     import trio
@@ -231,6 +234,21 @@ class UnitInfo:
     netns_inode: int | None
     result: str | None = None
     argv: tuple[str, ...] = ()
+
+
+_UNIT_NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}")
+
+
+def check_unit_name(name: object) -> str:
+    """A unit name as every supervisor takes it (``UnitSpec.name``, and the name given
+    to `Supervisor.describe` and `stop`): 1-200 letters, digits and ``_.@:-``, not
+    starting with a dot; anything else is `InvalidArgument`."""
+    if not isinstance(name, str) or not _UNIT_NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid unit name {name!r}: must be 1-200 letters, digits and '_.@:-', "
+            "not starting with a dot"
+        )
+    return name
 
 
 @runtime_checkable

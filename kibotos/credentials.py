@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from kibotos import atomicfile, ids
+from kibotos import ids, key_files
 from kibotos.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 
 #: What a session credential may grant: ``exec`` (and terminals), ``files`` (file
@@ -147,30 +146,17 @@ class SigningKey:
         An existing file that is not an Ed25519 key is an error naming the file, never
         replaced: every credential and every node's copy of the public key depends on it.
         """
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            key = Ed25519PrivateKey.generate()
-            pem = key.private_bytes(serialization.Encoding.PEM,
-                                    serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomicfile.write_bytes(path, pem, mode=0o600)
-            return cls(key)
-        except OSError as exc:
-            raise FailedPrecondition(f"cannot read session signing key {path}: "
-                                     f"{exc.strerror}") from None
-        try:
-            loaded = serialization.load_pem_private_key(data, password=None)
-        except (ValueError, TypeError) as exc:
-            raise FailedPrecondition(f"session signing key {path} is not a PEM private key: "
-                                     f"{exc}") from None
+        what = "session signing key"
+
+        def new_key() -> bytes:
+            return Ed25519PrivateKey.generate().private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption())
+
+        data = key_files.read_or_create_private(path, what, new_key)
+        loaded = key_files.load_private_key(data, path, what)
         if not isinstance(loaded, Ed25519PrivateKey):
-            raise FailedPrecondition(f"session signing key {path} is not an Ed25519 key")
-        mode = os.stat(path).st_mode & 0o777
-        if mode & 0o077:
-            raise FailedPrecondition(f"session signing key {path} has mode {mode:04o}: it "
-                                     "must be readable by its owner only (chmod 600)")
+            raise FailedPrecondition(f"{what} {path} is not an Ed25519 key")
         return cls(loaded)
 
     def sign(self, claims: SessionClaims) -> str:

@@ -84,6 +84,17 @@ class Aborted(KibotosError):
     retryable = True
 
 
+def check_expected_version(what: str, key: str, object_id: str, current: int,
+                           expected: int | None, field: str = "revision") -> None:
+    """The optimistic check of every versioned write: an `expected` version (the
+    caller's ``expected_version``) other than the record's `current` one is `Aborted`,
+    said the same way for every kind of record (`what`, its ID under `key`)."""
+    if expected is not None and expected != current:
+        raise Aborted(
+            f"{what} {object_id} is at {field} {current}, not {expected}: read it again and "
+            "retry", details={key: object_id, field: current, "expected_version": expected})
+
+
 class AlreadyExists(KibotosError):
     code = "already_exists"
     http_status = 409
@@ -140,6 +151,12 @@ def error_from_wire(body: dict[str, Any]) -> KibotosError:
     err = body.get("error") if isinstance(body, dict) else None
     if not isinstance(err, dict):
         return Internal(f"malformed error response: {body!r}")
-    cls = ERROR_CLASSES.get(str(err.get("code")), Internal)
+    return error_of(err)
+
+
+def error_of(err: dict[str, Any], unknown: type[KibotosError] = Internal) -> KibotosError:
+    """The error a peer described as ``{"code", "message", "details"?}`` (ctrl, the
+    guest agent); a code this side does not know becomes `unknown`."""
+    cls = ERROR_CLASSES.get(str(err.get("code")), unknown)
     details = err.get("details")
     return cls(str(err.get("message", "")), details=details if isinstance(details, dict) else None)

@@ -11,10 +11,10 @@ Every error is `InvalidArgument` naming the key, prefixed ``launch:``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from kibotos.errors import InvalidArgument
 from kibotos.units import parse_size
@@ -23,6 +23,57 @@ from kibotos.units import parse_size
 MIN_MEMORY = 64 << 20
 
 _UNIT = re.compile(r"[A-Za-z0-9_.@:-]{1,200}")
+
+#: A backend's own Volume type (with a serial under QEMU, without under Firecracker).
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class BaseLaunch(Generic[V]):
+    """The fields of a checked launch description that every backend has; a backend's
+    ``Launch`` subclasses it, with its own Volume type and what only it reads."""
+
+    instance_id: str
+    unit_name: str
+    runtime_dir: Path
+    vmlinux: Path
+    initramfs: Path
+    template_image: Path
+    writable_layer: Path
+    volumes: tuple[V, ...]
+    kernel_args: tuple[str, ...]
+    vcpus: int
+    memory_bytes: int
+
+    @property
+    def vmm_log(self) -> Path:
+        """The unit's stdout and stderr."""
+        return self.runtime_dir / "vmm.log"
+
+
+def base_fields(launch: Mapping[str, Any], instance_id: str, max_vcpus: int,
+                volumes: Callable[[], tuple[V, ...]]) -> dict[str, Any]:
+    """The `BaseLaunch` fields of `launch`, checked in one order under every backend:
+    `instance_id` is the backend's own check, `volumes` its own Volume parser (called
+    in its place), `max_vcpus` its limit.  A backend adds its fields and builds its
+    ``Launch(**base_fields(...), ...)``."""
+    unit = unit_name(launch, instance_id)
+    vmlinux, initramfs = platform_files(launch)
+    memory = memory_bytes(launch)
+    args = kernel_args(launch)
+    return {
+        "instance_id": instance_id,
+        "unit_name": unit,
+        "runtime_dir": abs_path(launch, "runtime_dir", must_exist="dir"),
+        "vmlinux": vmlinux,
+        "initramfs": initramfs,
+        "template_image": abs_path(launch, "template_image", must_exist="file"),
+        "writable_layer": abs_path(launch, "writable_layer", must_exist="file"),
+        "volumes": volumes(),
+        "vcpus": int_in_range(launch, "vcpus", 1, 1, max_vcpus),
+        "memory_bytes": memory,
+        "kernel_args": args,
+    }
 
 
 def check_keys(launch: Mapping[str, Any], known: Set[str]) -> None:
@@ -33,6 +84,27 @@ def check_keys(launch: Mapping[str, Any], known: Set[str]) -> None:
     unknown = set(launch) - known
     if unknown:
         raise InvalidArgument(f"launch: unknown keys {sorted(unknown)}")
+
+
+def objects(launch: Mapping[str, Any], key: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """The items of the list `launch[key]` (``volumes``, ``taps``) with their index,
+    each checked to be an object as it is reached (absent: none)."""
+    raw = launch.get(key)
+    if raw is None:
+        return
+    if not isinstance(raw, list | tuple):
+        raise InvalidArgument(f"launch: {key} must be a list")
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise InvalidArgument(f"launch: {key}[{i}] must be an object")
+        yield i, item
+
+
+def item_keys(item: Mapping[str, Any], known: Set[str], label: str) -> None:
+    """Refuse keys of a list item (`label`, e.g. ``volumes[0]``) outside `known`."""
+    unknown = set(item) - known
+    if unknown:
+        raise InvalidArgument(f"launch: {label} has unknown keys {sorted(unknown)}")
 
 
 def abs_path(launch: Mapping[str, Any], key: str, *,
@@ -144,9 +216,7 @@ def network(launch: Mapping[str, Any]) -> LaunchNetwork | None:
         return None
     if not isinstance(value, Mapping):
         raise InvalidArgument("launch: network must be an object")
-    unknown = set(value) - {"netns_path", "tap", "mac"}
-    if unknown:
-        raise InvalidArgument(f"launch: network has unknown keys {sorted(unknown)}")
+    item_keys(value, {"netns_path", "tap", "mac"}, "network")
     path = abs_path(value, "netns_path", label="network.netns_path")
     tap, mac = value.get("tap"), value.get("mac")
     if not isinstance(tap, str) or not _IFNAME.fullmatch(tap):

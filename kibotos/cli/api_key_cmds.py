@@ -42,23 +42,20 @@ def create(inv: Invocation, name: str, team: str, command_id: str | None) -> Non
             "team": ids.check_resource_name(team, "--team"),
             "command_id": check_command_id(command_id)}
     result = inv.client().post("/v1/api-keys", body)
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
-    inv.out.line(str(result.get("key")))
-    inv.out.message(f"API key {result.get('key_id')} ({result.get('name')}) of team "
-                    f"{result.get('team')}: store it now, it is not shown again")
+
+    def for_people() -> None:
+        inv.out.line(str(result.get("key")))
+        inv.out.message(f"API key {result.get('key_id')} ({result.get('name')}) of team "
+                        f"{result.get('team')}: store it now, it is not shown again")
+
+    inv.out.result(result, for_people)
 
 
 @api_key_group.command("list")
 @kibo_options
 def list_keys(inv: Invocation) -> None:
     """List API keys (never their secrets)."""
-    result = inv.client().get("/v1/api-keys")
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
-    inv.out.table(COLUMNS, [_row(k) for k in result.get("api_keys") or []])
+    inv.list_table("/v1/api-keys", "api_keys", COLUMNS, _row)
 
 
 @api_key_group.command("revoke")
@@ -70,7 +67,5 @@ def revoke(inv: Invocation, key_id: str, command_id: str | None) -> None:
     ids.check_object_id(key_id, "API key ID")
     result = inv.client().post(resource_path("/v1/api-keys", key_id, "revoke"),
                                {"command_id": check_command_id(command_id)})
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
-    inv.out.line(f"API key {result.get('key_id')} revoked at {dash(result.get('revoked_at'))}")
+    inv.out.result(result, lambda: inv.out.line(
+        f"API key {result.get('key_id')} revoked at {dash(result.get('revoked_at'))}"))

@@ -35,17 +35,36 @@ def _fail_cleanly(fn: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+def serve_options(config_help: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """What a role's ``serve`` command takes (``--config FILE``, required, whose help is
+    `config_help`; ``--log-level``) and how it fails: one line on stderr and the error
+    kind's exit code, never a traceback.  One definition, so every role's serve reads
+    alike."""
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        fn = _fail_cleanly(fn)
+        fn = click.option("--log-level", default="info", show_default=True,
+                          type=click.Choice(["debug", "info", "warning", "error"]))(fn)
+        return click.option("--config", "config_path", required=True,
+                            type=click.Path(dir_okay=False), help=config_help)(fn)
+
+    return decorate
+
+
+def log_to_stderr(level: str) -> None:
+    """A serving role's log: `level` (a ``--log-level`` choice) and up, on stderr, each
+    line with its time, level and logger."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 @click.group("ctrl")
 def ctrl_group() -> None:
     """The control plane: serve the API, or issue a grant on the ctrl host."""
 
 
 @ctrl_group.command("serve")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="ctrl.toml")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@_fail_cleanly
+@serve_options("ctrl.toml")
 def serve(config_path: str, log_level: str) -> None:
     """Run ctrl until SIGTERM or SIGINT."""
     import trio
@@ -53,8 +72,7 @@ def serve(config_path: str, log_level: str) -> None:
     from kibotos.ctrl.serve import serve_ctrl
 
     cfg = config_mod.load(config_mod.CtrlConfig, config_path)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(log_level)
     trio.run(serve_ctrl, cfg)
 
 

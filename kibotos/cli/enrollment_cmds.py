@@ -189,19 +189,20 @@ def _identity_row(i: dict[str, Any]) -> list[str]:
             dash(i.get("grant_id"))]
 
 
-@enrollment_group.command("list")
-@kibo_options
-def list_grants(inv: Invocation) -> None:
-    """List grants and the identities made from them."""
-    result = inv.client().get("/v1/enrollment/grants")
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
+def _grant_tables(inv: Invocation, result: dict[str, Any]) -> None:
     inv.out.table(("GRANT", "KIND", "NODE", "NAME", "STATE", "EXPIRES", "IDENTITY"),
                   [_grant_row(g) for g in result.get("grants") or []], title="Grants")
     inv.out.table(("IDENTITY", "KIND", "NODE", "NAME", "STATE", "CREATED", "GRANT"),
                   [_identity_row(i) for i in result.get("identities") or []],
                   title="Identities")
+
+
+@enrollment_group.command("list")
+@kibo_options
+def list_grants(inv: Invocation) -> None:
+    """List grants and the identities made from them."""
+    result = inv.client().get("/v1/enrollment/grants")
+    inv.out.result(result, lambda: _grant_tables(inv, result))
 
 
 @enrollment_group.command("revoke")

@@ -7,13 +7,10 @@ line naming the field and the exit code of its error kind.
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import click
 
 from kibotos import config as config_mod
-from kibotos.cli.ctrl_cmds import _fail_cleanly
+from kibotos.cli.ctrl_cmds import log_to_stderr, serve_options
 
 
 @click.group("gateway")
@@ -27,11 +24,7 @@ def e2b_group() -> None:
 
 
 @e2b_group.command("serve")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The gateway's TOML configuration (docs/gateways.md).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@_fail_cleanly
+@serve_options("The gateway's TOML configuration (docs/gateways.md).")
 def serve(config_path: str, log_level: str) -> None:
     """Serve E2B's control API and envd's API until SIGTERM or SIGINT."""
     import trio
@@ -41,8 +34,7 @@ def serve(config_path: str, log_level: str) -> None:
 
     cfg = config_mod.load(GatewayConfig, config_path)
     cfg.read_credential()  # refused now, with its reason, rather than at the first call
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(log_level)
     trio.run(serve_e2b_gateway, cfg)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,8 +26,8 @@ from kibotos.cli.options import (
     Invocation,
     check_command_id,
     command_id_option,
-    expected_version_option,
     kibo_options,
+    versioned_write_options,
 )
 from kibotos.cli.output import Row, Section, dash, yes_no
 from kibotos.errors import FailedPrecondition, InvalidArgument
@@ -167,6 +167,27 @@ def describe_policy(policy: dict[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def _add_list_and_get(group: click.Group, path: str, key: str, columns: Sequence[str],
+                      row: Callable[[dict[str, Any]], Row], check_name: Callable[[str], str],
+                      sections: Callable[[dict[str, Any]], list[Section]], *,
+                      list_help: str, get_help: str) -> None:
+    """``list`` and ``get NAME`` of a kind of record known by its name (Egresses,
+    Resolvers) on `group`: the table of everything under `path`, and one record's
+    sections; the name is checked before anything is sent."""
+
+    @group.command("list", help=list_help)
+    @kibo_options
+    def list_command(inv: Invocation) -> None:
+        inv.list_table(path, key, columns, row)
+
+    @group.command("get", help=get_help)
+    @click.argument("name")
+    @kibo_options
+    def get_command(inv: Invocation, name: str) -> None:
+        found = inv.client().get(resource_path(path, check_name(name)))
+        inv.out.result(found, lambda: inv.out.sections(sections(found)))
+
+
 # ------------------------------------------------------------------ egress
 
 
@@ -195,10 +216,8 @@ def egress_sections(egress: dict[str, Any]) -> list[Section]:
     section = Section(f"Egress {egress.get('name')}")
     section.add("Address", dash(egress.get("address")))
     section.add("Authenticated", yes_no(egress.get("authenticated")))
-    section.add("Username", dash(egress.get("username")))
-    section.add("Revision", dash(egress.get("revision")))
-    section.add("Created", dash(egress.get("created_at")))
-    section.add("Updated", dash(egress.get("updated_at")))
+    section.add_fields(egress, {"Username": "username", "Revision": "revision",
+                                "Created": "created_at", "Updated": "updated_at"})
     return [section]
 
 
@@ -221,33 +240,12 @@ def egress_create(inv: Invocation, name: str, address: str, username: str | None
     if "password" in body:
         refuse_clear_text(inv)
     egress = inv.client().post("/v1/egresses", body)
-    if inv.as_json:
-        inv.out.json_result(egress)
-    else:
-        inv.out.line(f"egress {name}: created, {_egress_text(egress)}")
+    inv.out.result(egress, lambda: inv.out.line(f"egress {name}: created, {_egress_text(egress)}"))
 
 
-@egress_group.command("list")
-@kibo_options
-def egress_list(inv: Invocation) -> None:
-    """List Egresses."""
-    found = inv.client().get("/v1/egresses")
-    if inv.as_json:
-        inv.out.json_result(found)
-    else:
-        inv.out.table(EGRESS_COLUMNS, [egress_row(e) for e in found.get("egresses") or []])
-
-
-@egress_group.command("get")
-@click.argument("name")
-@kibo_options
-def egress_get(inv: Invocation, name: str) -> None:
-    """Show one Egress (never its password)."""
-    egress = inv.client().get(_egress_path(egress_name(name)))
-    if inv.as_json:
-        inv.out.json_result(egress)
-    else:
-        inv.out.sections(egress_sections(egress))
+_add_list_and_get(egress_group, "/v1/egresses", "egresses", EGRESS_COLUMNS, egress_row,
+                  egress_name, egress_sections, list_help="List Egresses.",
+                  get_help="Show one Egress (never its password).")
 
 
 @egress_group.command("update")
@@ -256,9 +254,7 @@ def egress_get(inv: Invocation, name: str) -> None:
 @click.option("--username", metavar="USER", help="New credentials (with --password-file).")
 @click.option("--password-file", metavar="FILE", help="File holding the new password.")
 @click.option("--no-credentials", is_flag=True, help="Remove the username and password.")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def egress_update(inv: Invocation, name: str, address: str | None, username: str | None,
                   password_file: str | None, no_credentials: bool, command_id: str | None,
                   expected_version: int | None) -> None:
@@ -278,27 +274,20 @@ def egress_update(inv: Invocation, name: str, address: str | None, username: str
     if "password" in body:
         refuse_clear_text(inv)
     out = inv.client().post(_egress_path(name, "update"), body)
-    if inv.as_json:
-        inv.out.json_result(out)
-    else:
-        inv.out.line(f"egress {name}: {out.get('outcome')}, "
-                     f"{_egress_text(out.get('egress') or {})}")
+    inv.out.result(out, lambda: inv.out.line(
+        f"egress {name}: {out.get('outcome')}, {_egress_text(out.get('egress') or {})}"))
 
 
 @egress_group.command("delete")
 @click.argument("name")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def egress_delete(inv: Invocation, name: str, command_id: str | None,
                   expected_version: int | None) -> None:
     """Delete an Egress no Workspace (that is not DELETED) or Resolver uses."""
     out = inv.client().delete(_egress_path(egress_name(name)), {
         "command_id": check_command_id(command_id), "expected_version": expected_version})
-    if inv.as_json:
-        inv.out.json_result(out)
-    else:
-        inv.out.line(f"egress {name} deleted (it was at revision {out.get('revision')})")
+    inv.out.result(out, lambda: inv.out.line(
+        f"egress {name} deleted (it was at revision {out.get('revision')})"))
 
 
 # ------------------------------------------------------------------ resolver
@@ -336,49 +325,27 @@ def resolver_create(inv: Invocation, name: str, upstream: str, via_egress: str |
                                                                       "--via-egress"),
             "command_id": check_command_id(command_id)}
     out = inv.client().post("/v1/resolvers", body)
-    if inv.as_json:
-        inv.out.json_result(out)
-    else:
-        via = f" via egress {out.get('via_egress')}" if out.get("via_egress") else ""
-        inv.out.line(f"resolver {name}: created, revision {out.get('revision')} "
-                     f"({out.get('upstream')}{via})")
+    via = f" via egress {out.get('via_egress')}" if out.get("via_egress") else ""
+    inv.out.result(out, lambda: inv.out.line(
+        f"resolver {name}: created, revision {out.get('revision')} ({out.get('upstream')}{via})"))
 
 
-@resolver_group.command("list")
-@kibo_options
-def resolver_list(inv: Invocation) -> None:
-    """List Resolvers."""
-    found = inv.client().get("/v1/resolvers")
-    if inv.as_json:
-        inv.out.json_result(found)
-    else:
-        inv.out.table(RESOLVER_COLUMNS,
-                      [resolver_row(r) for r in found.get("resolvers") or []])
+def resolver_sections(resolver: dict[str, Any]) -> list[Section]:
+    section = Section(f"Resolver {resolver.get('name')}")
+    section.add_fields(resolver, {"Upstream": "upstream", "Via egress": "via_egress",
+                                  "Revision": "revision", "Created": "created_at",
+                                  "Updated": "updated_at"})
+    return [section]
 
 
-@resolver_group.command("get")
-@click.argument("name")
-@kibo_options
-def resolver_get(inv: Invocation, name: str) -> None:
-    """Show one Resolver."""
-    out = inv.client().get(_resolver_path(resolver_name(name)))
-    if inv.as_json:
-        inv.out.json_result(out)
-        return
-    section = Section(f"Resolver {out.get('name')}")
-    section.add("Upstream", dash(out.get("upstream")))
-    section.add("Via egress", dash(out.get("via_egress")))
-    section.add("Revision", dash(out.get("revision")))
-    section.add("Created", dash(out.get("created_at")))
-    section.add("Updated", dash(out.get("updated_at")))
-    inv.out.sections([section])
+_add_list_and_get(resolver_group, "/v1/resolvers", "resolvers", RESOLVER_COLUMNS,
+                  resolver_row, resolver_name, resolver_sections,
+                  list_help="List Resolvers.", get_help="Show one Resolver.")
 
 
 @resolver_group.command("delete")
 @click.argument("name")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def resolver_delete(inv: Invocation, name: str, command_id: str | None,
                     expected_version: int | None) -> None:
     """Delete a Resolver no Workspace (that is not DELETED) uses."""

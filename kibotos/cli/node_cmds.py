@@ -17,13 +17,13 @@ from kibotos.cli.numbers import AsciiFloat, AsciiInt
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
-    command_id_option,
-    expected_version_option,
     kibo_options,
     node_id_argument,
+    versioned_write_options,
 )
-from kibotos.cli.output import stdin_is_terminal
+from kibotos.cli.output import confirm_or_abort
 from kibotos.cli.overcommit_cmds import overcommit_group
+from kibotos.cli.paging import read_pages, say_more
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 
 #: How often `drain --wait` asks ctrl for the node (a fixed interval, per the spec).
@@ -53,22 +53,14 @@ def list_nodes(inv: Invocation, page_size: int, page_token: str | None, all_page
                wide: bool) -> None:
     """List nodes, one row each."""
     client = inv.client()
-    nodes: list[dict[str, Any]] = []
-    token = page_token
-    while True:
-        page = client.get("/v1/nodes", {"page_size": page_size, "page_token": token,
-                                        "order_by": "node_id"})
-        nodes.extend(page.get("nodes") or [])
-        token = page.get("next_page_token") or None
-        if not all_pages or not token:
-            break
-    if inv.as_json:
-        inv.out.json_result({"nodes": nodes, "next_page_token": token})
-        return
+    nodes, token = read_pages(
+        lambda token: client.get("/v1/nodes", {"page_size": page_size, "page_token": token,
+                                               "order_by": "node_id"}),
+        "nodes", page_token, all_pages)
     columns = node_render.WIDE_COLUMNS if wide else node_render.LIST_COLUMNS
-    inv.out.table(columns, [node_render.list_row(n, wide=wide) for n in nodes])
-    if token:
-        inv.out.message(f"more nodes: add --page-token {token} (or --all)")
+    inv.out.result({"nodes": nodes, "next_page_token": token}, lambda: inv.out.table(
+        columns, [node_render.list_row(n, wide=wide) for n in nodes]))
+    say_more(inv.out, token, "nodes")
 
 
 @node_group.command("get")
@@ -81,10 +73,7 @@ def get_node(inv: Invocation, node_id: str, wide: bool) -> None:
     """Show one node's registration record and latest host usage."""
     node_id_argument(node_id)
     node = inv.client().get(node_path(node_id))
-    if inv.as_json:
-        inv.out.json_result(node)
-    else:
-        inv.out.sections(node_render.get_sections(node, wide=wide))
+    inv.out.result(node, lambda: inv.out.sections(node_render.get_sections(node, wide=wide)))
 
 
 # ---------------------------------------------------------------------------- drain
@@ -156,9 +145,7 @@ def _still_draining(inv: Invocation, node: dict[str, Any], status: str) -> Deadl
               help="Wait until the node is DRAINED (bounded by the global --timeout).")
 @click.option("--poll-interval", type=AsciiFloat(min=0.01), default=DRAIN_POLL_INTERVAL,
               hidden=True)
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def drain(inv: Invocation, node_id: str, wait: bool, poll_interval: float,
           command_id: str | None, expected_version: int | None) -> None:
     """Stop placing new Workspaces on a node; existing ones keep running."""
@@ -168,17 +155,12 @@ def drain(inv: Invocation, node_id: str, wait: bool, poll_interval: float,
                              {"command_id": command_id, "expected_version": expected_version})
     if wait:
         node = _wait_drained(inv, node, poll_interval)
-    if inv.as_json:
-        inv.out.json_result(node)
-    else:
-        inv.out.line(f"drain requested for {_summary(node)}")
+    inv.out.result(node, lambda: inv.out.line(f"drain requested for {_summary(node)}"))
 
 
 @node_group.command("cancel-drain")
 @click.argument("node_id", metavar="NODE")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def cancel_drain(inv: Invocation, node_id: str, command_id: str | None,
                  expected_version: int | None) -> None:
     """Let placement use the node again."""
@@ -186,10 +168,7 @@ def cancel_drain(inv: Invocation, node_id: str, command_id: str | None,
     check_command_id(command_id)
     node = inv.client().post(node_path(node_id, "cancel-drain"),
                              {"command_id": command_id, "expected_version": expected_version})
-    if inv.as_json:
-        inv.out.json_result(node)
-    else:
-        inv.out.line(f"drain cancelled for {_summary(node)}")
+    inv.out.result(node, lambda: inv.out.line(f"drain cancelled for {_summary(node)}"))
 
 
 # ------------------------------------------------------------------ isolate, retire
@@ -206,9 +185,7 @@ def _count(value: Any) -> int:
 @click.option("--confirm-host-cannot-write", is_flag=True,
               help="Required: you assert the host is powered off or can no longer write "
                    "to any of its storage pools.")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def isolate(inv: Invocation, node_id: str, confirm_host_cannot_write: bool,
             command_id: str | None, expected_version: int | None) -> None:
     """Declare a down node's host cut off from its storage, releasing what it held."""
@@ -237,9 +214,7 @@ def isolate(inv: Invocation, node_id: str, confirm_host_cannot_write: bool,
 @click.argument("node_id", metavar="NODE")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed without a "
                                           "terminal).")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def retire(inv: Invocation, node_id: str, yes: bool, command_id: str | None,
            expected_version: int | None) -> None:
     """Retire a node whose host will not come back. This is final."""
@@ -248,19 +223,11 @@ def retire(inv: Invocation, node_id: str, yes: bool, command_id: str | None,
                                "does not depend on the version read at run time")
     node_id_argument(node_id)
     check_command_id(command_id)
-    if not yes:
-        if not stdin_is_terminal():
-            raise click.UsageError("retire asks for confirmation; without a terminal, "
-                                   "add --yes")
-        if not click.confirm(f"Retire node {node_id}? Retirement is final: the node ID "
-                             "can never register again", default=False, err=True):
-            raise click.Abort()
+    confirm_or_abort(yes, "retire", f"Retire node {node_id}? Retirement is final: the "
+                     "node ID can never register again")
     node = inv.client().post(node_path(node_id, "retire"),
                              {"command_id": command_id, "expected_version": expected_version})
-    if inv.as_json:
-        inv.out.json_result(node)
-    else:
-        inv.out.line(f"retired {_summary(node)}")
+    inv.out.result(node, lambda: inv.out.line(f"retired {_summary(node)}"))
 
 
 node_group.add_command(overcommit_group)

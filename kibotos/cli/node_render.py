@@ -115,9 +115,8 @@ def _registration(node: dict[str, Any], wide: bool) -> Section:
     s = Section(f"Node {dash(node.get('node_id'))}")
     s.add("Status", dash(node.get("status")))
     s.add("Admission", dash(node.get("admission")))
-    s.add("Drain requested", yes_no(node.get("drain_requested")))
-    s.add("Isolated", yes_no(node.get("isolated")))
-    s.add("Retired", yes_no(node.get("retired")))
+    s.add_fields(node, {"Drain requested": "drain_requested", "Isolated": "isolated",
+                        "Retired": "retired"}, yes_no)
     placement = _dict(node.get("placement"))
     if "eligible" in placement:
         s.add("Placement", "eligible" if placement["eligible"] else

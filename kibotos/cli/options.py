@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from kibotos import ids
 from kibotos.cli import kibo_config
 from kibotos.cli.client import Client, Deadline
 from kibotos.cli.numbers import AsciiInt
-from kibotos.cli.output import Output
+from kibotos.cli.output import Output, Row
 from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.tls.contexts import client_context
 from kibotos.units import parse_duration
@@ -62,6 +62,14 @@ class Invocation:
                                   verify=None if cfg.ctrl_ca is None
                                   else client_context(cfg.ctrl_ca))
         return self._client
+
+    def list_table(self, path: str, key: str, columns: Sequence[str],
+                   row: Callable[[dict[str, Any]], Row]) -> None:
+        """What a plain list command does: GET `path` and show the items under `key` as
+        a table, `row` making each one's cells (with ``--json``, the result as is)."""
+        found = self.client().get(path)
+        self.out.result(found, lambda: self.out.table(
+            columns, [row(item) for item in found.get(key) or []]))
 
     def close(self) -> None:
         if self._client is not None:
@@ -130,6 +138,29 @@ def expected_version_option(fn: Callable[..., None]) -> Callable[..., None]:
     return click.option(
         "--expected-version", type=AsciiInt(min=0), metavar="N",
         help="Refuse the change unless the record is still at this version.")(fn)
+
+
+def versioned_write_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--command-id``, ``--expected-version`` and the shared options, in that order:
+    what every write of a versioned record takes, declared once so that no such command
+    forgets one or lists them in another order."""
+    return command_id_option(expected_version_option(kibo_options(fn)))
+
+
+def new_volume_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--pool`` and ``--label`` (repeatable) of a command that makes a Volume (``volume
+    create``, ``transfer import``); `new_volume_fields` checks them."""
+    fn = click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
+                      help="A label of the new Volume (repeatable).")(fn)
+    return click.option("--pool", "pool_id", metavar="POOL",
+                        help="Storage pool of the new Volume (default: the nodes' one "
+                             "default pool).")(fn)
+
+
+def new_volume_fields(pool_id: str | None, label_items: tuple[str, ...]) -> dict[str, Any]:
+    """The checked ``pool_id`` and ``labels`` of a request that makes a Volume."""
+    return {"pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
+            "labels": parse_labels(label_items)}
 
 
 def check_command_id(value: str | None) -> str | None:

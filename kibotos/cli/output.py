@@ -29,7 +29,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -60,6 +60,18 @@ def printable(text: str) -> str:
     return CONTROL_CHARACTERS.sub(_escape, text)
 
 
+def yes_no(value: object) -> str:
+    """Booleans as people read them; a missing value is ``-``, never ``no``."""
+    if value is None:
+        return "-"
+    return "yes" if value else "no"
+
+
+def dash(value: object) -> str:
+    """Any scalar for display; ``None`` (not readable, not reported) is ``-``."""
+    return "-" if value is None or value == "" else str(value)
+
+
 @dataclass
 class Section:
     """A titled block of ``label: value`` lines, as `kibo node get` prints them."""
@@ -69,6 +81,14 @@ class Section:
 
     def add(self, label: str, value: str) -> None:
         self.lines.append((label, value))
+
+    def add_fields(self, record: Mapping[str, Any], fields: Mapping[str, str],
+                   show: Callable[[object], str] = dash) -> None:
+        """A line per ``label: key`` of `fields`, in their order: the record's value
+        under the key, as `show` renders it.  Most lines of a section are a field of
+        the API result shown as is; a table of labels and keys says which at a glance."""
+        for label, key in fields.items():
+            self.add(label, show(record.get(key)))
 
 
 def _ascii_mode(stream: IO[str]) -> bool:
@@ -163,6 +183,16 @@ class Output:
     def json_result(self, value: Any) -> None:
         click.echo(json.dumps({"result": value}, indent=2, ensure_ascii=False))
 
+    def result(self, value: Any, for_people: Callable[[], object]) -> None:
+        """A command's result: with ``--json`` the API result as is, else what
+        `for_people` prints.  The one switch between scripts and people, so no command
+        can print both; `for_people` runs only for people, so a script never depends on
+        how a result renders."""
+        if self.as_json:
+            self.json_result(value)
+        else:
+            for_people()
+
     def line(self, text: str) -> None:
         """One line of data on stdout (a token, an ID, a summary of a write)."""
         click.echo(printable(text))
@@ -209,18 +239,19 @@ class Output:
         click.echo(f"error: {printable(exc.code)}: {printable(exc.message)}", err=True)
 
 
-def yes_no(value: object) -> str:
-    """Booleans as people read them; a missing value is ``-``, never ``no``."""
-    if value is None:
-        return "-"
-    return "yes" if value else "no"
-
-
-def dash(value: object) -> str:
-    """Any scalar for display; ``None`` (not readable, not reported) is ``-``."""
-    return "-" if value is None or value == "" else str(value)
-
-
 def stdin_is_terminal() -> bool:
     """Whether a person can answer a confirmation prompt."""
     return sys.stdin is not None and sys.stdin.isatty()
+
+
+def confirm_or_abort(yes: bool, command: str, question: str) -> None:
+    """Before a write that cannot be undone: unless ``--yes``, ask `question` and abort
+    on anything but yes.  Without a terminal nobody can answer, so the command is
+    refused (a usage error) rather than run or silently skipped: a script says --yes."""
+    if yes:
+        return
+    if not stdin_is_terminal():
+        raise click.UsageError(f"{command} asks for confirmation; without a terminal, "
+                               "add --yes")
+    if not click.confirm(question, default=False, err=True):
+        raise click.Abort()

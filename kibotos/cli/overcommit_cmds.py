@@ -18,10 +18,9 @@ import click
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
-    command_id_option,
-    expected_version_option,
     kibo_options,
     node_id_argument,
+    versioned_write_options,
 )
 from kibotos.cli.output import Section, dash
 from kibotos.units import format_ratio, parse_ratio
@@ -68,9 +67,10 @@ def _show_default(inv: Invocation, result: dict[str, Any]) -> None:
 def get_overcommit(inv: Invocation) -> None:
     """Show the cluster-wide default ratios and every node's overrides."""
     result = inv.client().get("/v1/overcommit")
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
+    inv.out.result(result, lambda: _show_overcommit(inv, result))
+
+
+def _show_overcommit(inv: Invocation, result: dict[str, Any]) -> None:
     _show_default(inv, result)
     overrides = result.get("overrides") or []
     if overrides:
@@ -87,9 +87,7 @@ def get_overcommit(inv: Invocation) -> None:
 @overcommit_group.command("set-default")
 @click.option("--cpu", metavar="RATIO", help="CPU ratio, 0-16, at most 3 decimals.")
 @click.option("--memory", metavar="RATIO", help="Memory ratio, 0-16, at most 3 decimals.")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def set_default(inv: Invocation, cpu: str | None, memory: str | None,
                 command_id: str | None, expected_version: int | None) -> None:
     """Change the cluster-wide default; its expected version is `get`'s version."""
@@ -115,9 +113,7 @@ def set_default(inv: Invocation, cpu: str | None, memory: str | None,
               help="CPU ratio for this node, or `default` to clear the override.")
 @click.option("--memory", metavar="RATIO|default",
               help="Memory ratio for this node, or `default` to clear the override.")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def set_node(inv: Invocation, node_id: str, cpu: str | None, memory: str | None,
              command_id: str | None, expected_version: int | None) -> None:
     """Override one node's ratios; its expected version is its registration_version."""

@@ -8,6 +8,7 @@ duplicate plugin fails here with the same message and exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,8 @@ def _disable_list(path: Path) -> list[str]:
 
 
 def _plugin_json(info: PluginInfo) -> dict[str, str]:
-    return {
-        "kind": info.kind,
-        "name": info.name,
-        "plugin": info.plugin,
-        "version": info.version,
-        "source": info.source,
-        "module": info.module,
-    }
+    # Every field, by its name: what `kibotos plugins list --json` shows is the record.
+    return dataclasses.asdict(info)
 
 
 def _blocked_json(item: BlockedPlugin) -> dict[str, str | None]:

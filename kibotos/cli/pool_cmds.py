@@ -18,11 +18,10 @@ from kibotos.cli.client import resource_path
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
-    command_id_option,
-    expected_version_option,
     kibo_options,
+    versioned_write_options,
 )
-from kibotos.cli.output import Section, dash, stdin_is_terminal, yes_no
+from kibotos.cli.output import Section, confirm_or_abort, dash, yes_no
 from kibotos.errors import InvalidArgument
 from kibotos.units import format_bytes, parse_size
 
@@ -63,9 +62,8 @@ def list_row(pool: dict[str, Any]) -> list[str]:
 def get_sections(pool: dict[str, Any]) -> list[Section]:
     s = Section(f"Storage pool {dash(pool.get('pool_id'))}")
     s.add("Mode", dash(pool.get("mode")))
-    s.add("Capacity", size(pool.get("capacity_bytes")))
-    s.add("Reserved", size(pool.get("reserved_bytes")))
-    s.add("Free", size(pool.get("free_bytes")))
+    s.add_fields(pool, {"Capacity": "capacity_bytes", "Reserved": "reserved_bytes",
+                        "Free": "free_bytes"}, size)
     s.add("Marker instance", dash(pool.get("instance")))
     s.add("Registered node", dash(pool.get("registered_node_id")))
     s.add("Lost", yes_no(pool.get("lost")) if not pool.get("lost") else
@@ -102,11 +100,7 @@ def _pool_id(value: str) -> str:
 @kibo_options
 def list_pools(inv: Invocation) -> None:
     """List storage pools: capacity, reservations, members, state."""
-    result = inv.client().get("/v1/storage-pools")
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
-    inv.out.table(LIST_COLUMNS, [list_row(p) for p in result.get("pools") or []])
+    inv.list_table("/v1/storage-pools", "pools", LIST_COLUMNS, list_row)
 
 
 @pool_group.command("get")
@@ -116,10 +110,7 @@ def get_pool(inv: Invocation, pool_id: str) -> None:
     """Show one pool: capacity, reservations, each node's availability with reason."""
     _pool_id(pool_id)
     pool = inv.client().get(pool_path(pool_id))
-    if inv.as_json:
-        inv.out.json_result(pool)
-    else:
-        inv.out.sections(get_sections(pool))
+    inv.out.result(pool, lambda: inv.out.sections(get_sections(pool)))
 
 
 @pool_group.command("objects")
@@ -128,15 +119,13 @@ def get_pool(inv: Invocation, pool_id: str) -> None:
 def pool_objects(inv: Invocation, pool_id: str) -> None:
     """List the retained layers and Volumes in a pool, with holder node and epoch."""
     _pool_id(pool_id)
-    result = inv.client().get(pool_path(pool_id, "objects"))
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
-    inv.out.table(OBJECT_COLUMNS, [
-        [dash(o.get("kind")), dash(o.get("object_id")), size(o.get("capacity_bytes")),
-         dash(o.get("workspace_id")), dash(o.get("workspace_state")),
-         dash(o.get("holder_node_id")), dash(o.get("epoch"))]
-        for o in result.get("objects") or []])
+    inv.list_table(pool_path(pool_id, "objects"), "objects", OBJECT_COLUMNS, _object_row)
+
+
+def _object_row(o: dict[str, Any]) -> list[str]:
+    return [dash(o.get("kind")), dash(o.get("object_id")), size(o.get("capacity_bytes")),
+            dash(o.get("workspace_id")), dash(o.get("workspace_state")),
+            dash(o.get("holder_node_id")), dash(o.get("epoch"))]
 
 
 # ---------------------------------------------------------------------------- writes
@@ -145,9 +134,7 @@ def pool_objects(inv: Invocation, pool_id: str) -> None:
 @pool_group.command("set-capacity")
 @click.argument("pool_id", metavar="POOL")
 @click.argument("capacity", metavar="SIZE")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def set_capacity(inv: Invocation, pool_id: str, capacity: str, command_id: str | None,
                  expected_version: int | None) -> None:
     """Set a pool's capacity (e.g. 500G, 2T); never below what is reserved in it."""
@@ -173,9 +160,7 @@ def set_capacity(inv: Invocation, pool_id: str, capacity: str, command_id: str |
               help="Required: you assert the pool's storage is gone for good.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed without a "
                                           "terminal).")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def declare_lost(inv: Invocation, pool_id: str, confirm_data_lost: bool, yes: bool,
                  command_id: str | None, expected_version: int | None) -> None:
     """Declare a pool without members lost: its Workspaces can then only be deleted."""
@@ -185,13 +170,8 @@ def declare_lost(inv: Invocation, pool_id: str, confirm_data_lost: bool, yes: bo
             "is gone for good; its Workspaces become FAILED and can only be deleted")
     _pool_id(pool_id)
     check_command_id(command_id)
-    if not yes:
-        if not stdin_is_terminal():
-            raise click.UsageError("declare-lost asks for confirmation; without a "
-                                   "terminal, add --yes")
-        if not click.confirm(f"Declare storage pool {pool_id} lost? Its Workspaces can "
-                             "only be deleted afterwards", default=False, err=True):
-            raise click.Abort()
+    confirm_or_abort(yes, "declare-lost", f"Declare storage pool {pool_id} lost? Its "
+                     "Workspaces can only be deleted afterwards")
     result = inv.client().post(pool_path(pool_id, "declare-lost"), {
         "confirm_data_lost": True, "command_id": command_id,
         "expected_version": expected_version})

@@ -22,9 +22,8 @@ from kibotos.cli import template_images
 from kibotos.cli.options import (
     Invocation,
     check_command_id,
-    command_id_option,
-    expected_version_option,
     kibo_options,
+    versioned_write_options,
 )
 from kibotos.cli.output import Section, dash
 from kibotos.cli.template_images import Blob, Made
@@ -109,9 +108,7 @@ def _with_platform(image: Blob, source: dict[str, Any], platform_dir: Path | Non
               metavar="FILE", help="Recipe (TOML: suite, variant, packages, mirror, files).")
 @_platform_option
 @_cache_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def build(inv: Invocation, name: str, recipe_path: Path, platform_dir: Path | None,
           cache_dir: Path | None, command_id: str | None,
           expected_version: int | None) -> None:
@@ -139,9 +136,7 @@ def build(inv: Invocation, name: str, recipe_path: Path, platform_dir: Path | No
                                       "bzip2 or zstd).")
 @_platform_option
 @_cache_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def import_(inv: Invocation, name: str, tarball: Path, platform_dir: Path | None,
             cache_dir: Path | None, command_id: str | None,
             expected_version: int | None) -> None:
@@ -168,23 +163,19 @@ LIST_COLUMNS = ("NAME", "REVISION", "IMAGE", "SIZE", "KERNEL", "UPDATED")
 @kibo_options
 def list_templates(inv: Invocation) -> None:
     """List Templates, one row each."""
-    result = inv.client().get("/v1/templates")
-    if inv.as_json:
-        inv.out.json_result(result)
-        return
-    rows = [(dash(t.get("name")), dash(t.get("revision")),
-             short((t.get("image") or {}).get("digest")),
-             format_bytes(int((t.get("image") or {}).get("size") or 0)),
-             short(t.get("kernel_digest")), dash(t.get("updated_at")))
-            for t in result.get("templates") or []]
-    inv.out.table(LIST_COLUMNS, rows)
+    inv.list_table("/v1/templates", "templates", LIST_COLUMNS, _list_row)
+
+
+def _list_row(t: dict[str, Any]) -> tuple[str, ...]:
+    return (dash(t.get("name")), dash(t.get("revision")),
+            short((t.get("image") or {}).get("digest")),
+            format_bytes(int((t.get("image") or {}).get("size") or 0)),
+            short(t.get("kernel_digest")), dash(t.get("updated_at")))
 
 
 def _sections(t: dict[str, Any]) -> list[Section]:
     main = Section(f"Template {t.get('name')}")
-    main.add("Revision", dash(t.get("revision")))
-    main.add("Created", dash(t.get("created_at")))
-    main.add("Updated", dash(t.get("updated_at")))
+    main.add_fields(t, {"Revision": "revision", "Created": "created_at", "Updated": "updated_at"})
     blobs = Section("Blobs")
     image = t.get("image") or {}
     blobs.add("Image", f"{dash(image.get('digest'))} "
@@ -216,17 +207,12 @@ def get_template(inv: Invocation, name: str) -> None:
     """Show one Template: its blobs and what it was made from."""
     ids.check_template_name(name)
     result = inv.client().get(template_path(name))
-    if inv.as_json:
-        inv.out.json_result(result)
-    else:
-        inv.out.sections(_sections(result))
+    inv.out.result(result, lambda: inv.out.sections(_sections(result)))
 
 
 @template_group.command("delete")
 @click.argument("name")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def delete_template(inv: Invocation, name: str, command_id: str | None,
                     expected_version: int | None) -> None:
     """Delete a Template no Workspace uses (its blobs stay in ctrl's store)."""

@@ -21,7 +21,8 @@ from kibotos.cli.options import (
     check_command_id,
     command_id_option,
     kibo_options,
-    parse_labels,
+    new_volume_fields,
+    new_volume_options,
 )
 from kibotos.cli.output import Section
 from kibotos.units import format_bytes
@@ -69,10 +70,7 @@ def export(inv: Invocation, volume_id: str, command_id: str | None) -> None:
 
 @transfer_group.command("import")
 @click.argument("digest", metavar="DIGEST")
-@click.option("--pool", "pool_id", metavar="POOL",
-              help="Storage pool of the new Volume (default: the nodes' one default pool).")
-@click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
-              help="A label of the new Volume (repeatable).")
+@new_volume_options
 @command_id_option
 @kibo_options
 def import_(inv: Invocation, digest: str, pool_id: str | None, label_items: tuple[str, ...],
@@ -80,8 +78,8 @@ def import_(inv: Invocation, digest: str, pool_id: str | None, label_items: tupl
     """Import a Transfer archive (by its digest) as a new Volume; prints the Volume."""
     from kibotos.cli.volume_cmds import summary
     body = {"artifact_digest": ids.check_digest(digest),
-            "pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
-            "labels": parse_labels(label_items), "command_id": check_command_id(command_id)}
+            **new_volume_fields(pool_id, label_items),
+            "command_id": check_command_id(command_id)}
     out = _client(inv).post("/v1/transfers/import", body)
     if inv.as_json:
         inv.out.json_result(out)

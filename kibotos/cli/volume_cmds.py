@@ -23,11 +23,13 @@ from kibotos.cli.options import (
     Invocation,
     check_command_id,
     command_id_option,
-    expected_version_option,
     kibo_options,
-    parse_labels,
+    new_volume_fields,
+    new_volume_options,
+    versioned_write_options,
 )
 from kibotos.cli.output import Row, Section, dash
+from kibotos.cli.paging import read_pages, say_more
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.units import format_bytes, parse_size
 from kibotos.volume_mounts import check_mount_point
@@ -113,17 +115,12 @@ def volume_sections(vol: dict[str, Any]) -> list[Section]:
     main.add("Reason", dash(vol.get("reason")))
     main.add("Pool", dash(vol.get("pool_id")))
     main.add("Capacity", _size(vol.get("capacity_bytes")))
-    main.add("Workspace", dash(vol.get("workspace_id")))
-    main.add("Mount point", dash(vol.get("mount_point")))
-    main.add("Holder", dash(vol.get("holder_node_id")))
-    main.add("Epoch", dash(vol.get("epoch")))
-    main.add("Handoff", dash(vol.get("handoff")))
+    main.add_fields(vol, {"Workspace": "workspace_id", "Mount point": "mount_point",
+                          "Holder": "holder_node_id", "Epoch": "epoch", "Handoff": "handoff"})
     main.add("Operation", operation_text(vol.get("operation")))
     labels = ",".join(f"{k}={v}" for k, v in sorted(_dict(vol.get("labels")).items()))
     main.add("Labels", labels or "-")
-    main.add("Revision", dash(vol.get("revision")))
-    main.add("Created", dash(vol.get("created_at")))
-    main.add("Updated", dash(vol.get("updated_at")))
+    main.add_fields(vol, {"Revision": "revision", "Created": "created_at", "Updated": "updated_at"})
     if vol.get("deleted_at"):
         main.add("Deleted", str(vol.get("deleted_at")))
     return [main]
@@ -224,10 +221,7 @@ def _finish(inv: Invocation, vol: dict[str, Any], verb: str, wait: bool) -> None
     if wait:
         vol = check_outcome(follow(inv, vol, volume_path(str(vol.get("volume_id"))), what,
                                    verb), what, verb)
-    if inv.as_json:
-        inv.out.json_result(vol)
-    else:
-        inv.out.line(summary(vol))
+    inv.out.result(vol, lambda: inv.out.line(summary(vol)))
 
 
 # ------------------------------------------------------------------------ commands
@@ -235,10 +229,7 @@ def _finish(inv: Invocation, vol: dict[str, Any], verb: str, wait: bool) -> None
 
 @volume_group.command("create")
 @click.option("--size", required=True, metavar="SIZE", help="Capacity, e.g. 10G.")
-@click.option("--pool", "pool_id", metavar="POOL",
-              help="Storage pool (default: the nodes' one default pool).")
-@click.option("--label", "label_items", multiple=True, metavar="KEY=VALUE",
-              help="A label (repeatable).")
+@new_volume_options
 @no_wait_option
 @command_id_option
 @kibo_options
@@ -246,8 +237,8 @@ def create(inv: Invocation, size: str, pool_id: str | None, label_items: tuple[s
            no_wait: bool, command_id: str | None) -> None:
     """Create a Volume and, by default, wait until it is AVAILABLE."""
     body = {"capacity_bytes": size_argument(size, "--size"),
-            "pool_id": None if pool_id is None else ids.check_pool_id(pool_id),
-            "labels": parse_labels(label_items), "command_id": check_command_id(command_id)}
+            **new_volume_fields(pool_id, label_items),
+            "command_id": check_command_id(command_id)}
     vol = inv.client().post("/v1/volumes", body)
     _finish(inv, vol, "create", not no_wait)
 
@@ -258,10 +249,7 @@ def create(inv: Invocation, size: str, pool_id: str | None, label_items: tuple[s
 def get(inv: Invocation, volume_id: str) -> None:
     """Show one Volume: pool, capacity, Workspace, holder, running operation."""
     vol = inv.client().get(volume_path(volume_argument(volume_id)))
-    if inv.as_json:
-        inv.out.json_result(vol)
-    else:
-        inv.out.sections(volume_sections(vol))
+    inv.out.result(vol, lambda: inv.out.sections(volume_sections(vol)))
 
 
 @volume_group.command("list")
@@ -283,17 +271,10 @@ def list_volumes(inv: Invocation, pool_id: str | None, workspace_id: str | None,
     if workspace_id is not None:
         ids.check_object_id(workspace_id, "workspace ID")
     client = inv.client()
-    volumes: list[dict[str, Any]] = []
-    token = page_token
-    while True:
-        page = client.get("/v1/volumes", {
-            "pool_id": pool_id, "workspace_id": workspace_id,
-            "deleted": "true" if deleted else None, "page_size": page_size,
-            "page_token": token})
-        volumes.extend(page.get("volumes") or [])
-        token = page.get("next_page_token") or None
-        if not all_pages or not token:
-            break
+    volumes, token = read_pages(lambda token: client.get("/v1/volumes", {
+        "pool_id": pool_id, "workspace_id": workspace_id,
+        "deleted": "true" if deleted else None, "page_size": page_size,
+        "page_token": token}), "volumes", page_token, all_pages)
     if inv.as_json:
         inv.out.json_result({"volumes": volumes, "next_page_token": token})
     elif quiet:
@@ -301,17 +282,14 @@ def list_volumes(inv: Invocation, pool_id: str | None, workspace_id: str | None,
             inv.out.line(str(vol.get("volume_id")))
     else:
         inv.out.table(LIST_COLUMNS, [volume_row(v) for v in volumes])
-    if token and not inv.as_json:
-        inv.out.message(f"more volumes: add --page-token {token} (or --all)")
+    say_more(inv.out, token, "volumes")
 
 
 @volume_group.command("expand")
 @click.argument("volume_id", metavar="VOLUME")
 @new_size_option
 @no_wait_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def expand(inv: Invocation, volume_id: str, size: str, no_wait: bool,
            command_id: str | None, expected_version: int | None) -> None:
     """Expand a Volume whose Workspace is stopped (e2fsck and resize2fs on the node)."""
@@ -325,9 +303,7 @@ def expand(inv: Invocation, volume_id: str, size: str, no_wait: bool,
 @click.argument("volume_id", metavar="VOLUME")
 @target_pool_option
 @no_wait_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def move(inv: Invocation, volume_id: str, pool_id: str, no_wait: bool,
          command_id: str | None, expected_version: int | None) -> None:
     """Copy a Volume into another pool through a node attached to both."""
@@ -340,9 +316,7 @@ def move(inv: Invocation, volume_id: str, pool_id: str, no_wait: bool,
 @volume_group.command("delete")
 @click.argument("volume_id", metavar="VOLUME")
 @click.option("--wait", is_flag=True, help="Wait until it is DELETED.")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def delete(inv: Invocation, volume_id: str, wait: bool, command_id: str | None,
            expected_version: int | None) -> None:
     """Delete a Volume that no Workspace has attached."""

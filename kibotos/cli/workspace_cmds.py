@@ -26,11 +26,12 @@ from kibotos.cli.options import (
     Invocation,
     check_command_id,
     command_id_option,
-    expected_version_option,
     kibo_options,
     node_id_argument,
     parse_labels,
+    versioned_write_options,
 )
+from kibotos.cli.paging import read_pages, say_more
 from kibotos.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -185,9 +186,7 @@ def create(inv: Invocation, template: str, label_items: tuple[str, ...], node_id
 @click.argument("workspace_id", metavar="WORKSPACE")
 @click.option("--node", "node_id", metavar="NODE", help="Start it on this node only.")
 @no_wait_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def start(inv: Invocation, workspace_id: str, node_id: str | None, no_wait: bool,
           command_id: str | None, expected_version: int | None) -> None:
     """Start a STOPPED or FAILED Workspace as a new Instance."""
@@ -203,9 +202,7 @@ def start(inv: Invocation, workspace_id: str, node_id: str | None, no_wait: bool
 @click.option("--force", is_flag=True,
               help="Destroy the Instance after a short guest sync (not confirmed on disk).")
 @no_wait_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def stop(inv: Invocation, workspace_id: str, force: bool, no_wait: bool,
          command_id: str | None, expected_version: int | None) -> None:
     """Stop a Workspace; by default wait until it is STOPPED."""
@@ -219,9 +216,7 @@ def stop(inv: Invocation, workspace_id: str, force: bool, no_wait: bool,
 @workspace_group.command("delete")
 @click.argument("workspace_id", metavar="WORKSPACE")
 @click.option("--wait", is_flag=True, help="Wait until it is DELETED.")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def delete(inv: Invocation, workspace_id: str, wait: bool, command_id: str | None,
            expected_version: int | None) -> None:
     """Delete a STOPPED or FAILED Workspace with its writable layer."""
@@ -236,9 +231,7 @@ def delete(inv: Invocation, workspace_id: str, wait: bool, command_id: str | Non
 @network.policy_options
 @click.option("--default", "use_default", is_flag=True,
               help="Back to the deployment default (the network the node provides).")
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def set_network(inv: Invocation, workspace_id: str, allow_out: tuple[str, ...],
                 deny_out: tuple[str, ...], no_public_egress: bool, egress: str | None,
                 resolver: str | None, use_default: bool, command_id: str | None,
@@ -322,27 +315,29 @@ def list_workspaces(inv: Invocation, node_id: str | None, instance_id: str | Non
         ids.check_object_id(instance_id, "instance ID")
     labels = parse_labels(label_items)
     client = inv.client()
-    workspaces: list[dict[str, Any]] = []
-    token = page_token
-    while True:
-        if located:
-            page = client.get("/v1/workspace-locations", {
-                "node_id": node_id, "instance_id": instance_id, "page_size": page_size,
-                "page_token": token})
-            for loc in page.get("locations") or []:
-                try:
-                    workspaces.append(client.get(ws_path(str(loc["workspace_id"]))))
-                except NotFound:
-                    continue  # deleted between the two reads
-        else:
-            page = client.get("/v1/workspaces", {
-                "state": ",".join(s.upper() for s in states) or None,
-                "label": ",".join(f"{k}={v}" for k, v in labels.items()) or None,
-                "page_size": page_size, "page_token": token})
-            workspaces.extend(page.get("workspaces") or [])
-        token = page.get("next_page_token") or None
-        if not all_pages or not token:
-            break
+
+    def located_page(token: str | None) -> dict[str, Any]:
+        """A page of locations, as the page of the Workspaces found there."""
+        page = client.get("/v1/workspace-locations", {
+            "node_id": node_id, "instance_id": instance_id, "page_size": page_size,
+            "page_token": token})
+        found = []
+        for loc in page.get("locations") or []:
+            try:
+                found.append(client.get(ws_path(str(loc["workspace_id"]))))
+            except NotFound:
+                continue  # deleted between the two reads
+        return {"workspaces": found, "next_page_token": page.get("next_page_token")}
+
+    def filtered_page(token: str | None) -> dict[str, Any]:
+        page: dict[str, Any] = client.get("/v1/workspaces", {
+            "state": ",".join(s.upper() for s in states) or None,
+            "label": ",".join(f"{k}={v}" for k, v in labels.items()) or None,
+            "page_size": page_size, "page_token": token})
+        return page
+
+    workspaces, token = read_pages(located_page if located else filtered_page,
+                                   "workspaces", page_token, all_pages)
     if inv.as_json:
         inv.out.json_result({"workspaces": workspaces, "next_page_token": token})
     elif quiet:
@@ -351,8 +346,7 @@ def list_workspaces(inv: Invocation, node_id: str | None, instance_id: str | Non
     else:
         inv.out.table(render.WIDE_COLUMNS if wide else render.LIST_COLUMNS,
                       [render.list_row(ws, wide=wide) for ws in workspaces])
-    if token and not inv.as_json:
-        inv.out.message(f"more workspaces: add --page-token {token} (or --all)")
+    say_more(inv.out, token, "workspaces")
 
 
 @workspace_group.command("cleanup-status")
@@ -425,10 +419,7 @@ def move(inv: Invocation, workspace_id: str, node_id: str, no_wait: bool,
 
 
 def _moved(inv: Invocation, ws: dict[str, Any], line: str) -> None:
-    if inv.as_json:
-        inv.out.json_result(ws)
-    else:
-        inv.out.line(line)
+    inv.out.result(ws, lambda: inv.out.line(line))
 
 
 # ------------------------------------------------------------------------ writable layer
@@ -457,9 +448,7 @@ def _layer_done(inv: Invocation, workspace_id: str, status: dict[str, Any], verb
 @click.argument("workspace_id", metavar="WORKSPACE")
 @volume_cmds.new_size_option
 @no_wait_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def expand_layer(inv: Invocation, workspace_id: str, size: str, no_wait: bool,
                  command_id: str | None, expected_version: int | None) -> None:
     """Expand a stopped Workspace's writable layer (e2fsck and resize2fs on the node)."""
@@ -473,9 +462,7 @@ def expand_layer(inv: Invocation, workspace_id: str, size: str, no_wait: bool,
 @click.argument("workspace_id", metavar="WORKSPACE")
 @volume_cmds.target_pool_option
 @no_wait_option
-@command_id_option
-@expected_version_option
-@kibo_options
+@versioned_write_options
 def move_layer(inv: Invocation, workspace_id: str, pool_id: str, no_wait: bool,
                command_id: str | None, expected_version: int | None) -> None:
     """Copy a stopped Workspace's writable layer into another pool."""

@@ -96,9 +96,7 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
                                f"pool {dash(layer.get('pool_id'))}")
     # CLEAN, or UNKNOWN after a takeover without a release receipt (docs/storage.md)
     main.add("Layer handoff", dash(layer.get("handoff")))
-    main.add("Revision", dash(ws.get("revision")))
-    main.add("Created", dash(ws.get("created_at")))
-    main.add("Updated", dash(ws.get("updated_at")))
+    main.add_fields(ws, {"Revision": "revision", "Created": "created_at", "Updated": "updated_at"})
     if ws.get("deleted_at"):
         main.add("Deleted", str(ws.get("deleted_at")))
     # The network in a section of its own: its labels are longer, and the main block
@@ -117,10 +115,8 @@ def get_sections(ws: dict[str, Any], location: dict[str, Any] | None, *,
     sections = [main, network]
     if wide and inst:
         last = Section("Last Instance")
-        last.add("Instance", dash(inst.get("instance_id")))
-        last.add("Node", dash(inst.get("node_id")))
-        last.add("State", dash(inst.get("state")))
-        last.add("Reason", dash(inst.get("reason")))
+        last.add_fields(inst, {"Instance": "instance_id", "Node": "node_id", "State": "state",
+                               "Reason": "reason"})
         confirmed = inst.get("confirmed_on_disk")
         last.add("Stop confirmed on disk",
                  "-" if confirmed is None else ("yes" if confirmed else "no"))

@@ -46,6 +46,7 @@ from kibotos.dataplane.exec_wire import (
     exec_url,
 )
 from kibotos.dataplane.groups import sole_error
+from kibotos.dataplane.until_none import UntilNone
 from kibotos.errors import DeadlineExceeded, InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus
 
@@ -84,12 +85,12 @@ class ExecClient:
     async def signal(self, sig: str | int, *, group: bool = True) -> None:
         await self._send(exec_wire.signal_frame(sig, group))
 
-    def events(self) -> _Events:
+    def events(self) -> UntilNone[Event]:
         """Started, then Output until the streams end, then the ExitStatus (also kept
         in `exit`); raises the data plane's error, or `Unavailable` if the connection
         ends without an exit.  (An iterator object, not an async generator, so leaving
         the loop early needs no cleanup.)"""
-        return _Events(self)
+        return UntilNone(self.next_event)
 
     async def next_event(self) -> Event | None:
         """The next event, or None once the exit was delivered."""
@@ -117,21 +118,6 @@ class ExecClient:
             await self._ws.send_message(data)
         except ConnectionClosed:
             raise Unavailable("the data-plane connection is closed") from None
-
-
-
-class _Events:
-    def __init__(self, client: ExecClient) -> None:
-        self._client = client
-
-    def __aiter__(self) -> _Events:
-        return self
-
-    async def __anext__(self) -> Event:
-        event = await self._client.next_event()
-        if event is None:
-            raise StopAsyncIteration
-        return event
 
 
 @asynccontextmanager

@@ -33,6 +33,7 @@ from kibotos.credentials import SessionClaims
 from kibotos.dataplane.exec_wire import STDERR, STDIN, STDOUT
 from kibotos.dataplane.exec_wire import ExecRequest as ExecRequest  # the gateway's seam
 from kibotos.dataplane.metrics import DataplaneMetrics
+from kibotos.dataplane.relay import Relay, control_message
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus, GuestChannel, GuestOutputStream, GuestProcess
 from kibotos.logs import EventLogger
@@ -103,20 +104,17 @@ def error_frame(exc: KibotosError) -> dict[str, Any]:
     return {"type": "error", "code": exc.code, "message": exc.message}
 
 
-class ExecSession:
+class ExecSession(Relay):
     """Relays one process; `run` returns when it is over, whichever way."""
 
     def __init__(self, ws: WebSocketConnection, channel: GuestChannel, claims: SessionClaims,
                  metrics: DataplaneMetrics, *, request_timeout: float = REQUEST_TIMEOUT) -> None:
-        self.ws = ws
+        super().__init__(ws)
         self.channel = channel
         self.claims = claims
         self.metrics = metrics
         self.request_timeout = request_timeout
         self.proc: GuestProcess | None = None
-        self._scope: trio.CancelScope | None = None
-        self._outcome: str | None = None
-        self._error: KibotosError | None = None
         self._stdin_tx, self._stdin_rx = trio.open_memory_channel[bytes | None](16)
 
     # -------------------------------------------------------------- lifecycle
@@ -188,14 +186,6 @@ class ExecSession:
         except KibotosError as exc:  # the guest channel failed under us
             self._finish("guest_failed", exc)
 
-    def _finish(self, outcome: str, error: KibotosError | None = None) -> None:
-        """The first outcome wins; it ends the relay."""
-        if self._outcome is None:
-            self._outcome = outcome
-            self._error = error
-        if self._scope is not None:
-            self._scope.cancel()
-
     async def _conclude(self, proc: GuestProcess) -> None:
         outcome = self._outcome or "client_gone"
         if outcome == "exited":
@@ -236,10 +226,8 @@ class ExecSession:
 
     async def _reader(self, proc: GuestProcess) -> None:
         while True:
-            try:
-                message = await self.ws.get_message()
-            except ConnectionClosed:
-                self._finish("client_gone")
+            message = await self._client_message()
+            if message is None:
                 return
             try:
                 await self._on_message(proc, message)
@@ -256,12 +244,7 @@ class ExecSession:
                 self.metrics.bytes.labels("stdin").inc(len(message) - 1)
                 await self._stdin_tx.send(message[1:])
             return
-        if len(message) > _MAX_TEXT:
-            raise InvalidArgument("exec: control frame too long")
-        try:
-            body = json.loads(message)
-        except ValueError:
-            raise InvalidArgument("exec: a text frame must be a JSON control message") from None
+        body = control_message(message, _MAX_TEXT, "exec")
         kind = body.get("type") if isinstance(body, dict) else None
         if kind == "eof":
             await self._stdin_tx.send(None)

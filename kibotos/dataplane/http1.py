@@ -26,6 +26,7 @@ import h11
 import trio
 from trio_websocket import WebSocketRequest, WebSocketServer
 
+from kibotos.dataplane.until_none import UntilNone
 from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.logs import EventLogger
 
@@ -137,11 +138,11 @@ class HttpExchange:
 
     # -- the request body
 
-    def body(self) -> _Body:
+    def body(self) -> UntilNone[bytes]:
         """The request body as it arrives; afterwards `trailers` holds its trailers.
         (An iterator object, not an async generator: leaving the loop early needs no
         cleanup.)"""
-        return _Body(self)
+        return UntilNone(self._next_body_chunk)
 
     async def _next_body_chunk(self) -> bytes | None:
         if self._body_done:
@@ -249,20 +250,6 @@ class HttpExchange:
                     dropped += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return
-
-
-class _Body:
-    def __init__(self, exchange: HttpExchange) -> None:
-        self._exchange = exchange
-
-    def __aiter__(self) -> _Body:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self._exchange._next_body_chunk()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
 
 
 def error_status(exc: KibotosError) -> int:

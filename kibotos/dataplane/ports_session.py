@@ -32,7 +32,8 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane.metrics import DataplaneMetrics
-from kibotos.errors import InvalidArgument, KibotosError, NotFound, Unavailable
+from kibotos.dataplane.relay import Relay, control_message
+from kibotos.errors import InvalidArgument, NotFound, Unavailable
 from kibotos.guest import GuestChannel
 from kibotos.guest.ports import LOOPBACK_HOSTS, GuestPort
 from kibotos.logs import EventLogger
@@ -86,18 +87,15 @@ async def open_guest_port(channel: GuestChannel, port: int, host: str | None) ->
                       f"{OPEN_TIMEOUT:g}s")
 
 
-class PortSession:
+class PortSession(Relay):
     """Relays one connection; `run` returns when it is over, whichever way."""
 
     def __init__(self, ws: WebSocketConnection, port: GuestPort, claims: SessionClaims,
                  metrics: DataplaneMetrics) -> None:
-        self.ws = ws
+        super().__init__(ws)
         self.port = port
         self.claims = claims
         self.metrics = metrics
-        self._scope: trio.CancelScope | None = None
-        self._outcome: str | None = None
-        self._error: KibotosError | None = None
         self._up_done = self._down_done = False
 
     async def run(self) -> None:
@@ -115,24 +113,14 @@ class PortSession:
         """The data plane is stopping: end this connection now (its drain is over)."""
         self._finish("stopping")
 
-    def _finish(self, outcome: str, error: KibotosError | None = None) -> None:
-        """The first outcome wins; it ends the relay."""
-        if self._outcome is None:
-            self._outcome = outcome
-            self._error = error
-        if self._scope is not None:
-            self._scope.cancel()
-
     # -------------------------------------------------------------- the two directions
 
     async def _up(self) -> None:
         """Client → guest, until the client's EOF; then only watching for its close."""
         counter = self.metrics.ports_bytes.labels("to_guest")
         while True:
-            try:
-                message = await self.ws.get_message()
-            except ConnectionClosed:
-                self._finish("client_gone")
+            message = await self._client_message()
+            if message is None:
                 return
             try:
                 if isinstance(message, bytes):
@@ -220,10 +208,5 @@ class PortSession:
 
 
 def _control(text: str) -> Any:
-    if len(text) > _MAX_TEXT:
-        raise InvalidArgument("ports: control frame too long")
-    try:
-        body = json.loads(text)
-    except ValueError:
-        raise InvalidArgument("ports: a text frame must be a JSON control message") from None
+    body = control_message(text, _MAX_TEXT, "ports")
     return body.get("type") if isinstance(body, dict) else None

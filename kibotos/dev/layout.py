@@ -25,6 +25,7 @@ from typing import Any
 
 from kibotos import atomicfile, config
 from kibotos.node.storage.pools.marker import init_pool
+from kibotos.path_tables import Below
 
 #: Files copied from the real /proc into a node's prepared proc tree (test inputs).
 PROC_FILES = ("meminfo", "stat", "loadavg", "uptime", "pressure/cpu", "pressure/memory",
@@ -40,30 +41,13 @@ CTRL_HEADER = ("ctrl of a dev cluster, written by `kibotos dev cluster up`.\n"
 class Layout:
     root: Path
 
-    @property
-    def kibo_config(self) -> Path:
-        return self.root / "kibo.toml"
-
-    @property
-    def ctrl_dir(self) -> Path:
-        return self.root / "ctrl"
-
-    @property
-    def ctrl_config(self) -> Path:
-        return self.ctrl_dir / "ctrl.toml"
-
-    @property
-    def ctrl_state(self) -> Path:
-        return self.ctrl_dir / "state"
-
-    @property
-    def listen_address_file(self) -> Path:
-        """Written by ``kibotos ctrl serve`` once it has bound its socket."""
-        return self.ctrl_state / "listen-address"
-
-    @property
-    def shared_pool(self) -> Path:
-        return self.root / "shared-pool"
+    kibo_config = Below("root", "kibo.toml")
+    ctrl_dir = Below("root", "ctrl")
+    ctrl_config = Below("ctrl_dir", "ctrl.toml")
+    ctrl_state = Below("ctrl_dir", "state")
+    #: Written by ``kibotos ctrl serve`` once it has bound its socket.
+    listen_address_file = Below("ctrl_state", "listen-address")
+    shared_pool = Below("root", "shared-pool")
 
     def node_dir(self, node_id: str) -> Path:
         return self.root / "nodes" / node_id

@@ -32,13 +32,13 @@ from typing import Any
 import trio
 
 from kibotos.errors import (
-    ERROR_CLASSES,
     DeadlineExceeded,
     Internal,
     InvalidArgument,
     KibotosError,
     PermissionDenied,
     Unavailable,
+    error_of,
 )
 from kibotos.guest.files import Download, GuestFiles, Upload, require_capability
 from kibotos.guest.kibotos_guest.framing import (
@@ -474,10 +474,7 @@ class GuestChannel:
                 return  # a request abandoned by its caller, or the abandoned exec's signal
             error = msg.get("error")
             if isinstance(error, dict):
-                cls = ERROR_CLASSES.get(str(error.get("code")), Internal)
-                details = error.get("details")
-                pending.error = cls(str(error.get("message", "")),
-                                    details=details if isinstance(details, dict) else None)
+                pending.error = error_of(error)
             else:
                 result = msg.get("result")
                 if not isinstance(result, dict):

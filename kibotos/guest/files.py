@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from kibotos.errors import ERROR_CLASSES, FailedPrecondition, Internal, KibotosError
+from kibotos.errors import FailedPrecondition, Internal, KibotosError, error_of
 from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW
 from kibotos.guest.streams import GuestInputStream, GuestOutputStream
 
@@ -114,10 +114,7 @@ class _Transfer:
         """The guest's ``transfer_end`` (or the channel's failure, as a message)."""
         error = message.get("error")
         if isinstance(error, dict):
-            cls = ERROR_CLASSES.get(str(error.get("code")), Internal)
-            details = error.get("details")
-            self._error = cls(str(error.get("message", "")),
-                              details=details if isinstance(details, dict) else None)
+            self._error = error_of(error)
         else:
             try:
                 self._result = TransferResult.from_wire(message)

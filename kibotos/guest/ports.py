@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from kibotos.errors import ERROR_CLASSES, InvalidArgument, KibotosError, Unavailable
+from kibotos.errors import InvalidArgument, KibotosError, Unavailable, error_of
 from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW
 from kibotos.guest.streams import GuestInputStream, GuestOutputStream
 
@@ -36,10 +36,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1")
 def _error(body: Any) -> KibotosError:
     if not isinstance(body, dict):
         return Unavailable(f"the guest ended the connection: {body!r}")
-    cls = ERROR_CLASSES.get(str(body.get("code")), Unavailable)
-    details = body.get("details")
-    return cls(str(body.get("message", "")), details=details if isinstance(details, dict)
-               else None)
+    return error_of(body, Unavailable)
 
 
 class GuestPort(trio.abc.HalfCloseableStream):
@@ -97,13 +94,7 @@ class GuestPort(trio.abc.HalfCloseableStream):
 
     def _discard_output(self) -> None:
         """Stop reading: what still arrives is dropped and credited back."""
-        out = self._out
-        if not out._closed:
-            out._closed = True
-            out._grant(out._buffered)
-            out._chunks.clear()
-            out._buffered = 0
-            out._changed.set()
+        self._out.discard()
 
     # -- the stream
 

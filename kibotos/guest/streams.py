@@ -108,13 +108,18 @@ class GuestOutputStream(trio.abc.ReceiveStream):
 
     async def aclose(self) -> None:
         """Stop reading; later output is discarded so the process is not blocked."""
+        self.discard()
+        await trio.lowlevel.checkpoint()
+
+    def discard(self) -> None:
+        """Stop reading: what is buffered is dropped and credited back, and so is what
+        still arrives, so the guest never waits for a reader that is gone."""
         if not self._closed:
             self._closed = True
             self._grant(self._buffered)
             self._chunks.clear()
             self._buffered = 0
             self._changed.set()
-        await trio.lowlevel.checkpoint()
 
 
 class GuestInputStream(trio.abc.SendStream):

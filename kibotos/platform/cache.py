@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kibotos.atomicfile import fsync_dir
+from kibotos.atomicfile import fsync_dir, fsync_path
 from kibotos.errors import FailedPrecondition
 
 
@@ -89,9 +89,5 @@ def _fsync_tree(root: Path) -> None:
             path = os.path.join(dirpath, name)
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(path, os.O_NOFOLLOW)
         fsync_dir(Path(dirpath))

@@ -48,8 +48,6 @@ _E = TypeVar("_E", bound=Enum)
 WireEnum = Annotated[_E, Field(strict=False)]
 
 
-
-
 def _printable(value: str) -> str:
     found = CONTROL_CHARACTERS.search(value)
     if found:
@@ -58,13 +56,24 @@ def _printable(value: str) -> str:
     return value
 
 
-def _rfc3339(value: str) -> str:
+def parse_rfc3339(value: str) -> datetime:
+    """An RFC 3339 time (``Z`` or an offset): one reading for every side of the wire.
+    Refused with `ValueError` whose text is the reason alone (``is not an RFC 3339
+    time``, ``has no time zone``), for the caller to word with the field's name."""
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{value!r} is not an RFC 3339 time") from None
+        raise ValueError("is not an RFC 3339 time") from None
     if parsed.tzinfo is None:
-        raise ValueError(f"{value!r} has no time zone")
+        raise ValueError("has no time zone")
+    return parsed
+
+
+def _rfc3339(value: str) -> str:
+    try:
+        parse_rfc3339(value)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} {exc}") from None
     return value
 
 

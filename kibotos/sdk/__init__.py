@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         UnitInfo,
         UnitSpec,
         VmmBackend,
+        check_unit_name,
     )
     from kibotos.errors import (
         Aborted,
@@ -61,8 +62,10 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from kibotos.hookspecs import Register, hookimpl
+    from kibotos.path_tables import Below
     from kibotos.platform.cache import default_cache_root
     from kibotos.sdk.options import BackendOptions, Kind, backend_options
+    from kibotos.sdk.placement import SortedPlacementPolicy
 
 #: The modules the SDK exports, and where every other name is defined.
 _MODULES: dict[str, str] = {
@@ -83,6 +86,7 @@ _NAMES: dict[str, str] = {
     "UnitInfo": "kibotos.backends",
     "UnitSpec": "kibotos.backends",
     "VmmBackend": "kibotos.backends",
+    "check_unit_name": "kibotos.backends",
     "Aborted": "kibotos.errors",
     "AlreadyExists": "kibotos.errors",
     "DeadlineExceeded": "kibotos.errors",
@@ -97,10 +101,12 @@ _NAMES: dict[str, str] = {
     "Unavailable": "kibotos.errors",
     "Register": "kibotos.hookspecs",
     "hookimpl": "kibotos.hookspecs",
+    "Below": "kibotos.path_tables",
     "default_cache_root": "kibotos.platform.cache",
     "BackendOptions": "kibotos.sdk.options",
     "Kind": "kibotos.sdk.options",
     "backend_options": "kibotos.sdk.options",
+    "SortedPlacementPolicy": "kibotos.sdk.placement",
 }
 
 if not TYPE_CHECKING:  # mypy sees the imports above, not a catch-all __getattr__
@@ -122,6 +128,7 @@ __all__ = [
     "AlreadyExists",
     "Availability",
     "BackendOptions",
+    "Below",
     "DeadlineExceeded",
     "FailedPrecondition",
     "HostPaths",
@@ -138,6 +145,7 @@ __all__ = [
     "PoolSpec",
     "Register",
     "ResourceExhausted",
+    "SortedPlacementPolicy",
     "StorageDriver",
     "Supervisor",
     "Unauthenticated",
@@ -147,6 +155,7 @@ __all__ = [
     "VmmBackend",
     "atomicfile",
     "backend_options",
+    "check_unit_name",
     "default_cache_root",
     "hookimpl",
     "procfs",

@@ -227,12 +227,6 @@ class SimInstances:
 
     # ------------------------------------------------------------------ commands
 
-    #: The commands it answers; their arguments' types.
-    ARGS: ClassVar[dict[str, type[Args]]] = {cls.KIND: cls for cls in (
-        CreateSpec, StopArgs, DestroyArgs, LayerDeleteArgs, DrainArgs, VolumeCreateArgs,
-        VolumeDeleteArgs, ObjectExpandArgs, ObjectCopyArgs, SetNetworkArgs)}
-    KINDS: ClassVar[tuple[str, ...]] = tuple(ARGS)
-
     def handles(self, kind: str) -> bool:
         return kind in self.KINDS
 
@@ -244,26 +238,7 @@ class SimInstances:
         parsed = parse_args(model, args)
         if self.before_command is not None:
             await self.before_command(parsed)
-        if isinstance(parsed, CreateSpec):
-            return await self._create(parsed)
-        if isinstance(parsed, StopArgs):
-            return await self._stop(parsed)
-        if isinstance(parsed, DestroyArgs):
-            return await self._destroy(parsed)
-        if isinstance(parsed, LayerDeleteArgs):
-            return await self._layer_delete(parsed)
-        if isinstance(parsed, DrainArgs):
-            return await self._drain(parsed)
-        if isinstance(parsed, VolumeCreateArgs):
-            return await self._volume_create(parsed)
-        if isinstance(parsed, VolumeDeleteArgs):
-            return await self._volume_delete(parsed)
-        if isinstance(parsed, ObjectExpandArgs):
-            return await self._expand(parsed)
-        if isinstance(parsed, SetNetworkArgs):
-            return await self._set_network(parsed)
-        assert isinstance(parsed, ObjectCopyArgs)
-        return await self._copy(parsed)
+        return await self._DOES[type(parsed)](self, parsed)
 
     async def _create(self, spec: CreateSpec) -> dict[str, Any]:
         instance_id = spec.instance_id
@@ -484,3 +459,14 @@ class SimInstances:
         for instance_id in ids:
             await self._destroy(DestroyArgs(instance_id=instance_id))
         return len(ids)
+
+    #: The commands it answers, by their arguments' type: the method that does each.
+    _DOES: ClassVar[dict[type[Args], Callable[[SimInstances, Any],
+                                              Awaitable[dict[str, Any]]]]] = {
+        CreateSpec: _create, StopArgs: _stop, DestroyArgs: _destroy,
+        LayerDeleteArgs: _layer_delete, DrainArgs: _drain, VolumeCreateArgs: _volume_create,
+        VolumeDeleteArgs: _volume_delete, ObjectExpandArgs: _expand, ObjectCopyArgs: _copy,
+        SetNetworkArgs: _set_network}
+    #: The commands it answers; their arguments' types.
+    ARGS: ClassVar[dict[str, type[Args]]] = {cls.KIND: cls for cls in _DOES}
+    KINDS: ClassVar[tuple[str, ...]] = tuple(ARGS)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kibotos import atomicfile, failpoints
+from kibotos import atomicfile, failpoints, key_files
 from kibotos.errors import FailedPrecondition, InvalidArgument
 
 KEY_FILE = "cluster-ca.key"
@@ -197,34 +196,20 @@ class ClusterCA:
 
 
 def _read_key(path: Path) -> ec.EllipticCurvePrivateKey | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    what = "cluster CA key"
+    data = key_files.read_private_if_present(path, what)
+    if data is None:
         return None
-    except OSError as exc:
-        raise FailedPrecondition(f"cannot read cluster CA key {path}: {exc.strerror}") from None
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
-        raise FailedPrecondition(f"cluster CA key {path} has mode {mode:04o}: it must be "
-                                 "readable by its owner only (chmod 600)")
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise FailedPrecondition(f"cluster CA key {path} is not a PEM private key: "
-                                 f"{exc}") from None
+    key = key_files.load_private_key(data, path, what)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise FailedPrecondition(f"cluster CA key {path} is not an ECDSA key")
+        raise FailedPrecondition(f"{what} {path} is not an ECDSA key")
     return key
 
 
 def _read_cert(path: Path) -> x509.Certificate | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = key_files.read_if_present(path, "cluster CA certificate")
+    if data is None:
         return None
-    except OSError as exc:
-        raise FailedPrecondition(f"cannot read cluster CA certificate {path}: "
-                                 f"{exc.strerror}") from None
     try:
         return x509.load_pem_x509_certificate(data)
     except ValueError as exc:

@@ -7,7 +7,7 @@ import json
 import pytest
 from cli_nodes import node
 
-from kibotos.cli import node_cmds
+from kibotos.cli import node_cmds, output
 
 DRAIN = "/v1/nodes/node-a/drain"
 GET = "/v1/nodes/node-a"
@@ -139,7 +139,7 @@ def test_retire_with_yes(kibo, fake_ctrl):
 @pytest.mark.parametrize(("answer", "code", "sent"), [("y\n", 0, 1), ("n\n", 1, 0),
                                                       ("\n", 1, 0)])
 def test_retire_asks_on_a_terminal(kibo, fake_ctrl, monkeypatch, answer, code, sent):
-    monkeypatch.setattr(node_cmds, "stdin_is_terminal", lambda: True)
+    monkeypatch.setattr(output, "stdin_is_terminal", lambda: True)
     fake_ctrl.route("POST", "/v1/nodes/node-a/retire",
                     (200, {"result": node(status="RETIRED", retired=True)}))
     result = kibo("node", "retire", "node-a", input=answer)

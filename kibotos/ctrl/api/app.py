@@ -137,10 +137,9 @@ def api_routes(api: Api, services: CtrlServices) -> list[Route]:
     table.extend(api_volumes.routes(api, services.volumes, services.objects))
     table.extend(api_transfers.routes(services.transfers))
     table.extend(api_pools.routes(api))
-    table.append(Route("GET", "/v1/node/session", None, "node",
-                       "The node control session (WebSocket)", websocket=True))
-    table.append(Route("GET", "/v1/openapi.json", openapi, "anyone",
-                       "This OpenAPI document"))
+    table.append(Route("GET", "/v1/node/session", None, "The node control session (WebSocket)",
+                       websocket=True, who="node"))
+    table.append(Route("GET", "/v1/openapi.json", openapi, "This OpenAPI document", who="anyone"))
     document: dict[str, Any] = build_openapi(table)
     return table
 

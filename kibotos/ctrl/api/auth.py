@@ -94,19 +94,19 @@ class Authenticator:
         return caller
 
     async def operator(self, header: str | None) -> Caller:
-        caller = await self.identity(header)
-        if caller.kind != "operator":
-            raise PermissionDenied(
-                f"identity {caller.identity_id} is a {caller.kind} identity: "
-                "this endpoint is for operators")
-        return caller
+        return await self._of_kind(header, "operator")
 
     async def node(self, header: str | None) -> Caller:
+        return await self._of_kind(header, "node")
+
+    async def _of_kind(self, header: str | None, kind: str) -> Caller:
+        """A live identity of `kind`; the other kind is `permission_denied`."""
         caller = await self.identity(header)
-        if caller.kind != "node":
+        if caller.kind != kind:
+            article = "an" if caller.kind == "operator" else "a"
             raise PermissionDenied(
-                f"identity {caller.identity_id} is an operator identity: "
-                "this endpoint is for nodes")
+                f"identity {caller.identity_id} is {article} {caller.kind} identity: "
+                f"this endpoint is for {kind}s")
         return caller
 
     def forget(self, identity_ids: list[str]) -> None:

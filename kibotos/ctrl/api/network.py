@@ -18,7 +18,8 @@ a restart.
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -26,7 +27,7 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
+from kibotos.ctrl.api.routing import Api, Handler, Route, identity_of, read_body, read_query
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import network_records as records
 from kibotos.ctrl.store.secret_box import SecretBox
@@ -58,6 +59,43 @@ def _secret_params(box: SecretBox, name: str, password: Any) -> dict[str, Any]:
                                                   f"egress {name}")}
 
 
+@dataclass(frozen=True)
+class _NamedKind:
+    """A kind of record known by its name (Egress, Resolver), as its list, get and
+    delete read and write it: `kind` names it in errors, the journal and the handlers'
+    names (the routes' operation IDs), `plural` in the list's."""
+
+    kind: str
+    plural: str
+    list_all: Callable[[Session], dict[str, Any]]
+    get_json: Callable[[Session, str], dict[str, Any]]
+    delete: Callable[[Session, str, int | None], dict[str, Any]]
+
+
+def _named_handlers(api: Api, named: _NamedKind) -> tuple[Handler, Handler, Handler]:
+    """The list, get and delete handlers of a `_NamedKind`: Egresses and Resolvers are
+    listed, read and deleted (refused while in use, by their store rules) alike."""
+    store = api.ctx.store
+
+    async def list_all(request: Request, caller: Caller | None) -> dict[str, Any]:
+        return await store.run(named.list_all)
+
+    async def get_one(request: Request, caller: Caller | None) -> dict[str, Any]:
+        name = _name(request, named.kind)
+        return await store.run(lambda s: named.get_json(s, name))
+
+    async def delete(request: Request, caller: Caller | None) -> dict[str, Any]:
+        name = _name(request, named.kind)
+        body = await read_body(request, NamedDeleteIn)
+        return await api.journaled(f"{named.kind}.delete", {"name": name}, body, caller,
+                                   lambda s: named.delete(s, name, body.expected_version))
+
+    list_all.__name__ = f"list_{named.plural}"
+    get_one.__name__ = f"get_{named.kind}"
+    delete.__name__ = f"delete_{named.kind}"
+    return list_all, get_one, delete
+
+
 def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
     """The routes; an Egress update has `workspaces` switch the running Workspaces that
     use it, and the credentials check reads what it is sending (`egress_grants`)."""
@@ -68,19 +106,14 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
 
     async def create_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, EgressCreateIn)
-        outcome = await api.journal.execute(
-            operation="egress.create", params=_secret_params(box, body.name, body.password),
-            body=body, identity_id=identity_of(caller),
-            fn=lambda s: records.create_egress(s, body, box, ctx.now()))
-        return outcome.result
+        return await api.journaled("egress.create", _secret_params(box, body.name, body.password),
+                                   body, caller,
+                                   lambda s: records.create_egress(s, body, box, ctx.now()))
 
-    async def list_egresses(request: Request, caller: Caller | None) -> dict[str, Any]:
-        return await ctx.store.run(records.list_egresses)
-
-    async def get_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
-        name = _name(request, "egress")
-        return await ctx.store.run(
-            lambda s: records.egress_json(records.get_egress(s, name)))
+    list_egresses, get_egress, delete_egress = _named_handlers(api, _NamedKind(
+        "egress", "egresses", records.list_egresses,
+        lambda s, name: records.egress_json(records.get_egress(s, name)),
+        records.delete_egress))
 
     async def update_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
         name = _name(request, "egress")
@@ -91,15 +124,6 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
             fn=lambda s: records.update_egress(s, name, body, box, ctx.now()))
         if not outcome.replayed and outcome.result.get("outcome") == "updated":
             workspaces.egress_changed(name)
-        return outcome.result
-
-    async def delete_egress(request: Request, caller: Caller | None) -> dict[str, Any]:
-        name = _name(request, "egress")
-        body = await read_body(request, NamedDeleteIn)
-        outcome = await api.journal.execute(
-            operation="egress.delete", params={"name": name}, body=body,
-            identity_id=identity_of(caller),
-            fn=lambda s: records.delete_egress(s, name, body.expected_version))
         return outcome.result
 
     async def egress_credentials(request: Request, caller: Caller | None) -> dict[str, Any]:
@@ -123,54 +147,36 @@ def routes(api: Api, workspaces: WorkspaceService) -> list[Route]:
 
     async def create_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, ResolverCreateIn)
-        outcome = await api.journal.execute(
-            operation="resolver.create", params={"name": body.name}, body=body,
-            identity_id=identity_of(caller),
-            fn=lambda s: records.create_resolver(s, body, ctx.now()))
-        return outcome.result
+        return await api.journaled("resolver.create", {"name": body.name}, body, caller,
+                                   lambda s: records.create_resolver(s, body, ctx.now()))
 
-    async def list_resolvers(request: Request, caller: Caller | None) -> dict[str, Any]:
-        return await ctx.store.run(records.list_resolvers)
-
-    async def get_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
-        name = _name(request, "resolver")
-        return await ctx.store.run(
-            lambda s: records.resolver_json(records.get_resolver(s, name)))
-
-    async def delete_resolver(request: Request, caller: Caller | None) -> dict[str, Any]:
-        name = _name(request, "resolver")
-        body = await read_body(request, NamedDeleteIn)
-        outcome = await api.journal.execute(
-            operation="resolver.delete", params={"name": name}, body=body,
-            identity_id=identity_of(caller),
-            fn=partial(records.delete_resolver, name=name, expected=body.expected_version))
-        return outcome.result
+    list_resolvers, get_resolver, delete_resolver = _named_handlers(api, _NamedKind(
+        "resolver", "resolvers", records.list_resolvers,
+        lambda s, name: records.resolver_json(records.get_resolver(s, name)),
+        records.delete_resolver))
 
     return [
-        Route("POST", "/v1/egresses", create_egress, "operator",
+        Route("POST", "/v1/egresses", create_egress,
               "Create an Egress (a SOCKS5 endpoint; the password is stored sealed and "
               "never shown)", body=EgressCreateIn, result=EgressOut),
-        Route("GET", "/v1/egresses", list_egresses, "operator", "List Egresses by name",
-              result=EgressListOut),
-        Route("GET", "/v1/egresses/{name}", get_egress, "operator", "One Egress",
-              result=EgressOut),
-        Route("POST", "/v1/egresses/{name}/update", update_egress, "operator",
-              "Change an Egress's address or credentials (a new revision)",
-              body=EgressUpdateIn, result=EgressUpdateOut),
-        Route("DELETE", "/v1/egresses/{name}", delete_egress, "operator",
+        Route("GET", "/v1/egresses", list_egresses, "List Egresses by name", result=EgressListOut),
+        Route("GET", "/v1/egresses/{name}", get_egress, "One Egress", result=EgressOut),
+        Route("POST", "/v1/egresses/{name}/update", update_egress,
+              "Change an Egress's address or credentials (a new revision)", body=EgressUpdateIn,
+              result=EgressUpdateOut),
+        Route("DELETE", "/v1/egresses/{name}", delete_egress,
               "Delete an Egress no Workspace or Resolver uses", body=NamedDeleteIn,
               result=EgressOut),
-        Route("GET", "/v1/egresses/{name}/credentials", egress_credentials, "node",
+        Route("GET", "/v1/egresses/{name}/credentials", egress_credentials,
               "An Egress revision's username and password, for a node running an "
-              "Instance that was sent it", query=CredentialsQuery,
-              result=EgressCredentialsOut),
-        Route("POST", "/v1/resolvers", create_resolver, "operator",
+              "Instance that was sent it", query=CredentialsQuery, result=EgressCredentialsOut,
+              who="node"),
+        Route("POST", "/v1/resolvers", create_resolver,
               "Create a Resolver (a DNS upstream, direct or through an Egress)",
               body=ResolverCreateIn, result=ResolverOut),
-        Route("GET", "/v1/resolvers", list_resolvers, "operator", "List Resolvers by name",
+        Route("GET", "/v1/resolvers", list_resolvers, "List Resolvers by name",
               result=ResolverListOut),
-        Route("GET", "/v1/resolvers/{name}", get_resolver, "operator", "One Resolver",
-              result=ResolverOut),
-        Route("DELETE", "/v1/resolvers/{name}", delete_resolver, "operator",
+        Route("GET", "/v1/resolvers/{name}", get_resolver, "One Resolver", result=ResolverOut),
+        Route("DELETE", "/v1/resolvers/{name}", delete_resolver,
               "Delete a Resolver no Workspace uses", body=NamedDeleteIn, result=ResolverOut),
     ]

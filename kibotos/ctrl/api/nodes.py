@@ -17,7 +17,14 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, path_node_id, read_body, read_query
+from kibotos.ctrl.api.routing import (
+    Api,
+    Route,
+    path_node_id,
+    query_read,
+    read_body,
+    require_true,
+)
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.node_view import node_json
 from kibotos.ctrl.pools import facts as pool_facts
@@ -33,7 +40,6 @@ from kibotos.ctrl.wire.base import (
     OvercommitOut,
     VersionedWrite,
 )
-from kibotos.errors import InvalidArgument
 from kibotos.protocol import CloseReason
 
 NodeOp = Callable[[Session, str, int | None, datetime], Node]
@@ -60,9 +66,7 @@ def _retire(session: Session, node_id: str, expected: int | None, now: datetime)
 def routes(api: Api) -> list[Route]:
     ctx = api.ctx
 
-    async def list_nodes(request: Request, caller: Caller | None) -> dict[str, Any]:
-        query = read_query(request, NodeListQuery)
-        return await ctx.store.run(partial(_list, query))
+    list_nodes = query_read("list_nodes", api, NodeListQuery, _list)
 
     async def get_node(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_get, path_node_id(request)))
@@ -98,11 +102,9 @@ def routes(api: Api) -> list[Route]:
         assert caller is not None
         node_id = path_node_id(request)
         body = await read_body(request, IsolateIn)
-        if not body.confirm_host_cannot_write:
-            raise InvalidArgument(
-                "confirm_host_cannot_write must be true: isolate asserts that the host is "
-                "powered off or can no longer write to any of its storage pools",
-                details={"field": "confirm_host_cannot_write"})
+        require_true(body.confirm_host_cannot_write, "confirm_host_cannot_write",
+                     "isolate asserts that the host is powered off or can no longer write "
+                     "to any of its storage pools")
         alive_here = ctx.sessions.is_alive(node_id)
 
         def txn(session: Session) -> dict[str, Any]:
@@ -115,10 +117,7 @@ def routes(api: Api) -> list[Route]:
                     "released_retained_layers": counts.released_retained_layers,
                     "failed_workspaces": counts.failed_workspaces}
 
-        outcome = await api.journal.execute(
-            operation="node.isolate", params={"node_id": node_id}, body=body,
-            identity_id=caller.identity_id, fn=txn)
-        return outcome.result
+        return await api.journaled("node.isolate", {"node_id": node_id}, body, caller, txn)
 
     async def overcommit_get(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(overcommit.overview)
@@ -164,28 +163,25 @@ def routes(api: Api) -> list[Route]:
         return outcome.result
 
     return [
-        Route("GET", "/v1/nodes", list_nodes, "operator",
-              "List nodes in node_id order, one page at a time",
+        Route("GET", "/v1/nodes", list_nodes, "List nodes in node_id order, one page at a time",
               query=NodeListQuery, result=NodeListOut),
-        Route("GET", "/v1/nodes/{node_id}", get_node, "operator",
-              "One node, with its latest host usage sample", result=NodeOut),
-        Route("POST", "/v1/nodes/{node_id}/drain", drain, "operator",
-              "Stop placing new Workspaces on the node", body=VersionedWrite, result=NodeOut),
-        Route("POST", "/v1/nodes/{node_id}/cancel-drain", cancel_drain, "operator",
+        Route("GET", "/v1/nodes/{node_id}", get_node, "One node, with its latest host usage sample",
+              result=NodeOut),
+        Route("POST", "/v1/nodes/{node_id}/drain", drain, "Stop placing new Workspaces on the node",
+              body=VersionedWrite, result=NodeOut),
+        Route("POST", "/v1/nodes/{node_id}/cancel-drain", cancel_drain,
               "Restore placement on a drained node", body=VersionedWrite, result=NodeOut),
-        Route("POST", "/v1/nodes/{node_id}/isolate", isolate, "operator",
+        Route("POST", "/v1/nodes/{node_id}/isolate", isolate,
               "Declare that a node's host can no longer write; release what it held",
               body=IsolateIn, result=IsolateOut),
-        Route("POST", "/v1/nodes/{node_id}/retire", retire, "operator",
-              "Retire a DRAINED or isolated node, finally", body=VersionedWrite,
-              result=NodeOut),
-        Route("GET", "/v1/overcommit", overcommit_get, "operator",
+        Route("POST", "/v1/nodes/{node_id}/retire", retire,
+              "Retire a DRAINED or isolated node, finally", body=VersionedWrite, result=NodeOut),
+        Route("GET", "/v1/overcommit", overcommit_get,
               "The cluster-wide overcommit default and the per-node overrides",
               result=OvercommitOut),
-        Route("PUT", "/v1/overcommit/default", overcommit_set_default, "operator",
+        Route("PUT", "/v1/overcommit/default", overcommit_set_default,
               "Change the cluster-wide overcommit default", body=OvercommitDefaultIn,
               result=OvercommitOut),
-        Route("PUT", "/v1/nodes/{node_id}/overcommit", overcommit_set, "operator",
-              "Set or clear one node's overcommit override", body=OvercommitNodeIn,
-              result=NodeOut),
+        Route("PUT", "/v1/nodes/{node_id}/overcommit", overcommit_set,
+              "Set or clear one node's overcommit override", body=OvercommitNodeIn, result=NodeOut),
     ]

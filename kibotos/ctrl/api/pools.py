@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.api.routing import Api, Route, read_body, require_true
 from kibotos.ctrl.pools import operator_writes as pool_ops
 from kibotos.ctrl.pools import view as pool_view
 from kibotos.ctrl.wire.pools import (
@@ -26,7 +26,6 @@ from kibotos.ctrl.wire.pools import (
     PoolOut,
     SetCapacityIn,
 )
-from kibotos.errors import InvalidArgument
 
 
 def path_pool_id(request: Request) -> str:
@@ -55,41 +54,35 @@ def routes(api: Api) -> list[Route]:
             return pool_ops.set_capacity(session, pool_id, body.capacity_bytes,
                                          body.expected_version, ctx.now())
 
-        outcome = await api.journal.execute(
-            operation="storage_pool.set_capacity", params={"pool_id": pool_id}, body=body,
-            identity_id=caller.identity_id, fn=txn)
-        return outcome.result
+        return await api.journaled("storage_pool.set_capacity", {"pool_id": pool_id}, body, caller,
+                                   txn)
 
     async def declare_lost(request: Request, caller: Caller | None) -> dict[str, Any]:
         assert caller is not None
         pool_id = path_pool_id(request)
         body = await read_body(request, DeclareLostIn)
-        if not body.confirm_data_lost:
-            raise InvalidArgument(
-                "confirm_data_lost must be true: declare-lost asserts that the pool's "
-                "storage is gone for good, and the Workspaces in it can only be deleted",
-                details={"field": "confirm_data_lost"})
+        require_true(body.confirm_data_lost, "confirm_data_lost",
+                     "declare-lost asserts that the pool's storage is gone for good, and "
+                     "the Workspaces in it can only be deleted")
 
         def txn(session: Session) -> dict[str, Any]:
             return pool_ops.declare_lost(session, pool_id, body.expected_version, ctx.now())
 
-        outcome = await api.journal.execute(
-            operation="storage_pool.declare_lost", params={"pool_id": pool_id}, body=body,
-            identity_id=caller.identity_id, fn=txn)
-        return outcome.result
+        return await api.journaled("storage_pool.declare_lost", {"pool_id": pool_id}, body, caller,
+                                   txn)
 
     return [
-        Route("GET", "/v1/storage-pools", list_pools, "operator",
+        Route("GET", "/v1/storage-pools", list_pools,
               "Every storage pool: capacity, reservations, members", result=PoolListOut),
-        Route("GET", "/v1/storage-pools/{pool_id}", get_pool, "operator",
+        Route("GET", "/v1/storage-pools/{pool_id}", get_pool,
               "One storage pool, with each member's availability and refused storages",
               result=PoolOut),
-        Route("GET", "/v1/storage-pools/{pool_id}/objects", pool_objects, "operator",
+        Route("GET", "/v1/storage-pools/{pool_id}/objects", pool_objects,
               "The retained layers and Volumes in a storage pool", result=PoolObjectsOut),
-        Route("POST", "/v1/storage-pools/{pool_id}/set-capacity", set_capacity, "operator",
-              "Set the pool's capacity (never below its reservations)",
-              body=SetCapacityIn, result=PoolOut),
-        Route("POST", "/v1/storage-pools/{pool_id}/declare-lost", declare_lost, "operator",
+        Route("POST", "/v1/storage-pools/{pool_id}/set-capacity", set_capacity,
+              "Set the pool's capacity (never below its reservations)", body=SetCapacityIn,
+              result=PoolOut),
+        Route("POST", "/v1/storage-pools/{pool_id}/declare-lost", declare_lost,
               "Declare a pool without members lost: its Workspaces can only be deleted",
               body=DeclareLostIn, result=DeclareLostOut),
     ]

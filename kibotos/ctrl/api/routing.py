@@ -1,9 +1,10 @@
 """The route table every API module contributes to, and what each handler shares.
 
-A `Route` names its method, path, who may call it, and its body, query and result
-models.  `app.py` turns the table into Starlette routes, and `openapi.py` into the
-OpenAPI document, so the two cannot disagree.  The ``who`` column is enforced here, in
-one wrapper, before a handler runs: a handler never forgets to authenticate.
+A `Route` names its method, path, handler and summary, who may call it (operators
+unless it says otherwise), and its body, query and result models.  `app.py` turns the
+table into Starlette routes, and `openapi.py` into the OpenAPI document, so the two
+cannot disagree.  The ``who`` column is enforced here, in one wrapper, before a handler
+runs: a handler never forgets to authenticate.
 """
 
 from __future__ import annotations
@@ -11,18 +12,25 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.live.context import CtrlContext
-from kibotos.ctrl.store.journal import Journal
+from kibotos.ctrl.store.journal import Journal, Txn
+from kibotos.ctrl.wire.base import WaitQuery, WriteRequest
 from kibotos.errors import InvalidArgument
 from kibotos.protocol import json_text
+
+#: The service call a plain write on one object is: its ID, the checked body, and the
+#: caller's identity for the journal.
+ObjectWrite = Callable[[str, Any, str | None], Awaitable[Any]]
 
 Who = Literal["anyone", "identity", "operator", "node"]
 Handler = Callable[[Request, Caller | None], Awaitable[Any]]
@@ -67,11 +75,13 @@ class Route:
     method: str
     path: str
     handler: Handler | None
-    who: Who
     summary: str
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
     result: type[BaseModel] | None = None
+    #: Who may call it.  Operators, unless the route says otherwise: nearly every route
+    #: is theirs, and the default is the narrowest caller but one, never "anyone".
+    who: Who = "operator"
     #: The control session: a WebSocket upgrade, served by `SessionHub`, not `handler`.
     websocket: bool = False
     #: The largest JSON body this route reads (`read_body`); small for the routes whose
@@ -92,6 +102,16 @@ class Api:
     ctx: CtrlContext
     auth: Authenticator
     journal: Journal
+
+    async def journaled(self, operation: str, params: dict[str, Any],
+                        body: WriteRequest | None, caller: Caller | None,
+                        fn: Txn) -> dict[str, Any]:
+        """The result of a write that one journaled transaction does whole, with nothing
+        to do after it commits (most writes): `fn` under the body's command ID, the
+        caller recorded as who asked."""
+        outcome = await self.journal.execute(operation=operation, params=params, body=body,
+                                             identity_id=identity_of(caller), fn=fn)
+        return outcome.result
 
 
 def identity_of(caller: Caller | None) -> str | None:
@@ -165,6 +185,68 @@ def read_query(request: Request, model: type[M]) -> M:
 
 def path_node_id(request: Request) -> str:
     return ids.check_node_id(request.path_params["node_id"])
+
+
+def path_object_id(key: str, what: str) -> Callable[[Request], str]:
+    """The reader of the object ID in path parameter `key` (a Workspace, a Volume):
+    the wrong shape is `invalid_argument`, with `what` naming it."""
+
+    def read(request: Request) -> str:
+        return ids.check_object_id(request.path_params[key], what)
+
+    return read
+
+
+path_workspace_id = path_object_id("workspace_id", "workspace ID")
+
+
+def object_write(name: str, path_id: Callable[[Request], str], body: type[BaseModel],
+                 write: ObjectWrite) -> Handler:
+    """The handler of a write on the object its path names that one service call does
+    whole: the ID (checked before the body is read, so a bad one is refused first), the
+    body as `body`, the caller's identity for the journal.  `name` is the handler's
+    name, which is the route's OpenAPI operation ID."""
+
+    async def handler(request: Request, caller: Caller | None) -> Any:
+        object_id = path_id(request)
+        return await write(object_id, await read_body(request, body), identity_of(caller))
+
+    handler.__name__ = name
+    return handler
+
+
+def query_read(name: str, api: Api, query: type[M],
+               read: Callable[[M, Session], dict[str, Any]]) -> Handler:
+    """The handler of a read the store answers from the query string alone (a list, a
+    page of locations): the query as `query`, then ``read(query, session)`` in one
+    store transaction.  `name` is the route's OpenAPI operation ID."""
+
+    async def handler(request: Request, caller: Caller | None) -> Any:
+        return await api.ctx.store.run(partial(read, read_query(request, query)))
+
+    handler.__name__ = name
+    return handler
+
+
+def waiting_get(name: str, path_id: Callable[[Request], str], query: type[WaitQuery],
+                get: Callable[[str, float], Awaitable[dict[str, Any]]]) -> Handler:
+    """The handler of a get of the object its path names that may wait (``wait_s`` of
+    `query`, a `WaitQuery`) for it to settle: the ID checked first, then
+    ``get(id, wait_s)``."""
+
+    async def handler(request: Request, caller: Caller | None) -> Any:
+        object_id = path_id(request)
+        return await get(object_id, read_query(request, query).wait_s)
+
+    handler.__name__ = name
+    return handler
+
+
+def require_true(value: bool, field: str, asserts: str) -> None:
+    """A body field that asserts what ctrl cannot check (the host is off, the data is
+    gone) must be given as true: without it the write is `invalid_argument`."""
+    if not value:
+        raise InvalidArgument(f"{field} must be true: {asserts}", details={"field": field})
 
 
 def endpoint(api: Api, route: Route) -> Callable[[Request], Awaitable[Response]]:

@@ -35,10 +35,9 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
 from kibotos.credentials import LIFETIME, OPERATIONS
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.api.routing import Api, Route, path_workspace_id, read_body
 from kibotos.ctrl.model.network_records import node_trusted
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.ctrl.wire.base import Result, WriteRequest, iso
@@ -133,10 +132,6 @@ def dataplane_names(session: Session, node_id: str) -> list[str]:
     return [host]
 
 
-def path_workspace_id(request: Request) -> str:
-    return ids.check_object_id(request.path_params["workspace_id"], "workspace ID")
-
-
 def routes(api: Api) -> list[Route]:
     ctx = api.ctx
 
@@ -178,11 +173,11 @@ def routes(api: Api) -> list[Route]:
                                     names=names).model_dump()
 
     return [
-        Route("POST", "/v1/workspaces/{workspace_id}/sessions", create_session, "operator",
+        Route("POST", "/v1/workspaces/{workspace_id}/sessions", create_session,
               "A short-lived credential for the data plane of an AVAILABLE Workspace",
               body=WorkspaceSessionIn, result=WorkspaceSessionOut),
-        Route("POST", "/v1/node/dataplane-certificate", dataplane_certificate, "node",
+        Route("POST", "/v1/node/dataplane-certificate", dataplane_certificate,
               "A certificate from the cluster CA for the calling node's data-plane key "
               "and reported address", body=DataplaneCertificateRequest,
-              result=DataplaneCertificateOut),
+              result=DataplaneCertificateOut, who="node"),
     ]

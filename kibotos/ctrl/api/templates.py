@@ -29,7 +29,7 @@ from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, read_body
 from kibotos.ctrl.store.artifacts import ArtifactStore, BlobResponse
-from kibotos.ctrl.store.models import Template, Workspace
+from kibotos.ctrl.store.models import Template, Workspace, existing
 from kibotos.ctrl.wire.base import (
     ArtifactOut,
     TemplateListOut,
@@ -147,10 +147,7 @@ def delete_template(session: Session, name: str, expected_version: int | None
 
 
 def _get(name: str, session: Session) -> dict[str, Any]:
-    row = session.get(Template, name)
-    if row is None:
-        raise NotFound(f"template {name} does not exist", details={"name": name})
-    return template_json(row)
+    return template_json(existing(session, Template, name, "template", "name"))
 
 
 def _list(session: Session) -> dict[str, Any]:
@@ -173,11 +170,8 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         name = _path_name(request)
         body = await read_body(request, TemplatePutIn)
         image_size = await trio.to_thread.run_sync(check_blobs, artifacts, body)
-        outcome = await api.journal.execute(
-            operation="template.put", params={"name": name}, body=body,
-            identity_id=caller.identity_id,
-            fn=lambda s: put_template(s, name, body, image_size, ctx.now()))
-        return outcome.result
+        return await api.journaled("template.put", {"name": name}, body, caller,
+                                   lambda s: put_template(s, name, body, image_size, ctx.now()))
 
     async def list_templates(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(_list)
@@ -190,27 +184,24 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         assert caller is not None
         name = _path_name(request)
         body = await read_body(request, VersionedWrite)
-        outcome = await api.journal.execute(
-            operation="template.delete", params={"name": name}, body=body,
-            identity_id=caller.identity_id,
-            fn=lambda s: delete_template(s, name, body.expected_version))
-        return outcome.result
+        return await api.journaled("template.delete", {"name": name}, body, caller,
+                                   lambda s: delete_template(s, name, body.expected_version))
 
     return [
-        Route("PUT", "/v1/artifacts/sha256/{hex}", put_artifact, "identity",
+        Route("PUT", "/v1/artifacts/sha256/{hex}", put_artifact,
               "Upload a blob (the request body, application/octet-stream); stored only "
               "if its sha256 is the one in the path (nodes upload Transfer archives)",
-              result=ArtifactOut),
-        Route("GET", "/v1/artifacts/sha256/{hex}", get_artifact, "identity",
-              "Download a blob (also HEAD; byte ranges allowed)"),
-        Route("PUT", "/v1/templates/{name}", put_template_route, "operator",
-              "Create a Template or point it at other blobs (uploaded first)",
-              body=TemplatePutIn, result=TemplatePutOut),
-        Route("GET", "/v1/templates", list_templates, "operator",
-              "List Templates by name", result=TemplateListOut),
-        Route("GET", "/v1/templates/{name}", get_template, "identity",
-              "One Template", result=TemplateOut),
-        Route("DELETE", "/v1/templates/{name}", delete_template_route, "operator",
-              "Delete a Template no Workspace uses (its blobs stay)",
-              body=VersionedWrite, result=TemplateOut),
+              result=ArtifactOut, who="identity"),
+        Route("GET", "/v1/artifacts/sha256/{hex}", get_artifact,
+              "Download a blob (also HEAD; byte ranges allowed)", who="identity"),
+        Route("PUT", "/v1/templates/{name}", put_template_route,
+              "Create a Template or point it at other blobs (uploaded first)", body=TemplatePutIn,
+              result=TemplatePutOut),
+        Route("GET", "/v1/templates", list_templates, "List Templates by name",
+              result=TemplateListOut),
+        Route("GET", "/v1/templates/{name}", get_template, "One Template", result=TemplateOut,
+              who="identity"),
+        Route("DELETE", "/v1/templates/{name}", delete_template_route,
+              "Delete a Template no Workspace uses (its blobs stay)", body=VersionedWrite,
+              result=TemplateOut),
     ]

@@ -34,12 +34,10 @@ def routes(transfers: TransferService) -> list[Route]:
         return await transfers.import_volume(body, identity_of(caller))
 
     return [
-        Route("POST", "/v1/transfers/export", export, "operator",
+        Route("POST", "/v1/transfers/export", export,
               "Export a Volume as a Transfer archive into the artifact store (answers "
-              "when the archive is stored)", body=TransferExportIn,
-              result=TransferExportOut),
-        Route("POST", "/v1/transfers/import", import_, "operator",
+              "when the archive is stored)", body=TransferExportIn, result=TransferExportOut),
+        Route("POST", "/v1/transfers/import", import_,
               "Import a Transfer archive from the artifact store as a new Volume "
-              "(answers when it is AVAILABLE)", body=TransferImportIn,
-              result=TransferImportOut),
+              "(answers when it is AVAILABLE)", body=TransferImportIn, result=TransferImportOut),
     ]

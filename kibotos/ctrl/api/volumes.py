@@ -11,12 +11,21 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
-from kibotos.ctrl.api.workspaces import path_workspace_id
+from kibotos.ctrl.api.routing import (
+    Api,
+    Route,
+    identity_of,
+    object_write,
+    path_object_id,
+    path_workspace_id,
+    query_read,
+    read_body,
+    waiting_get,
+)
 from kibotos.ctrl.live.object_ops import ObjectOps
 from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import volume_txns as vt
@@ -33,83 +42,62 @@ from kibotos.ctrl.wire.volumes import (
     VolumeOut,
 )
 
+path_volume_id = path_object_id("volume_id", "volume ID")
 
-def path_volume_id(request: Request) -> str:
-    return ids.check_object_id(request.path_params["volume_id"], "volume ID")
+
+def _list(q: VolumeListQuery, session: Session) -> dict[str, Any]:
+    return vt.list_page(session, pool_id=q.pool_id, workspace_id=q.workspace_id,
+                        deleted=q.deleted, page_size=q.page_size, page_token=q.page_token)
 
 
 def routes(api: Api, volumes: VolumeService, objects: ObjectOps) -> list[Route]:
-    ctx = api.ctx
-
     async def create_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
         body = await read_body(request, VolumeCreateIn)
         return await volumes.create(body, identity_of(caller))
 
-    async def list_volumes(request: Request, caller: Caller | None) -> dict[str, Any]:
-        q = read_query(request, VolumeListQuery)
-        return await ctx.store.run(partial(
-            vt.list_page, pool_id=q.pool_id, workspace_id=q.workspace_id, deleted=q.deleted,
-            page_size=q.page_size, page_token=q.page_token))
+    list_volumes = query_read("list_volumes", api, VolumeListQuery, _list)
 
-    async def get_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
-        volume_id = path_volume_id(request)
-        query = read_query(request, VolumeGetQuery)
-        return await volumes.get(volume_id, query.wait_s)
+    get_volume = waiting_get("get_volume", path_volume_id, VolumeGetQuery, volumes.get)
 
-    async def delete_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
-        volume_id = path_volume_id(request)
-        body = await read_body(request, VersionedWrite)
-        return await volumes.delete(volume_id, body, identity_of(caller))
-
-    async def expand_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
-        volume_id = path_volume_id(request)
-        body = await read_body(request, ExpandIn)
-        return await objects.expand(VOLUME, volume_id, body, identity_of(caller))
-
-    async def move_volume(request: Request, caller: Caller | None) -> dict[str, Any]:
-        volume_id = path_volume_id(request)
-        body = await read_body(request, MoveIn)
-        return await objects.move(VOLUME, volume_id, body, identity_of(caller))
-
-    async def expand_layer(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, ExpandIn)
-        return await objects.expand(LAYER, workspace_id, body, identity_of(caller))
-
-    async def move_layer(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, MoveIn)
-        return await objects.move(LAYER, workspace_id, body, identity_of(caller))
+    delete_volume = object_write("delete_volume", path_volume_id, VersionedWrite,
+                                 volumes.delete)
+    expand_volume = object_write("expand_volume", path_volume_id, ExpandIn,
+                                 partial(objects.expand, VOLUME))
+    move_volume = object_write("move_volume", path_volume_id, MoveIn,
+                               partial(objects.move, VOLUME))
+    expand_layer = object_write("expand_layer", path_workspace_id, ExpandIn,
+                                partial(objects.expand, LAYER))
+    move_layer = object_write("move_layer", path_workspace_id, MoveIn,
+                              partial(objects.move, LAYER))
 
     async def layer_status(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await objects.status(LAYER, path_workspace_id(request))
 
     return [
-        Route("POST", "/v1/volumes", create_volume, "operator",
-              "Create a Volume (CREATING until its node made the block file)",
-              body=VolumeCreateIn, result=VolumeOut),
-        Route("GET", "/v1/volumes", list_volumes, "operator",
+        Route("POST", "/v1/volumes", create_volume,
+              "Create a Volume (CREATING until its node made the block file)", body=VolumeCreateIn,
+              result=VolumeOut),
+        Route("GET", "/v1/volumes", list_volumes,
               "List Volumes in ID order (DELETED ones only with deleted=true)",
               query=VolumeListQuery, result=VolumeListOut),
-        Route("GET", "/v1/volumes/{volume_id}", get_volume, "operator",
+        Route("GET", "/v1/volumes/{volume_id}", get_volume,
               "One Volume; wait_s waits for a settled state and no running operation",
               query=VolumeGetQuery, result=VolumeOut),
-        Route("POST", "/v1/volumes/{volume_id}/delete", delete_volume, "operator",
+        Route("POST", "/v1/volumes/{volume_id}/delete", delete_volume,
               "Delete a Volume attached to no Workspace (DELETING, then DELETED)",
               body=VersionedWrite, result=VolumeOut),
-        Route("POST", "/v1/volumes/{volume_id}/expand", expand_volume, "operator",
-              "Expand a Volume (its Workspace stopped); follow it with get",
-              body=ExpandIn, result=VolumeOut),
-        Route("POST", "/v1/volumes/{volume_id}/move", move_volume, "operator",
-              "Move a Volume to another pool through a node attached to both",
-              body=MoveIn, result=VolumeOut),
+        Route("POST", "/v1/volumes/{volume_id}/expand", expand_volume,
+              "Expand a Volume (its Workspace stopped); follow it with get", body=ExpandIn,
+              result=VolumeOut),
+        Route("POST", "/v1/volumes/{volume_id}/move", move_volume,
+              "Move a Volume to another pool through a node attached to both", body=MoveIn,
+              result=VolumeOut),
         Route("POST", "/v1/workspaces/{workspace_id}/expand-layer", expand_layer,
-              "operator", "Expand a stopped Workspace's writable layer",
-              body=ExpandIn, result=LayerStatusOut),
-        Route("POST", "/v1/workspaces/{workspace_id}/move-layer", move_layer, "operator",
-              "Move a stopped Workspace's writable layer to another pool",
-              body=MoveIn, result=LayerStatusOut),
-        Route("GET", "/v1/workspaces/{workspace_id}/layer", layer_status, "operator",
+              "Expand a stopped Workspace's writable layer", body=ExpandIn, result=LayerStatusOut),
+        Route("POST", "/v1/workspaces/{workspace_id}/move-layer", move_layer,
+              "Move a stopped Workspace's writable layer to another pool", body=MoveIn,
+              result=LayerStatusOut),
+        Route("GET", "/v1/workspaces/{workspace_id}/layer", layer_status,
               "A Workspace's writable layer: pool, size and running operation",
               result=LayerStatusOut),
     ]

@@ -15,16 +15,25 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body, read_query
+from kibotos.ctrl.api.routing import (
+    Api,
+    Route,
+    identity_of,
+    object_write,
+    path_workspace_id,
+    query_read,
+    read_body,
+    read_query,
+    waiting_get,
+)
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import use_rights, volume_attach
-from kibotos.ctrl.store.models import Instance, Node
+from kibotos.ctrl.store.models import Instance, Node, existing
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import (
@@ -42,18 +51,11 @@ from kibotos.ctrl.wire.workspaces import (
     WorkspaceStartIn,
     WorkspaceStopIn,
 )
-from kibotos.errors import FailedPrecondition, NotFound
-
-
-def path_workspace_id(request: Request) -> str:
-    return ids.check_object_id(request.path_params["workspace_id"], "workspace ID")
+from kibotos.errors import FailedPrecondition
 
 
 def _node_or_404(session: Session, node_id: str) -> Node:
-    node = session.get(Node, node_id)
-    if node is None:
-        raise NotFound(f"node {node_id} does not exist", details={"node_id": node_id})
-    return node
+    return existing(session, Node, node_id, "node", "node_id")
 
 
 def _list(query: WorkspaceListQuery, session: Session) -> dict[str, Any]:
@@ -104,41 +106,23 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         body = await read_body(request, WorkspaceCreateIn)
         return await service.create(body, identity_of(caller))
 
-    async def list_workspaces(request: Request, caller: Caller | None) -> dict[str, Any]:
-        query = read_query(request, WorkspaceListQuery)
-        return await ctx.store.run(partial(_list, query))
+    list_workspaces = query_read("list_workspaces", api, WorkspaceListQuery, _list)
+    get_workspace = waiting_get("get_workspace", path_workspace_id, WorkspaceGetQuery,
+                                service.get)
 
-    async def get_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        query = read_query(request, WorkspaceGetQuery)
-        return await service.get(workspace_id, query.wait_s)
-
-    async def start_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, WorkspaceStartIn)
-        return await service.start(workspace_id, body, identity_of(caller))
-
-    async def stop_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, WorkspaceStopIn)
-        return await service.stop(workspace_id, body, identity_of(caller))
-
-    async def delete_workspace(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, VersionedWrite)
-        return await service.delete(workspace_id, body, identity_of(caller))
-
-    async def set_network(request: Request, caller: Caller | None) -> dict[str, Any]:
-        workspace_id = path_workspace_id(request)
-        body = await read_body(request, WorkspaceSetNetworkIn)
-        return await service.set_network(workspace_id, body, identity_of(caller))
+    start_workspace = object_write("start_workspace", path_workspace_id, WorkspaceStartIn,
+                                   service.start)
+    stop_workspace = object_write("stop_workspace", path_workspace_id, WorkspaceStopIn,
+                                  service.stop)
+    delete_workspace = object_write("delete_workspace", path_workspace_id, VersionedWrite,
+                                    service.delete)
+    set_network = object_write("set_network", path_workspace_id, WorkspaceSetNetworkIn,
+                               service.set_network)
 
     async def workspace_location(request: Request, caller: Caller | None) -> dict[str, Any]:
         return await ctx.store.run(partial(_location, path_workspace_id(request)))
 
-    async def workspace_locations(request: Request, caller: Caller | None) -> dict[str, Any]:
-        query = read_query(request, LocationQuery)
-        return await ctx.store.run(partial(_locations, query))
+    workspace_locations = query_read("workspace_locations", api, LocationQuery, _locations)
 
     async def move_check(request: Request, caller: Caller | None) -> dict[str, Any]:
         workspace_id = path_workspace_id(request)
@@ -187,38 +171,37 @@ def routes(api: Api, service: WorkspaceService, runtime: Runtime) -> list[Route]
         return await ctx.store.run(partial(_cleanup, path_workspace_id(request)))
 
     return [
-        Route("POST", "/v1/workspaces", create_workspace, "operator",
+        Route("POST", "/v1/workspaces", create_workspace,
               "Create a Workspace: place it, have its node accept it, record it",
               body=WorkspaceCreateIn, result=WorkspaceOut),
-        Route("GET", "/v1/workspaces", list_workspaces, "operator",
+        Route("GET", "/v1/workspaces", list_workspaces,
               "List Workspaces in ID order (DELETED ones only when asked by state)",
               query=WorkspaceListQuery, result=WorkspaceListOut),
-        Route("GET", "/v1/workspaces/{workspace_id}", get_workspace, "operator",
+        Route("GET", "/v1/workspaces/{workspace_id}", get_workspace,
               "One Workspace; wait_s waits for a settled state", query=WorkspaceGetQuery,
               result=WorkspaceOut),
-        Route("POST", "/v1/workspaces/{workspace_id}/start", start_workspace, "operator",
+        Route("POST", "/v1/workspaces/{workspace_id}/start", start_workspace,
               "Start a STOPPED or FAILED Workspace as a new Instance", body=WorkspaceStartIn,
               result=WorkspaceOut),
-        Route("POST", "/v1/workspaces/{workspace_id}/stop", stop_workspace, "operator",
+        Route("POST", "/v1/workspaces/{workspace_id}/stop", stop_workspace,
               "Stop a Workspace (STOPPING now, STOPPED once its node confirms)",
               body=WorkspaceStopIn, result=WorkspaceOut),
-        Route("POST", "/v1/workspaces/{workspace_id}/delete", delete_workspace, "operator",
-              "Delete a STOPPED or FAILED Workspace and its retained layer",
-              body=VersionedWrite, result=WorkspaceOut),
-        Route("POST", "/v1/workspaces/{workspace_id}/set-network", set_network, "operator",
+        Route("POST", "/v1/workspaces/{workspace_id}/delete", delete_workspace,
+              "Delete a STOPPED or FAILED Workspace and its retained layer", body=VersionedWrite,
+              result=WorkspaceOut),
+        Route("POST", "/v1/workspaces/{workspace_id}/set-network", set_network,
               "Replace a Workspace's network policy: a running one's node applies it "
               "first, in one transaction; a stopped one's next start uses it",
               body=WorkspaceSetNetworkIn, result=WorkspaceOut),
         Route("GET", "/v1/workspaces/{workspace_id}/location", workspace_location,
-              "operator", "The node and Instance a Workspace executes as (null if none)",
-              result=LocationOut),
-        Route("GET", "/v1/workspace-locations", workspace_locations, "operator",
-              "The Workspaces executing on a node, or as a current Instance",
-              query=LocationQuery, result=LocationListOut),
-        Route("GET", "/v1/workspaces/{workspace_id}/move-check", move_check, "operator",
+              "The node and Instance a Workspace executes as (null if none)", result=LocationOut),
+        Route("GET", "/v1/workspace-locations", workspace_locations,
+              "The Workspaces executing on a node, or as a current Instance", query=LocationQuery,
+              result=LocationListOut),
+        Route("GET", "/v1/workspaces/{workspace_id}/move-check", move_check,
               "Whether a Workspace's objects are in pools the node reports available",
               query=MoveCheckQuery, result=MoveCheckOut),
         Route("GET", "/v1/workspaces/{workspace_id}/cleanup-status", cleanup_status,
-              "operator", "What the Workspace's last Instance still holds, and who says so",
+              "What the Workspace's last Instance still holds, and who says so",
               result=CleanupStatusOut),
     ]

@@ -29,7 +29,6 @@ from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import object_op_txns as ot
-from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.wire.volumes import ExpandIn, MoveIn
 from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.protocol import (
@@ -90,14 +89,11 @@ class ObjectOps:
         replay = await journal.lookup(operation=operation, params=params, body=body)
         if replay is not None:
             return replay.result
-        try:
+        async with journal.refusals(operation=operation, params=params, body=body,
+                                    identity_id=identity_id):
             self.runtime.watch.drain()
             subject = await self.store.run(partial(ot.subject_of, kind=kind, name=name))
             node_id = self._copier(subject.pool_id, body.pool_id, subject.object_id)
-        except STORED_ERRORS as exc:
-            await journal.refuse(operation=operation, params=params, body=body,
-                                 identity_id=identity_id, exc=exc)
-            raise  # pragma: no cover - refuse always raises
         outcome = await journal.execute(
             operation=operation, params=params, body=body, identity_id=identity_id,
             fn=partial(ot.begin_move, kind=kind, name=name, pool_id=body.pool_id,

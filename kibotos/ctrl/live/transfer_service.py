@@ -41,7 +41,6 @@ from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import transfer_txns as tt
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.store.artifacts import ArtifactStore
-from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.wire.transfers import TransferExportIn, TransferImportIn
 from kibotos.ctrl.wire.volumes import MIN_VOLUME_BYTES
 from kibotos.errors import FailedPrecondition, Unavailable
@@ -81,13 +80,10 @@ class TransferService:
         if replay is not None:
             return replay.result
         volume_id = body.volume_id
-        try:
+        async with journal.refusals(operation="transfer.export", params={}, body=body,
+                                    identity_id=identity):
             pool_id, holder, last = await store.run(partial(tt.export_plan,
                                                             volume_id=volume_id))
-        except STORED_ERRORS as exc:
-            await journal.refuse(operation="transfer.export", params={}, body=body,
-                                 identity_id=identity, exc=exc)
-            raise  # pragma: no cover - refuse always raises
         rt.watch.drain()  # the index's node facts up to date
         nodes = volumes.usable_nodes([pool_id], prefer=[holder or last or ""])
         if holder is not None:
@@ -147,7 +143,8 @@ class TransferService:
         if replay is not None:
             return replay.result
         digest = body.artifact_digest
-        try:
+        async with journal.refusals(operation="transfer.import", params={}, body=body,
+                                    identity_id=identity):
             manifest = await trio.to_thread.run_sync(self._manifest_of, digest)
             if manifest.kind != use_rights.VOLUME:
                 raise FailedPrecondition(
@@ -157,21 +154,10 @@ class TransferService:
             if capacity < MIN_VOLUME_BYTES or capacity % (1 << 20):
                 raise FailedPrecondition(f"artifact {digest} holds a block file of "
                                          f"{capacity} bytes: not a Volume's capacity")
-            rt.watch.drain()
-            pool_id = body.pool_id or volumes.default_pool()
-            nodes = volumes.usable_nodes([pool_id], drained_ok=False)
-            if not nodes:
-                raise FailedPrecondition(
-                    f"no live node attached to pool {pool_id} can import the Volume "
-                    "(nodes must be connected, not drained, and report the pool available)",
-                    details={"pool_id": pool_id})
+            pool_id, nodes = volumes.placing_nodes(body.pool_id, "import")
             await store.run(partial(pool_capacity.check_room, pool_id=pool_id,
                                     add_bytes=capacity, what="Volume", now=ctx.now(),
                                     default_capacity=rt.default_capacity))
-        except STORED_ERRORS as exc:
-            await journal.refuse(operation="transfer.import", params={}, body=body,
-                                 identity_id=identity, exc=exc)
-            raise  # pragma: no cover - refuse always raises
         node_id = nodes[0]
         volume_id = import_volume_id(identity, body.command_id)
         exists = await store.run(partial(tt.volume_exists, volume_id=volume_id))

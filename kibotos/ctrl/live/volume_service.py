@@ -32,7 +32,6 @@ from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.pools import volume_txns as vt
-from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.volumes import VolumeCreateIn
 from kibotos.errors import (
@@ -101,6 +100,20 @@ class VolumeService:
                 out.append(node_id)
         return out
 
+    def placing_nodes(self, pool_id: str | None, verb: str) -> tuple[str, list[str]]:
+        """Where a new Volume goes (a create, an import): `pool_id` or the default pool,
+        and the nodes that can make it there, the latest facts first; none is
+        `FailedPrecondition` (`verb` says what they cannot do)."""
+        self.runtime.watch.drain()
+        pool = pool_id or self.default_pool()
+        nodes = self.usable_nodes([pool], drained_ok=False)
+        if not nodes:
+            raise FailedPrecondition(
+                f"no live node attached to pool {pool} can {verb} the Volume "
+                "(nodes must be connected, not drained, and report the pool available)",
+                details={"pool_id": pool})
+        return pool, nodes
+
     def default_pool(self) -> str:
         """The one default pool of the live nodes that are not drained (a create or
         import that names no pool goes there); none or several is refused."""
@@ -129,19 +142,9 @@ class VolumeService:
         replay = await self.journal.lookup(operation="volume.create", params={}, body=body)
         if replay is not None:
             return replay.result
-        try:
-            self.runtime.watch.drain()
-            pool_id = body.pool_id or self.default_pool()
-            nodes = self.usable_nodes([pool_id], drained_ok=False)
-            if not nodes:
-                raise FailedPrecondition(
-                    f"no live node attached to pool {pool_id} can create the Volume "
-                    "(nodes must be connected, not drained, and report the pool available)",
-                    details={"pool_id": pool_id})
-        except STORED_ERRORS as exc:
-            await self.journal.refuse(operation="volume.create", params={}, body=body,
-                                      identity_id=identity_id, exc=exc)
-            raise  # pragma: no cover - refuse always raises
+        async with self.journal.refusals(operation="volume.create", params={}, body=body,
+                                         identity_id=identity_id):
+            pool_id, nodes = self.placing_nodes(body.pool_id, "create")
         node_id = nodes[0]
         volume_id = ids.new_id("vol")
         outcome = await self.journal.execute(

@@ -49,7 +49,6 @@ from kibotos.ctrl.store.changes import (
     TemplateSnapshot,
     WorkspaceSnapshot,
 )
-from kibotos.ctrl.store.journal import STORED_ERRORS
 from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
@@ -381,14 +380,11 @@ class WorkspaceService:
     async def _refusing(self, operation: str, params: dict[str, Any], body: Any,
                         identity_id: str | None, attempt: Callable[[], Any]) -> dict[str, Any]:
         """Run `attempt`; a verdict it reaches before its transaction is journaled too."""
-        try:
+        # A verdict journal.execute stored already is found and replayed as is.
+        async with self.journal.refusals(operation=operation, params=params, body=body,
+                                         identity_id=identity_id):
             result: dict[str, Any] = await attempt()
-            return result
-        except STORED_ERRORS as exc:
-            # A verdict journal.execute stored already is found and replayed as is.
-            await self.journal.refuse(operation=operation, params=params, body=body,
-                                      identity_id=identity_id, exc=exc)
-            raise  # pragma: no cover - refuse always raises
+        return result
 
     async def place(self, demand: Demand, pinned: str | None, args: Args, commit: Commit,
                     journal: Callable[..., Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from kibotos.ctrl.store.models import (
     Node,
     Resolver,
     Workspace,
+    existing,
 )
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.ctrl.wire.base import as_utc, iso
@@ -70,17 +71,11 @@ def _check_version(kind: str, name: str, revision: int, expected: int | None) ->
 
 
 def get_egress(session: Session, name: str, *, for_update: bool = False) -> Egress:
-    row = session.get(Egress, name, with_for_update=for_update)
-    if row is None:
-        raise NotFound(f"egress {name} does not exist", details={"name": name})
-    return row
+    return existing(session, Egress, name, "egress", "name", for_update=for_update)
 
 
 def get_resolver(session: Session, name: str, *, for_update: bool = False) -> Resolver:
-    row = session.get(Resolver, name, with_for_update=for_update)
-    if row is None:
-        raise NotFound(f"resolver {name} does not exist", details={"name": name})
-    return row
+    return existing(session, Resolver, name, "resolver", "name", for_update=for_update)
 
 
 # ------------------------------------------------------------------------ Egress

@@ -18,9 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
-from kibotos.ctrl.store.models import EnrollmentGrant, Event, Node
+from kibotos.ctrl.store.models import EnrollmentGrant, Event, Node, existing
 from kibotos.ctrl.wire.base import as_utc
-from kibotos.errors import Aborted, FailedPrecondition, NotFound
+from kibotos.errors import FailedPrecondition, check_expected_version
 
 #: Placement puts nothing new on a node whose clock offset, less its uncertainty, is
 #: beyond this (spec: nodes, "list and get").
@@ -120,21 +120,37 @@ def record_event(session: Session, now: datetime, subject: str, kind: str,
     session.add(Event(at=now, subject=subject, kind=kind, detail=detail, text=text))
 
 
+class StatefulRecord(Protocol):
+    """A record with a lifecycle state (a `Workspace`, a `Volume`): its state, the
+    reason beside it, its expected revision and when it last changed."""
+
+    state: str
+    reason: str | None
+    revision: int
+    updated_at: datetime
+
+
+def record_transition(session: Session, subject: str, row: StatefulRecord, to: str,
+                      cause: str, now: datetime, *, reason: str | None = None) -> None:
+    """Move `row` (the record `subject` names) to state `to`, its reason replaced by
+    `reason`, a new revision; the ``transition`` event says from where and why.  One
+    rule for every record with a lifecycle, so their event histories read alike."""
+    record_event(session, now, subject, "transition",
+                 {"from": row.state, "to": to, "cause": cause,
+                  **({"reason": reason} if reason else {})})
+    row.state = to
+    row.reason = reason
+    row.revision += 1
+    row.updated_at = now
+
+
 def get_node(session: Session, node_id: str, *, for_update: bool = False) -> Node:
-    node = session.get(Node, node_id, with_for_update=for_update)
-    if node is None:
-        raise NotFound(f"node {node_id} does not exist", details={"node_id": node_id})
-    return node
+    return existing(session, Node, node_id, "node", "node_id", for_update=for_update)
 
 
 def check_version(node: Node, expected: int | None) -> None:
-    if expected is not None and expected != node.registration_version:
-        raise Aborted(
-            f"node {node.node_id} is at registration_version {node.registration_version}, "
-            f"not {expected}: read it again and retry",
-            details={"node_id": node.node_id, "registration_version": node.registration_version,
-                     "expected_version": expected},
-        )
+    check_expected_version("node", "node_id", node.node_id, node.registration_version,
+                           expected, "registration_version")
 
 
 def refuse_retired(node: Node, what: str) -> None:
@@ -224,22 +240,23 @@ def list_page(session: Session, page_size: int,
 
 
 def drain(session: Session, node_id: str, expected: int | None, now: datetime) -> Node:
-    node = get_node(session, node_id, for_update=True)
-    refuse_retired(node, "drain")
-    check_version(node, expected)
-    node.drain_requested = True
-    bump(node)
-    record_event(session, now, node_id, "node.drain", None)
-    return node
+    return _set_drain(session, node_id, expected, now, True, "drain")
 
 
 def cancel_drain(session: Session, node_id: str, expected: int | None, now: datetime) -> Node:
+    return _set_drain(session, node_id, expected, now, False, "cancel-drain")
+
+
+def _set_drain(session: Session, node_id: str, expected: int | None, now: datetime,
+               requested: bool, verb: str) -> Node:
+    """Drain or cancel it (`verb`, as the CLI spells it): the flag, a new registration
+    version, and the event ``node.drain`` or ``node.cancel_drain``."""
     node = get_node(session, node_id, for_update=True)
-    refuse_retired(node, "cancel-drain")
+    refuse_retired(node, verb)
     check_version(node, expected)
-    node.drain_requested = False
+    node.drain_requested = requested
     bump(node)
-    record_event(session, now, node_id, "node.cancel_drain", None)
+    record_event(session, now, node_id, f"node.{verb.replace('-', '_')}", None)
     return node
 
 

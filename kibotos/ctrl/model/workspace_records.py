@@ -23,11 +23,11 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from kibotos import ids
-from kibotos.ctrl.model.nodes import record_event
+from kibotos.ctrl.model.nodes import record_event, record_transition
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
-from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel
+from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel, existing
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import Aborted, InvalidArgument, NotFound
+from kibotos.errors import InvalidArgument, check_expected_version
 
 CREATING = "CREATING"
 STARTING = "STARTING"
@@ -96,13 +96,7 @@ def add_workspace(session: Session, ws: Workspace, cause: str, now: datetime) ->
 def transition(session: Session, ws: Workspace, to: str, cause: str, now: datetime, *,
                reason: str | None = None) -> None:
     """Move `ws` to state `to` (its reason replaced by `reason`), record why."""
-    record_event(session, now, ws.workspace_id, "transition",
-                 {"from": ws.state, "to": to, "cause": cause,
-                  **({"reason": reason} if reason else {})})
-    ws.state = to
-    ws.reason = reason
-    ws.revision += 1
-    ws.updated_at = now
+    record_transition(session, ws.workspace_id, ws, to, cause, now, reason=reason)
 
 
 def set_executing(ws: Workspace, instance_id: str, node_id: str) -> None:
@@ -120,20 +114,12 @@ def clear_executing(ws: Workspace) -> None:
 
 def get_workspace(session: Session, workspace_id: str, *,
                   for_update: bool = False) -> Workspace:
-    ws = session.get(Workspace, workspace_id, with_for_update=for_update)
-    if ws is None:
-        raise NotFound(f"workspace {workspace_id} does not exist",
-                       details={"workspace_id": workspace_id})
-    return ws
+    return existing(session, Workspace, workspace_id, "workspace", "workspace_id",
+                    for_update=for_update)
 
 
 def check_revision(ws: Workspace, expected: int | None) -> None:
-    if expected is not None and expected != ws.revision:
-        raise Aborted(
-            f"workspace {ws.workspace_id} is at revision {ws.revision}, not {expected}: "
-            "read it again and retry",
-            details={"workspace_id": ws.workspace_id, "revision": ws.revision,
-                     "expected_version": expected})
+    check_expected_version("workspace", "workspace_id", ws.workspace_id, ws.revision, expected)
 
 
 # ------------------------------------------------------------------------ rendering

@@ -41,7 +41,7 @@ from kibotos.ctrl.pools import facts as pool_facts
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import view as pool_view
 from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
-from kibotos.errors import Aborted, FailedPrecondition, NotFound
+from kibotos.errors import FailedPrecondition, NotFound, check_expected_version
 from kibotos.units import format_bytes
 
 #: Workspace states in which something may still run on a node.
@@ -65,12 +65,7 @@ def _row(session: Session, pool_id: str, now: datetime) -> StoragePool:
 
 
 def _check_revision(row: StoragePool, expected: int | None) -> None:
-    if expected is not None and expected != row.revision:
-        raise Aborted(
-            f"storage pool {row.pool_id} is at revision {row.revision}, not {expected}: "
-            "read it again and retry",
-            details={"pool_id": row.pool_id, "revision": row.revision,
-                     "expected_version": expected})
+    check_expected_version("storage pool", "pool_id", row.pool_id, row.revision, expected)
 
 
 def set_capacity(session: Session, pool_id: str, capacity_bytes: int, expected: int | None,

@@ -24,14 +24,14 @@ from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
-from kibotos.ctrl.model.nodes import record_event
+from kibotos.ctrl.model.nodes import record_event, record_transition
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
 from kibotos.ctrl.model.workspace_txns import RightPlan
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import use_rights
-from kibotos.ctrl.store.models import ObjectOperation, UseRight, Volume, Workspace
+from kibotos.ctrl.store.models import ObjectOperation, UseRight, Volume, Workspace, existing
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import Aborted, FailedPrecondition, NotFound
+from kibotos.errors import FailedPrecondition, check_expected_version
 
 CREATING = "CREATING"
 AVAILABLE = "AVAILABLE"
@@ -82,10 +82,7 @@ def volume_json(session: Session, vol: Volume) -> dict[str, Any]:
 
 
 def get_volume(session: Session, volume_id: str, *, for_update: bool = False) -> Volume:
-    vol = session.get(Volume, volume_id, with_for_update=for_update)
-    if vol is None:
-        raise NotFound(f"volume {volume_id} does not exist", details={"volume_id": volume_id})
-    return vol
+    return existing(session, Volume, volume_id, "volume", "volume_id", for_update=for_update)
 
 
 def get_json(session: Session, volume_id: str) -> dict[str, Any]:
@@ -93,12 +90,7 @@ def get_json(session: Session, volume_id: str) -> dict[str, Any]:
 
 
 def check_revision(vol: Volume, expected: int | None) -> None:
-    if expected is not None and expected != vol.revision:
-        raise Aborted(
-            f"volume {vol.volume_id} is at revision {vol.revision}, not {expected}: read "
-            "it again and retry",
-            details={"volume_id": vol.volume_id, "revision": vol.revision,
-                     "expected_version": expected})
+    check_expected_version("volume", "volume_id", vol.volume_id, vol.revision, expected)
 
 
 def list_page(session: Session, *, pool_id: str | None, workspace_id: str | None,
@@ -156,13 +148,7 @@ def begin_create(session: Session, *, volume_id: str, pool_id: str, shared: bool
 
 def _transition(session: Session, vol: Volume, to: str, cause: str, now: datetime, *,
                 reason: str | None = None) -> None:
-    record_event(session, now, vol.volume_id, "transition",
-                 {"from": vol.state, "to": to, "cause": cause,
-                  **({"reason": reason} if reason else {})})
-    vol.state = to
-    vol.reason = reason
-    vol.revision += 1
-    vol.updated_at = now
+    record_transition(session, vol.volume_id, vol, to, cause, now, reason=reason)
 
 
 def create_target(session: Session, volume_id: str) -> tuple[str, str, int, int] | None:

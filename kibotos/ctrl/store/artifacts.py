@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 from kibotos import atomicfile, ids
 from kibotos.config import CtrlConfig
 from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
+from kibotos.pieces import write_in_pieces
 
 #: Bytes gathered from the request before one write (and hash update) in a thread.
 WRITE_BATCH = 1 << 20
@@ -160,14 +161,7 @@ class ArtifactStore:
         writer = _Writer(None if exists else target)
         try:
             await trio.to_thread.run_sync(writer.open)
-            batch = bytearray()
-            async for chunk in chunks:
-                batch += chunk
-                while len(batch) >= WRITE_BATCH:  # whole pieces keep holes aligned
-                    await trio.to_thread.run_sync(writer.write, bytes(batch[:WRITE_BATCH]))
-                    del batch[:WRITE_BATCH]
-            if batch:
-                await trio.to_thread.run_sync(writer.write, bytes(batch))
+            await write_in_pieces(chunks, writer.write, WRITE_BATCH)
             got = writer.hash.hexdigest()
             if got != hexdigest:
                 raise InvalidArgument(

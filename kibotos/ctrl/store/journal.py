@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -154,6 +155,21 @@ class Journal:
             raise exc
         self._replay(command_id, operation, digest, stored)
         raise exc
+
+    @asynccontextmanager
+    async def refusals(self, *, operation: str, params: dict[str, Any],
+                       body: WriteRequest | None,
+                       identity_id: str | None) -> AsyncIterator[None]:
+        """The block of a write's checks before its transaction (where it goes, a node's
+        facts, an artifact's manifest): a verdict raised in it (`STORED_ERRORS`) is
+        journaled by `refuse`, as `execute` journals one, so a replay gets the same
+        answer; anything else passes through unchanged."""
+        try:
+            yield
+        except STORED_ERRORS as exc:
+            await self.refuse(operation=operation, params=params, body=body,
+                              identity_id=identity_id, exc=exc)
+            raise  # pragma: no cover - refuse always raises
 
     @staticmethod
     def _read(command_id: str, session: Session) -> _Stored | None:

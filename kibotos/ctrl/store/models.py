@@ -8,10 +8,12 @@ CPU in millicores, memory in bytes, ratios in thousandths, times in UTC.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Index, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from kibotos.errors import NotFound
 
 
 class Base(DeclarativeBase):
@@ -464,3 +466,17 @@ class ApiKey(Base):
     created_at: Mapped[datetime]
     created_by: Mapped[str | None] = mapped_column(String(40))
     revoked_at: Mapped[datetime | None]
+
+
+R = TypeVar("R", bound=Base)
+
+
+def existing(session: Session, table: type[R], key: str, what: str, detail: str, *,
+             for_update: bool = False) -> R:
+    """The row of `table` under primary `key`; an unknown one is `NotFound`, said the
+    same way for every kind of record (``<what> <key> does not exist``, the key under
+    `detail` in the error's details)."""
+    row = session.get(table, key, with_for_update=for_update)
+    if row is None:
+        raise NotFound(f"{what} {key} does not exist", details={detail: key})
+    return row

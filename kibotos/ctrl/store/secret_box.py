@@ -19,14 +19,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from kibotos import atomicfile
+from kibotos import key_files
 from kibotos.errors import FailedPrecondition, Internal
 
 KEY_FILE = "egress-secrets.key"
@@ -56,23 +55,11 @@ class SecretBox:
         """The key in `path`, created there (0600) on first use.  An existing file of
         the wrong size or readable by others is an error naming it, never replaced:
         every sealed secret in the store depends on it."""
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            key = secrets.token_bytes(KEY_SIZE)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomicfile.write_bytes(path, key, mode=0o600)
-            return cls(key)
-        except OSError as exc:
-            raise FailedPrecondition(f"cannot read egress secrets key {path}: "
-                                     f"{exc.strerror}") from None
+        data = key_files.read_or_create_private(path, "egress secrets key",
+                                                lambda: secrets.token_bytes(KEY_SIZE))
         if len(data) != KEY_SIZE:
             raise FailedPrecondition(f"egress secrets key {path} has {len(data)} bytes, not "
                                      f"{KEY_SIZE}: restore the original file")
-        mode = os.stat(path).st_mode & 0o777
-        if mode & 0o077:
-            raise FailedPrecondition(f"egress secrets key {path} has mode {mode:04o}: it "
-                                     "must be readable by its owner only (chmod 600)")
         return cls(data)
 
     def seal(self, secret: str, context: str) -> str:

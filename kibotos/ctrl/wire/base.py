@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, m
 from kibotos import units
 from kibotos.errors import InvalidArgument
 from kibotos.protocol.ids import CommandId, Digest, NodeId
-from kibotos.protocol.values import MAX_COUNTER, Printable
+from kibotos.protocol.values import MAX_COUNTER, Printable, parse_rfc3339
 
 # ----------------------------------------------------------------------------- time
 
@@ -51,11 +51,9 @@ def parse_time(value: object, what: str) -> datetime | None:
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be an RFC 3339 time string, got {value!r}")
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidArgument(f"{what} is not an RFC 3339 time: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise InvalidArgument(f"{what} has no time zone: {value!r}")
+        parsed = parse_rfc3339(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"{what} {exc}: {value!r}") from None
     return as_utc(parsed)
 
 
@@ -109,6 +107,14 @@ class Query(Request):
             except InvalidArgument as exc:
                 raise ValueError(exc.message) from None
         return data
+
+
+class WaitQuery(Query):
+    """The query of a get that may wait for its object to settle (a Workspace, a
+    Volume): ``wait_s``, up to a minute."""
+
+    #: Wait up to this long for a settled state (no operation running).
+    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
 
 
 class WriteRequest(Request):

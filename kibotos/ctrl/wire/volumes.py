@@ -19,6 +19,7 @@ from kibotos.ctrl.wire.base import (
     Request,
     Result,
     VersionedWrite,
+    WaitQuery,
     WriteRequest,
     _as_value_error,
 )
@@ -31,11 +32,13 @@ MIN_VOLUME_BYTES = 64 * MIB
 MAX_OBJECT_BYTES = 64 << 40
 
 
-def whole_mib(value: int, what: str, minimum: int) -> int:
+def whole_mib(value: int, what: str, minimum: int, maximum: int = MAX_OBJECT_BYTES) -> int:
+    """A size of a block file (a Volume, a writable layer) `what` names: from `minimum`
+    to `maximum` and a whole number of MiB, said in MiB and TiB."""
     if value < minimum:
         raise ValueError(f"{what} must be at least {minimum // MIB} MiB")
-    if value > MAX_OBJECT_BYTES:
-        raise ValueError(f"{what} must be at most {MAX_OBJECT_BYTES >> 40} TiB")
+    if value > maximum:
+        raise ValueError(f"{what} must be at most {maximum >> 40} TiB")
     if value % MIB:
         raise ValueError(f"{what} must be a whole number of MiB")
     return value
@@ -114,9 +117,8 @@ class VolumeListQuery(Query):
     page_token: Printable | None = Field(default=None, max_length=1000)
 
 
-class VolumeGetQuery(Query):
-    #: Wait up to this long for a settled state (no operation running).
-    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+class VolumeGetQuery(WaitQuery):
+    """``wait_s``: wait up to this long for a settled state (no operation running)."""
 
 
 # ------------------------------------------------------------------------ results

@@ -16,11 +16,12 @@ from kibotos.ctrl.wire.base import (
     Query,
     Result,
     VersionedWrite,
+    WaitQuery,
     WriteRequest,
     _as_value_error,
 )
 from kibotos.ctrl.wire.network import AppliedNetworkOut, NetworkIn, WorkspaceNetworkOut
-from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments
+from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments, whole_mib
 from kibotos.errors import InvalidArgument
 from kibotos.protocol.commands.instances import MAX_VOLUMES
 from kibotos.protocol.ids import InstanceId, NodeId, TemplateName
@@ -40,14 +41,6 @@ DEFAULT_LAYER_SIZE_BYTES = 10 << 30
 MIN_MEMORY_BYTES = MIN_INSTANCE_MEMORY
 MIN_LAYER_SIZE_BYTES = 64 * MIB
 MAX_CPU_MILLIS = MAX_INSTANCE_CPU_MILLIS
-
-def _whole_mib(value: int, what: str, minimum: int) -> int:
-    if value < minimum:
-        raise ValueError(f"{what} must be at least {minimum // MIB} MiB")
-    if value % MIB:
-        raise ValueError(f"{what} must be a whole number of MiB")
-    return value
-
 
 class WorkspaceCreateIn(WriteRequest):
     template: TemplateName
@@ -73,7 +66,8 @@ class WorkspaceCreateIn(WriteRequest):
     @field_validator("layer_size_bytes")
     @classmethod
     def _layer(cls, v: int) -> int:
-        return _whole_mib(v, "layer_size_bytes", MIN_LAYER_SIZE_BYTES)
+        # Its ceiling (`MAX_CAPACITY`, the field's ``le``) is checked before this.
+        return whole_mib(v, "layer_size_bytes", MIN_LAYER_SIZE_BYTES, MAX_CAPACITY)
 
     @field_validator("volumes")
     @classmethod
@@ -153,9 +147,8 @@ class LocationQuery(Query):
         return self
 
 
-class WorkspaceGetQuery(Query):
-    #: Wait up to this long for the Workspace to reach a settled state.
-    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+class WorkspaceGetQuery(WaitQuery):
+    """``wait_s``: wait up to this long for the Workspace to reach a settled state."""
 
 
 class MoveCheckQuery(Query):

@@ -25,7 +25,7 @@ import threading
 
 from .errors import AgentError, int_field, invalid
 from .fileinfo import os_error
-from .framing import DATA_CHUNK, MAX_WINDOW, encode_data
+from .framing import DATA_CHUNK, credited, encode_data
 from .log import log
 from .loop import get_loop
 from .tasks import Future
@@ -105,9 +105,7 @@ class Outbound(_Bridge):
     def credit(self, amount: int) -> None:
         """The host's ``window`` message (on the loop)."""
         with self.cond:
-            if self.window + amount > MAX_WINDOW:
-                raise invalid(f"window: credit for stream {self.stream_id} exceeds {MAX_WINDOW}")
-            self.window += amount
+            self.window = credited(self.window, amount, self.stream_id)
             self.cond.notify_all()
 
     def write(self, data: bytes | bytearray | memoryview) -> int:

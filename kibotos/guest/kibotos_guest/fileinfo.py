@@ -22,6 +22,7 @@ from .errors import AgentError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 #: errno → (code, details.reason or None, wording when strerror is too terse)
@@ -86,21 +87,23 @@ class Names:
         if uid not in self._users:
             import pwd
 
-            try:
-                self._users[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                self._users[uid] = str(uid)
+            self._users[uid] = _name_or_number(lambda: pwd.getpwuid(uid).pw_name, uid)
         return self._users[uid]
 
     def group(self, gid: int) -> str:
         if gid not in self._groups:
             import grp
 
-            try:
-                self._groups[gid] = grp.getgrgid(gid).gr_name
-            except KeyError:
-                self._groups[gid] = str(gid)
+            self._groups[gid] = _name_or_number(lambda: grp.getgrgid(gid).gr_name, gid)
         return self._groups[gid]
+
+
+def _name_or_number(lookup: Callable[[], str], number: int) -> str:
+    """The account's name, or its number when the guest has no such account."""
+    try:
+        return lookup()
+    except KeyError:
+        return str(number)
 
 
 def entry(guest: str, real: str, st: os.stat_result, names: Names) -> dict[str, Any]:

@@ -14,6 +14,8 @@ import binascii
 import json
 import struct
 
+from .errors import invalid
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -162,3 +164,11 @@ class FrameDecoder:
                 continue
             out.append(Frame(kind, flags, stream, payload))
         return out
+
+
+def credited(window: int, amount: int, stream_id: int) -> int:
+    """A stream's send window after the peer's ``window`` message of `amount`: more than
+    `MAX_WINDOW` outstanding is the peer's protocol error."""
+    if window + amount > MAX_WINDOW:
+        raise invalid(f"window: credit for stream {stream_id} exceeds {MAX_WINDOW}")
+    return window + amount

@@ -23,7 +23,7 @@ import errno
 import socket
 
 from .errors import AgentError, field, int_field, invalid
-from .framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW, encode_data
+from .framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW, credited, encode_data
 from .log import log
 from .loop import get_loop
 from .tasks import Future, wait_for
@@ -115,9 +115,7 @@ class PortStream:
     # -- guest -> host
 
     def credit(self, amount: int) -> None:
-        if self.out_credit + amount > MAX_WINDOW:
-            raise invalid(f"window: credit for stream {self.stream_id} exceeds {MAX_WINDOW}")
-        self.out_credit += amount
+        self.out_credit = credited(self.out_credit, amount, self.stream_id)
         self._read_while_credit()
 
     def _read_while_credit(self) -> None:

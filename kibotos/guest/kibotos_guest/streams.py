@@ -12,7 +12,7 @@ import errno
 import os
 
 from .errors import invalid
-from .framing import DATA_CHUNK, MAX_WINDOW, encode_data
+from .framing import DATA_CHUNK, credited, encode_data
 from .log import log
 from .loop import get_loop
 
@@ -71,9 +71,7 @@ class OutputStream:
             self._pause()
 
     def credit(self, amount: int) -> None:
-        if self.window + amount > MAX_WINDOW:
-            raise invalid(f"window: credit for stream {self.stream_id} exceeds {MAX_WINDOW}")
-        self.window += amount
+        self.window = credited(self.window, amount, self.stream_id)
         self.start()
 
     def detach(self) -> None:

@@ -17,6 +17,18 @@ PR_SET_CHILD_SUBREAPER = 36
 MS_RDONLY = 1
 
 
+def write_stream(fd: int, source: Any, chunk: int) -> None:
+    """Write all `source` holds (a file object, read `chunk` bytes at a time) to `fd`,
+    each piece whole: ``os.write`` may write less than it is given."""
+    while True:
+        data = source.read(chunk)
+        if not data:
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+
 def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str:
     with open(path) as f:
         return f.read().strip()

@@ -29,6 +29,7 @@ import tarfile
 
 from .errors import AgentError
 from .framing import DATA_CHUNK
+from .sysio import write_stream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -199,13 +200,7 @@ class Unpacker:
         assert data is not None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            while True:
-                chunk = data.read(DATA_CHUNK)
-                if not chunk:
-                    break
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+            write_stream(fd, data, DATA_CHUNK)
         finally:
             os.close(fd)
 

@@ -20,6 +20,7 @@ from .errors import AgentError, field, guest_path, int_field, invalid
 from .fileinfo import Names, lstat_entry
 from .fileops import finish_file, fsync_dir
 from .framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW
+from .sysio import write_stream
 from .tarstream import Unpacker, result
 
 TYPE_CHECKING = False
@@ -111,13 +112,7 @@ async def file_write(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str
     def body(inp: Inbound) -> Body:
         def run() -> dict[str, Any]:
             fd = state["fd"]
-            while True:
-                chunk = inp.read(DATA_CHUNK)
-                if not chunk:
-                    break
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+            write_stream(fd, inp, DATA_CHUNK)
             check_digest(inp.wait_commit(), inp, "file_write", path)
             finish_file(fd, state["old"], mode, uid, gid, mtime_ns)
             os.fsync(fd)

@@ -59,15 +59,8 @@ PREVIEW_NOTE = ("--preview does not evaluate quiescence or ownership: helper pro
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = atomicfile.read_json(path)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise FailedPrecondition(f"{path}: unreadable: {exc}") from None
-    if not isinstance(value, dict):
-        raise FailedPrecondition(f"{path}: not a JSON object")
-    return value
+    return atomicfile.read_json_object_if_present(
+        path, lambda exc: f"{path}: unreadable: {exc}", f"{path}: not a JSON object")
 
 
 def _fmt(bounds: tuple[int, int]) -> str:

@@ -19,6 +19,7 @@ from kibotos.config import NodeConfig, PoolSection
 from kibotos.errors import FailedPrecondition
 from kibotos.node.host.vmm_access import hand_path_to_instances
 from kibotos.node.storage.pools.dirs import SUBDIRS, prepare_pool_dirs
+from kibotos.path_tables import Below
 
 #: Subdirectories of ``<storage.root>`` (docs/architecture.md, "Node state on disk").
 ROOT_DIRS = ("pki", "state", "runtime", "installations", "template-cache", "network",
@@ -33,29 +34,12 @@ class NodePaths:
 
     root: Path
 
-    @property
-    def pki(self) -> Path:
-        return self.root / "pki"
-
-    @property
-    def identity_file(self) -> Path:
-        return self.pki / "identity.json"
-
-    @property
-    def state(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def incarnation_file(self) -> Path:
-        return self.state / "incarnation"
-
-    @property
-    def runtime(self) -> Path:
-        return self.root / "runtime"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.runtime / "node.lock"
+    pki = Below("root", "pki")
+    identity_file = Below("pki", "identity.json")
+    state = Below("root", "state")
+    incarnation_file = Below("state", "incarnation")
+    runtime = Below("root", "runtime")
+    lock_file = Below("runtime", "node.lock")
 
 
 def prepare_root(paths: NodePaths) -> None:

@@ -154,15 +154,14 @@ class Attachments:
     def read(self, pool_id: str, kind: str, object_id: str) -> Attachment | None:
         """The record, reread from disk; `FailedPrecondition` when it is unreadable."""
         path = self.path(pool_id, kind, object_id)
-        try:
-            value = atomicfile.read_json(path)
-        except FileNotFoundError:
+        lacks = f"attachment record {path} lacks instance_id or epoch"
+        value = atomicfile.read_json_object_if_present(
+            path, lambda exc: f"unreadable attachment record {path}: {exc}", lacks)
+        if value is None:
             return None
-        except (OSError, ValueError) as exc:
-            raise FailedPrecondition(f"unreadable attachment record {path}: {exc}") from None
-        if not isinstance(value, dict) or not isinstance(value.get("instance_id"), str) \
+        if not isinstance(value.get("instance_id"), str) \
                 or not isinstance(value.get("epoch"), int):
-            raise FailedPrecondition(f"attachment record {path} lacks instance_id or epoch")
+            raise FailedPrecondition(lacks)
         return Attachment(pool_id, kind, object_id, value["instance_id"], value["epoch"],
                           str(value.get("attached_at") or ""))
 

@@ -42,14 +42,11 @@ def now_iso() -> str:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        value = atomicfile.read_json(path)
-    except FileNotFoundError:
+    value = atomicfile.read_json_object_if_present(
+        path, lambda exc: f"unreadable record {path}: {exc}",
+        f"record {path} is not a JSON object")
+    if value is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise FailedPrecondition(f"unreadable record {path}: {exc}") from None
-    if not isinstance(value, dict):
-        raise FailedPrecondition(f"record {path} is not a JSON object")
     if value.get("format") != FORMAT:
         raise FailedPrecondition(f"record {path} has format {value.get('format')!r}; this "
                                  f"node reads format {FORMAT}")

@@ -66,12 +66,13 @@ def public_key_b64(key: Ed25519PrivateKey) -> str:
 def load_identity(path: Path) -> NodeIdentity | None:
     """The stored identity, None if the node never enrolled; a damaged file is an error
     (enrolling again needs a new grant, which is the operator's decision)."""
-    try:
-        data = atomicfile.read_json(path)
-    except FileNotFoundError:
+    damaged = ("; remove it and enroll again with a new grant from "
+               "`kibo enrollment create --kind node`")
+    data = atomicfile.read_json_object_if_present(
+        path, lambda exc: f"cannot read node identity {path}: {exc}",
+        f"node identity {path} is damaged (not a JSON object){damaged}")
+    if data is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise FailedPrecondition(f"cannot read node identity {path}: {exc}") from None
     try:
         identity = NodeIdentity(
             identity_id=str(data["identity_id"]),
@@ -81,10 +82,7 @@ def load_identity(path: Path) -> NodeIdentity | None:
         )
         identity.private_key()
     except (KeyError, TypeError, ValueError) as exc:
-        raise FailedPrecondition(
-            f"node identity {path} is damaged ({exc}); remove it and enroll again with a new "
-            "grant from `kibo enrollment create --kind node`"
-        ) from None
+        raise FailedPrecondition(f"node identity {path} is damaged ({exc}){damaged}") from None
     return identity
 
 

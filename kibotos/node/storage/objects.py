@@ -148,11 +148,7 @@ class PoolObjects(PoolRecords):
 
     @staticmethod
     def _flush_file(path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomicfile.fsync_path(path, os.O_CLOEXEC)
 
     def _attach(self, object_id: str, epoch: int, clean: bool | None) -> None:
         meta = self.metadata(object_id) or {"version": 1, "kind": self.kind, "id": object_id,

@@ -149,16 +149,10 @@ class PoolRecords:
 
     def _read(self, sub: str, object_id: str) -> dict[str, Any] | None:
         path = self._record(sub, object_id)
-        try:
-            value = atomicfile.read_json(path)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise FailedPrecondition(f"{self._what(object_id)}: unreadable record {path}: "
-                                     f"{exc}") from None
-        if not isinstance(value, dict):
-            raise FailedPrecondition(f"{self._what(object_id)}: record {path} is not an object")
-        return value
+        what = self._what(object_id)
+        return atomicfile.read_json_object_if_present(
+            path, lambda exc: f"{what}: unreadable record {path}: {exc}",
+            f"{what}: record {path} is not an object")
 
     def _write(self, sub: str, object_id: str, value: Mapping[str, Any]) -> None:
         atomicfile.write_json(self._record(sub, object_id), dict(value), prefix=self.node_id)

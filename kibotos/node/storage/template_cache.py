@@ -51,6 +51,7 @@ from kibotos.errors import (
 )
 from kibotos.logs import EventLogger
 from kibotos.node.session.ctrl_http import refusal
+from kibotos.pieces import write_in_pieces
 from kibotos.tls.contexts import client_context
 from kibotos.units import format_bytes
 
@@ -221,14 +222,7 @@ class TemplateCache:
                 await self._make_room(int(length), hexdigest, also_keep=hexdigest)
             sink = await trio.to_thread.run_sync(_Sink, target)
             try:
-                batch = bytearray()
-                async for chunk in resp.aiter_raw():
-                    batch += chunk
-                    while len(batch) >= PIECE:  # whole pieces keep holes aligned
-                        await trio.to_thread.run_sync(sink.write, bytes(batch[:PIECE]))
-                        del batch[:PIECE]
-                if batch:
-                    await trio.to_thread.run_sync(sink.write, bytes(batch))
+                await write_in_pieces(resp.aiter_raw(), sink.write, PIECE)
                 got = sink.hash.hexdigest()
                 if got != hexdigest:
                     raise _Corrupt(f"fetch artifact sha256:{hexdigest}: the {sink.size} "

@@ -11,36 +11,21 @@ Registered through the plugin SDK (`kibotos.sdk`) only, like any third-party plu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from kibotos.sdk import (
-    KeyedPlacementPolicy,
-    NodeCapacity,
-    PlacementRequest,
-    Register,
-    backend_options,
-    hookimpl,
-)
+from kibotos.sdk import NodeCapacity, PlacementRequest, Register, SortedPlacementPolicy, hookimpl
 
 __all__ = ["BinpackPolicy", "kibotos_register_placement"]
 
 
-class BinpackPolicy(KeyedPlacementPolicy):
+class BinpackPolicy(SortedPlacementPolicy):
     """Ranks candidates by least free share after placing the request."""
 
     name: ClassVar[str] = "binpack"
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        backend_options("placement", self.name, options)
-
     def sort_key(self, request: PlacementRequest, candidate: NodeCapacity) -> tuple[int, str]:
         """Least free share first (as the exact integer key), then the lower node ID."""
         return (candidate.free_share_key_after(request), candidate.node_id)
-
-    def rank(self, request: PlacementRequest, candidates: Sequence[NodeCapacity]) -> list[str]:
-        return [node.node_id
-                for node in sorted(candidates, key=lambda c: self.sort_key(request, c))]
 
 
 @hookimpl

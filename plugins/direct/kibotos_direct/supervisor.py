@@ -29,7 +29,6 @@ import builtins
 import contextlib
 import json
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -50,11 +49,11 @@ from kibotos.sdk import (
     UnitSpec,
     atomicfile,
     backend_options,
+    check_unit_name,
     procfs,
 )
 from kibotos_direct import confine
 
-_NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}")
 #: systemd's default PATH for services; the node's own environment is not inherited.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _OPTIONS = frozenset({"state_dir", "log_dir", "python", "kill_grace"})
@@ -65,15 +64,6 @@ _KILL_GRACE = 60.0
 _LAUNCH_TIMEOUT = 120.0
 #: Grace for processes a dead unit left behind, when its name is started again.
 _LEFTOVER_TIMEOUT = 10.0
-
-
-def check_unit_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidArgument(
-            f"invalid unit name {name!r}: must be 1-200 letters, digits and '_.@:-', "
-            "not starting with a dot"
-        )
-    return name
 
 
 def _json_safe(value: Mapping[str, Any]) -> Any:

@@ -63,66 +63,36 @@ class Tap:
 
 
 @dataclass(frozen=True)
-class Launch:
-    instance_id: str
-    unit_name: str
-    runtime_dir: Path
-    vmlinux: Path
-    initramfs: Path
-    template_image: Path
-    writable_layer: Path
-    volumes: tuple[Volume, ...]
-    vcpus: int
-    memory_bytes: int
-    kernel_args: tuple[str, ...]
+class Launch(vmm_launch.BaseLaunch[Volume]):
+    """`vmm_log` holds Firecracker's log and the serial console."""
+
     netns_path: Path | None
     taps: tuple[Tap, ...]
-
-    @property
-    def vmm_log(self) -> Path:
-        """The unit's stdout and stderr: Firecracker's log and the serial console."""
-        return self.runtime_dir / "vmm.log"
 
     @property
     def memory_mib(self) -> int:
         return self.memory_bytes >> 20
 
 
-def _volumes(raw: Any) -> tuple[Volume, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list | tuple):
-        raise InvalidArgument("launch: volumes must be a list")
+def _volumes(launch: Mapping[str, Any]) -> tuple[Volume, ...]:
     out: list[Volume] = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, Mapping):
-            raise InvalidArgument(f"launch: volumes[{i}] must be an object")
+    for i, item in vmm_launch.objects(launch, "volumes"):
         if "serial" in item:
             raise InvalidArgument(
                 f"launch: volumes[{i}].serial cannot be set under Firecracker (the guest "
                 "sees a serial made of the file's device and inode numbers; "
                 "FirecrackerVmm.volume_devices() lists the guest paths)")
-        unknown = set(item) - {"path", "read_only"}
-        if unknown:
-            raise InvalidArgument(f"launch: volumes[{i}] has unknown keys {sorted(unknown)}")
+        vmm_launch.item_keys(item, {"path", "read_only"}, f"volumes[{i}]")
         path = vmm_launch.abs_path(item, "path", must_exist="file", label=f"volumes[{i}].path")
         read_only = vmm_launch.read_only(item, i)
         out.append(Volume(path, read_only))
     return tuple(out)
 
 
-def _taps(raw: Any) -> tuple[Tap, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list | tuple):
-        raise InvalidArgument("launch: taps must be a list")
+def _taps(launch: Mapping[str, Any]) -> tuple[Tap, ...]:
     out: list[Tap] = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, Mapping):
-            raise InvalidArgument(f"launch: taps[{i}] must be an object")
-        unknown = set(item) - {"host_dev_name", "guest_mac", "mtu"}
-        if unknown:
-            raise InvalidArgument(f"launch: taps[{i}] has unknown keys {sorted(unknown)}")
+    for i, item in vmm_launch.objects(launch, "taps"):
+        vmm_launch.item_keys(item, {"host_dev_name", "guest_mac", "mtu"}, f"taps[{i}]")
         name = item.get("host_dev_name")
         if not isinstance(name, str) or not _IFNAME.fullmatch(name):
             raise InvalidArgument(f"launch: taps[{i}].host_dev_name {name!r} must be an "
@@ -150,32 +120,15 @@ def parse_launch(launch: Mapping[str, Any]) -> Launch:
     if not isinstance(instance_id, str) or not _JAIL_ID.fullmatch(instance_id):
         raise InvalidArgument(f"launch: instance_id {instance_id!r} must be 1-64 letters, "
                               "digits or '-' (it is the jailer's --id)")
-    unit = vmm_launch.unit_name(launch, instance_id)
-    vmlinux, initramfs = vmm_launch.platform_files(launch)
-    memory = vmm_launch.memory_bytes(launch)
-    args = vmm_launch.kernel_args(launch)
+    base = vmm_launch.base_fields(launch, instance_id, MAX_VCPUS, lambda: _volumes(launch))
     netns = None
     if launch.get("netns_path") is not None:
         netns = vmm_launch.abs_path(launch, "netns_path", must_exist="any")
-    taps = _taps(launch.get("taps"))
+    taps = _taps(launch)
     network = vmm_launch.network(launch)
     if network is not None:
         if netns is not None or taps:
             raise InvalidArgument("launch: network comes instead of netns_path and taps, "
                                   "not with them")
         netns, taps = network.netns_path, (Tap(network.tap, network.mac),)
-    return Launch(
-        instance_id=instance_id,
-        unit_name=unit,
-        runtime_dir=vmm_launch.abs_path(launch, "runtime_dir", must_exist="dir"),
-        vmlinux=vmlinux,
-        initramfs=initramfs,
-        template_image=vmm_launch.abs_path(launch, "template_image", must_exist="file"),
-        writable_layer=vmm_launch.abs_path(launch, "writable_layer", must_exist="file"),
-        volumes=_volumes(launch.get("volumes")),
-        vcpus=vmm_launch.int_in_range(launch, "vcpus", 1, 1, MAX_VCPUS),
-        memory_bytes=memory,
-        kernel_args=args,
-        netns_path=netns,
-        taps=taps,
-    )
+    return Launch(**base, netns_path=netns, taps=taps)

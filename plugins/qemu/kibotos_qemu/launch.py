@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos.sdk import InvalidArgument, vmm_launch
+from kibotos.sdk import Below, InvalidArgument, vmm_launch
 
 ROOT_SERIAL = "kibotos-root"
 RW_SERIAL = "kibotos-rw"
@@ -56,55 +56,23 @@ class Volume:
 
 
 @dataclass(frozen=True)
-class Launch:
-    instance_id: str
-    unit_name: str
-    runtime_dir: Path
-    vmlinux: Path
-    initramfs: Path
-    template_image: Path
-    writable_layer: Path
-    volumes: tuple[Volume, ...]
-    vcpus: int
-    memory_bytes: int
-    kernel_args: tuple[str, ...]
+class Launch(vmm_launch.BaseLaunch[Volume]):
+    """The checked description, and where the unit's sockets and logs are."""
+
     network: vmm_launch.LaunchNetwork | None = None
 
-    @property
-    def agent_socket(self) -> Path:
-        return self.runtime_dir / "agent.sock"
-
-    @property
-    def dataplane_socket(self) -> Path:
-        """The data plane's agent socket (docs/dataplane.md)."""
-        return self.runtime_dir / "agent-dp.sock"
-
-    @property
-    def qmp_socket(self) -> Path:
-        return self.runtime_dir / "qmp.sock"
-
-    @property
-    def console_log(self) -> Path:
-        return self.runtime_dir / "console.log"
-
-    @property
-    def vmm_log(self) -> Path:
-        return self.runtime_dir / "vmm.log"
+    agent_socket = Below("runtime_dir", "agent.sock")
+    #: The data plane's agent socket (docs/dataplane.md).
+    dataplane_socket = Below("runtime_dir", "agent-dp.sock")
+    qmp_socket = Below("runtime_dir", "qmp.sock")
+    console_log = Below("runtime_dir", "console.log")
 
 
-def _volumes(raw: Any) -> tuple[Volume, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list | tuple):
-        raise InvalidArgument("launch: volumes must be a list")
+def _volumes(launch: Mapping[str, Any]) -> tuple[Volume, ...]:
     out: list[Volume] = []
     seen = {ROOT_SERIAL, RW_SERIAL}
-    for i, item in enumerate(raw):
-        if not isinstance(item, Mapping):
-            raise InvalidArgument(f"launch: volumes[{i}] must be an object")
-        unknown = set(item) - {"path", "serial", "read_only"}
-        if unknown:
-            raise InvalidArgument(f"launch: volumes[{i}] has unknown keys {sorted(unknown)}")
+    for i, item in vmm_launch.objects(launch, "volumes"):
+        vmm_launch.item_keys(item, {"path", "serial", "read_only"}, f"volumes[{i}]")
         path = vmm_launch.abs_path(item, "path", must_exist="file", label=f"volumes[{i}].path")
         serial = item.get("serial", f"kibotos-vol{i}")
         if not isinstance(serial, str) or not _SERIAL.fullmatch(serial):
@@ -128,21 +96,6 @@ def parse_launch(launch: Mapping[str, Any]) -> Launch:
     if not isinstance(instance_id, str) or not _TOKEN.fullmatch(instance_id):
         raise InvalidArgument(f"launch: instance_id {instance_id!r} must be 1-64 letters, "
                               "digits, '.', '_' or '-'")
-    unit = vmm_launch.unit_name(launch, instance_id)
-    vmlinux, initramfs = vmm_launch.platform_files(launch)
-    memory = vmm_launch.memory_bytes(launch)
-    args = vmm_launch.kernel_args(launch)
-    return Launch(
-        instance_id=instance_id,
-        unit_name=unit,
-        runtime_dir=vmm_launch.abs_path(launch, "runtime_dir", must_exist="dir"),
-        vmlinux=vmlinux,
-        initramfs=initramfs,
-        template_image=vmm_launch.abs_path(launch, "template_image", must_exist="file"),
-        writable_layer=vmm_launch.abs_path(launch, "writable_layer", must_exist="file"),
-        volumes=_volumes(launch.get("volumes")),
-        vcpus=vmm_launch.int_in_range(launch, "vcpus", 1, 1, MAX_VCPUS),
-        memory_bytes=memory,
-        kernel_args=args,
-        network=vmm_launch.network(launch),
-    )
+    return Launch(**vmm_launch.base_fields(launch, instance_id, MAX_VCPUS,
+                                           lambda: _volumes(launch)),
+                  network=vmm_launch.network(launch))

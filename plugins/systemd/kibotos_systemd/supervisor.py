@@ -42,6 +42,7 @@ from kibotos.sdk import (
     UnitInfo,
     UnitSpec,
     backend_options,
+    check_unit_name,
     procfs,
 )
 from kibotos_systemd import processes
@@ -58,7 +59,6 @@ from kibotos_systemd.bus import (
 )
 from kibotos_systemd.properties import unit_properties
 
-_NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}")
 _OPTIONS = frozenset({"bus", "start_timeout"})
 _POLL = 0.05
 #: After SIGKILL a process ends unless stuck in the kernel; give up (loudly) after this.
@@ -78,15 +78,6 @@ _EXEC_STEPS = {200: "CHDIR", 201: "NICE", 202: "FDS", 203: "EXEC", 204: "MEMORY"
                213: "SECUREBITS", 214: "SETSCHEDULER", 215: "CPUAFFINITY", 216: "GROUP",
                217: "USER", 218: "CAPABILITIES", 219: "CGROUP", 220: "SETSID",
                222: "STDERR", 225: "NAMESPACE", 226: "NAMESPACE", 228: "SECCOMP"}
-
-
-def check_unit_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidArgument(
-            f"invalid unit name {name!r}: must be 1-200 letters, digits and '_.@:-', "
-            "not starting with a dot"
-        )
-    return name
 
 
 def systemd_unit(name: str) -> str:
