@@ -44,11 +44,7 @@ def exposure_group() -> None:
 
 
 @exposure_group.command("serve")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The gateway's TOML configuration (docs/gateways.md).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@_fail_cleanly
+@serve_options("The gateway's TOML configuration (docs/gateways.md).")
 def exposure_serve(config_path: str, log_level: str) -> None:
     """Proxy <port>-<sandbox>.<domain> to sandbox ports until SIGTERM or SIGINT."""
     import trio
@@ -58,6 +54,5 @@ def exposure_serve(config_path: str, log_level: str) -> None:
 
     cfg = config_mod.load(ExposureConfig, config_path)
     cfg.read_credential()  # refused now, with its reason, rather than at the first request
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(log_level)
     trio.run(serve_exposure_gateway, cfg)
