@@ -40,14 +40,18 @@ def dataplane_group() -> None:
               help="This process's generation, as the node numbered it.")
 @click.option("--drain-timeout", default=10.0, type=AsciiFloat(min=0), show_default=True,
               metavar="SECONDS", help="On SIGTERM, how long open connections may take to end.")
+@click.option("--plain", is_flag=True,
+              help="Serve plain HTTP instead of TLS (refused unless --listen is a "
+                   "loopback address).  Default: TLS with the certificate the node sends.")
 def serve_command(listen: str, socket_dir: Path, generation: int,
-                  drain_timeout: float) -> None:
+                  drain_timeout: float, plain: bool) -> None:
     """Serve exec for the node's Instances until SIGTERM."""
     from kibotos.dataplane.serve import DataplaneSettings, serve_dataplane
 
     serve(serve_dataplane, DataplaneSettings(listen=listen, socket_dir=socket_dir.absolute(),
                                              generation=generation,
-                                             drain_timeout=drain_timeout), "data plane")
+                                             drain_timeout=drain_timeout, tls=not plain),
+          "data plane")
 
 
 def _run_for_node(config_path: Path, action: str, timeout: float) -> None:

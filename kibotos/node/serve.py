@@ -153,7 +153,8 @@ async def serve_node(
                 ready_sent = True
                 notify_ready()
 
-        targets = DataplaneTargets.for_node(config, manager) if dataplane else None
+        targets = DataplaneTargets.for_node(
+            config, manager, credential=lambda: identity.credential) if dataplane else None
         egress = _egress(config, manager, lambda: identity.credential)
         session = ControlSession(
             config, identity, incarnation,

@@ -64,6 +64,10 @@ class CtrlSection(_Strict):
     credential_file: Path
     #: The CA ctrl's certificate is verified against; None: the system trust store.
     ca_file: Path | None = None
+    #: The CA nodes' data-plane certificates are verified against: the cluster CA
+    #: (ctrl's ``<state_dir>/cluster-ca.crt``).  None: `ca_file`, which is that file
+    #: when ctrl serves a certificate of its own cluster CA.
+    dataplane_ca_file: Path | None = None
 
     @field_validator("url")
     @classmethod
@@ -81,7 +85,13 @@ class CtrlSection(_Strict):
         `InvalidArgument` naming ctrl.ca_file)."""
         return client_context_from_file(self.ca_file, "ctrl.ca_file")
 
-    @field_validator("credential_file", "ca_file", mode="before")
+    def dataplane_tls(self) -> ssl.SSLContext:
+        """The context data planes are verified with (`dataplane_ca_file`)."""
+        if self.dataplane_ca_file is not None:
+            return client_context_from_file(self.dataplane_ca_file, "ctrl.dataplane_ca_file")
+        return self.tls()
+
+    @field_validator("credential_file", "ca_file", "dataplane_ca_file", mode="before")
     @classmethod
     def _path(cls, value: object) -> object:
         return Path(value) if isinstance(value, str) else value

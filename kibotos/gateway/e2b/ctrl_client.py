@@ -54,14 +54,19 @@ class DataplaneSession:
     url: str
     credential: str
     expires_at: float  # monotonic
+    #: What an ``https://`` data plane is verified with (None for plain ``http://``).
+    tls: ssl.SSLContext | None = None
 
 
 class CtrlClient:
     def __init__(self, base_url: str, credential: str, *,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 verify: ssl.SSLContext | None = None) -> None:
-        """`verify` checks ctrl's certificate (default: the system trust store)."""
+                 verify: ssl.SSLContext | None = None,
+                 dataplane_verify: ssl.SSLContext | None = None) -> None:
+        """`verify` checks ctrl's certificate, `dataplane_verify` the nodes' data-plane
+        certificates (default for both: the system trust store)."""
         self.base_url = base_url.rstrip("/")
+        self._dataplane_verify = dataplane_verify
         self._http = httpx.AsyncClient(
             base_url=self.base_url, transport=transport, follow_redirects=False,
             verify=verify or client_context(),
@@ -155,8 +160,11 @@ class CtrlClient:
         got = await self.call("POST", _path(workspace_id, "sessions"),
                               body={"operations": ["exec", "files"]})
         lifetime = _seconds_until(str(got["expires_at"]))
-        made = DataplaneSession(str(got["dataplane_url"]), str(got["credential"]),
-                                time.monotonic() + max(0.0, lifetime - SESSION_MARGIN))
+        url = str(got["dataplane_url"])
+        tls = (self._dataplane_verify or client_context()) if url.startswith("https://") \
+            else None
+        made = DataplaneSession(url, str(got["credential"]),
+                                time.monotonic() + max(0.0, lifetime - SESSION_MARGIN), tls)
         self._sessions[workspace_id] = made
         return made
 

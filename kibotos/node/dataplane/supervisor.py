@@ -91,9 +91,10 @@ class DataplaneSupervisor:
 
     def __init__(self, *, node_id: str, listen: str, socket_dir: Path, state_dir: Path,
                  supervisor: Supervisor, python: str | None = None,
-                 timing: DataplaneTiming | None = None) -> None:
+                 timing: DataplaneTiming | None = None, tls: bool = True) -> None:
         self.node_id = node_id
         self.listen = listen
+        self.tls = tls  # False: ``--plain`` (loopback only, `kibotos.config.NodeSection`)
         self.socket_dir = Path(os.path.abspath(socket_dir))
         self.control = check_socket_path(control_path(self.socket_dir))
         self.state_dir = state_dir
@@ -323,6 +324,8 @@ class DataplaneSupervisor:
         build = source_build_id()
         if status.get("build") != build:
             return f"another build ({status.get('build')}; this node would start {build})"
+        if status.get("tls", False) is not self.tls:
+            return f"the TLS setting changed (tls {status.get('tls')} -> {self.tls})"
         if status.get("configured_listen") != self.listen:
             return (f"the listen address changed ({status.get('configured_listen')} -> "
                     f"{self.listen})")
@@ -334,7 +337,7 @@ class DataplaneSupervisor:
         name = unit_name(self.scope, generation)
         argv = [self.python, "-m", "kibotos.cli.main", "dataplane", "serve",
                 "--listen", self.listen, "--socket-dir", str(self.socket_dir),
-                "--generation", str(generation)]
+                "--generation", str(generation), *([] if self.tls else ["--plain"])]
         info = await self.supervisor.start(UnitSpec(
             name=name, argv=argv, properties=UNIT_PROPERTIES,
             environment={"PYTHONUNBUFFERED": "1"}, working_directory=Path("/")))

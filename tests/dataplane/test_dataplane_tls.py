@@ -1,0 +1,125 @@
+"""TLS on the data-plane listener (a data plane in this process, the real guest agent):
+no certificate → every handshake fails; the node's certificate serves exec over wss
+verified against the cluster CA; a new certificate reaches new handshakes while an
+established connection keeps working; an expired one fails new handshakes and leaves
+established connections alone; a bad pair is refused and the one in use stays."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import trio
+from dp_harness import TIMEOUT, in_process_plane, run_exec, running_agent, target
+from tls_harness import TestCA, handshake_error, handshake_serial, serial_of, supply
+
+from kibotos.dataplane.client import ExecClient, Output, open_exec
+from kibotos.dataplane.control import control_call
+from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.errors import InvalidArgument
+from kibotos.tls.contexts import verification_error
+
+
+async def echo(ex: ExecClient, line: bytes) -> bytes:
+    """Send `line` to a running ``cat`` and read it back."""
+    await ex.send_stdin(line)
+    got = b""
+    with trio.fail_after(TIMEOUT):
+        async for event in ex.events():
+            if isinstance(event, Output):
+                got += event.data
+                if got.endswith(b"\n"):
+                    return got
+    raise AssertionError(f"cat ended after {got!r}")
+
+
+async def test_no_certificate_fails_handshakes_and_the_supplied_one_serves_exec(
+        tmp_path: Path) -> None:
+    ca = TestCA()
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path, client_tls=ca.client) as plane:
+            status = await control_call(plane.control, {"type": "status"})
+            assert (status["tls"], status["certificate_serial"]) == (True, None)
+            await handshake_error(plane.listen, ca.client)
+            await plane.hand_state(target(agent))
+            cert, key = ca.pair()
+            answer = await supply(plane.control, cert, key)
+            assert answer["certificate_serial"] == serial_of(cert)
+            assert await handshake_serial(plane.listen, ca.client) == serial_of(cert)
+            result = await run_exec(plane, ["echo", "over tls"])
+            assert (result.stdout, result.status.exit_code) == (b"over tls\n", 0)
+            # A client that trusts another CA refuses it: nothing skips verification.
+            other = TestCA()
+            assert verification_error(await handshake_error(plane.listen, other.client))
+
+
+async def test_renewal_reaches_new_handshakes_and_established_connections_go_on(
+        tmp_path: Path) -> None:
+    ca = TestCA()
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path, client_tls=ca.client) as plane:
+            await plane.hand_state(target(agent))
+            first = ca.pair()
+            await supply(plane.control, *first)
+            async with open_exec(plane.url, plane.credential(), ExecRequest(("cat",)),
+                                 ssl_context=ca.client) as ex:
+                assert await echo(ex, b"before\n") == b"before\n"
+                second = ca.pair()
+                await supply(plane.control, *second)
+                assert await handshake_serial(plane.listen, ca.client) == serial_of(
+                    second[0]) != serial_of(first[0])
+                assert await echo(ex, b"after\n") == b"after\n"
+                await ex.close_stdin()
+
+
+async def test_an_expired_certificate_fails_new_handshakes_only(tmp_path: Path) -> None:
+    ca = TestCA()
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path, client_tls=ca.client) as plane:
+            await plane.hand_state(target(agent))
+            cert, key = ca.pair(lifetime=2.0)
+            await supply(plane.control, cert, key)
+            async with open_exec(plane.url, plane.credential(), ExecRequest(("cat",)),
+                                 ssl_context=ca.client) as ex:
+                assert await echo(ex, b"one\n") == b"one\n"
+                end = (await control_call(plane.control, {"type": "status"})
+                       )["certificate_not_after"]
+                with trio.fail_after(TIMEOUT):  # the node is "away": nothing renews
+                    while dt.datetime.now(dt.UTC) <= dt.datetime.fromisoformat(end):
+                        await trio.sleep(0.2)
+                failed = verification_error(await handshake_error(plane.listen, ca.client))
+                assert failed is not None
+                assert "expired" in failed.verify_message
+                assert await echo(ex, b"two\n") == b"two\n"
+                # The node is back: its new certificate serves new handshakes again.
+                renewed = ca.pair()
+                await supply(plane.control, *renewed)
+                assert await handshake_serial(plane.listen, ca.client) == serial_of(
+                    renewed[0])
+                await ex.close_stdin()
+
+
+async def test_a_bad_pair_is_refused_and_the_certificate_in_use_stays(
+        tmp_path: Path) -> None:
+    ca = TestCA()
+    async with in_process_plane(tmp_path, client_tls=ca.client) as plane:
+        cert, key = ca.pair()
+        await supply(plane.control, cert, key)
+        _, other_key = ca.pair()
+        for bad, why in [((cert, other_key), "do not load together"),
+                         (("not pem", key), "not a PEM certificate"),
+                         ((cert, ""), "'key' must be PEM text")]:
+            with pytest.raises(InvalidArgument, match=why):
+                await supply(plane.control, *bad)
+        assert await handshake_serial(plane.listen, ca.client) == serial_of(cert)
+        assert (await control_call(plane.control, {"type": "status"})
+                )["certificate_serial"] == serial_of(cert)
+
+
+async def test_a_plain_data_plane_takes_no_certificate(tmp_path: Path) -> None:
+    ca = TestCA()
+    async with in_process_plane(tmp_path) as plane:
+        assert (await control_call(plane.control, {"type": "status"}))["tls"] is False
+        with pytest.raises(InvalidArgument, match="serves plain HTTP"):
+            await supply(plane.control, *ca.pair())
