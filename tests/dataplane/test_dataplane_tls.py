@@ -12,26 +12,13 @@ from pathlib import Path
 import pytest
 import trio
 from dp_harness import TIMEOUT, in_process_plane, run_exec, running_agent, target
-from tls_harness import TestCA, handshake_error, handshake_serial, serial_of, supply
+from tls_harness import TestCA, echo, handshake_error, handshake_serial, serial_of, supply
 
-from kibotos.dataplane.client import ExecClient, Output, open_exec
+from kibotos.dataplane.client import open_exec
 from kibotos.dataplane.control import control_call
 from kibotos.dataplane.exec_session import ExecRequest
 from kibotos.errors import InvalidArgument
 from kibotos.tls.contexts import verification_error
-
-
-async def echo(ex: ExecClient, line: bytes) -> bytes:
-    """Send `line` to a running ``cat`` and read it back."""
-    await ex.send_stdin(line)
-    got = b""
-    with trio.fail_after(TIMEOUT):
-        async for event in ex.events():
-            if isinstance(event, Output):
-                got += event.data
-                if got.endswith(b"\n"):
-                    return got
-    raise AssertionError(f"cat ended after {got!r}")
 
 
 async def test_no_certificate_fails_handshakes_and_the_supplied_one_serves_exec(
@@ -123,3 +110,27 @@ async def test_a_plain_data_plane_takes_no_certificate(tmp_path: Path) -> None:
         assert (await control_call(plane.control, {"type": "status"}))["tls"] is False
         with pytest.raises(InvalidArgument, match="serves plain HTTP"):
             await supply(plane.control, *ca.pair())
+
+
+@pytest.mark.parametrize(("listen", "tls", "reported"), [
+    ("127.0.0.1:7500", True, "https://127.0.0.1:7500"),
+    ("127.0.0.1:7500", False, "127.0.0.1:7500"),
+    ("[::1]:7500", False, "[::1]:7500"),
+    ("10.0.0.7:7500", True, "https://10.0.0.7:7500")])
+def test_the_node_reports_its_data_plane_address_with_the_scheme(
+        listen: str, tls: bool, reported: str) -> None:
+    from kibotos.config import NodeSection
+    section = NodeSection.model_validate({"id": "node-a", "ctrl_url": "https://ctrl:7400",
+                                          "dataplane_listen": listen, "dataplane_tls": tls})
+    assert section.dataplane_address() == reported
+
+
+@pytest.mark.parametrize("value", ["no", 0, "false"])
+def test_plain_is_only_for_loopback_and_only_a_boolean_says_so(value: object) -> None:
+    from kibotos.config import NodeConfig, parse
+    base = {"id": "node-a", "ctrl_url": "https://ctrl:7400"}
+    with pytest.raises(InvalidArgument, match="only on a loopback dataplane_listen"):
+        parse(NodeConfig, {"node": {**base, "dataplane_listen": "10.0.0.7:7500",
+                                    "dataplane_tls": False}}, "node.toml")
+    with pytest.raises(InvalidArgument, match="dataplane_tls"):
+        parse(NodeConfig, {"node": {**base, "dataplane_tls": value}}, "node.toml")

@@ -12,6 +12,7 @@ from typing import Any
 import trio
 from cryptography import x509
 
+from kibotos.dataplane.client import ExecClient, Output
 from kibotos.dataplane.control import control_call
 from kibotos.tls.ca import ClusterCA
 from kibotos.tls.contexts import client_context
@@ -66,3 +67,16 @@ async def handshake_error(listen: str, context: ssl.SSLContext) -> BaseException
     except (ssl.SSLError, trio.BrokenResourceError) as exc:
         return exc
     raise AssertionError(f"the handshake succeeded (serial {serial})")
+
+
+async def echo(ex: ExecClient, line: bytes) -> bytes:
+    """Send `line` to a running ``cat`` and read it back."""
+    await ex.send_stdin(line)
+    got = b""
+    with trio.fail_after(TIMEOUT):
+        async for event in ex.events():
+            if isinstance(event, Output):
+                got += event.data
+                if got.endswith(b"\n"):
+                    return got
+    raise AssertionError(f"cat ended after {got!r}")
