@@ -165,6 +165,10 @@ class CertificateKeeper:
     def serial(self) -> str | None:
         return None if self.cert is None else f"{self.cert.serial_number:x}"
 
+    def not_after_timestamp(self) -> float | None:
+        """The end of the certificate in use (Unix seconds), for the node's metrics."""
+        return None if self.cert is None else self.cert.not_valid_after_utc.timestamp()
+
     def on_welcome(self) -> None:
         """ctrl answered hello, so it knows the address to certify: ask now."""
         self._welcomed.set()
