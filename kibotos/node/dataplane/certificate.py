@@ -35,7 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from kibotos import atomicfile
+from kibotos import atomicfile, failpoints
 from kibotos.dataplane.control import control_call
 from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.logs import EventLogger
@@ -244,6 +244,9 @@ class CertificateKeeper:
         pem = got.certificate.encode()
         await trio.to_thread.run_sync(atomicfile.write_bytes, self.state_dir / CERT_FILE,
                                       pem)
+        # A crash here leaves the new certificate saved and the data plane with the old
+        # one (or none): the next start loads the saved one and supplies it.
+        failpoints.hit("node.dataplane-cert.after-save")
         self.cert, self.cert_pem = cert, pem
         self.renewals += 1
         log.info("data-plane certificate obtained", serial=self.serial,
