@@ -134,3 +134,40 @@ def test_plain_is_only_for_loopback_and_only_a_boolean_says_so(value: object) ->
                                     "dataplane_tls": False}}, "node.toml")
     with pytest.raises(InvalidArgument, match="dataplane_tls"):
         parse(NodeConfig, {"node": {**base, "dataplane_tls": value}}, "node.toml")
+
+
+async def test_every_client_reports_a_certificate_that_does_not_verify(
+        tmp_path: Path) -> None:
+    """exec (both clients), ports and files: `FailedPrecondition` naming the cluster CA,
+    not a wait for an answer that never comes."""
+    from kibotos.dataplane import exec_blocking
+    from kibotos.dataplane.files_client import FilesClient
+    from kibotos.dataplane.ports_client import open_port
+    from kibotos.errors import FailedPrecondition
+
+    ca, other = TestCA(), TestCA()
+    async with in_process_plane(tmp_path, client_tls=ca.client) as plane:
+        await supply(plane.control, *ca.pair())
+
+        async def exec_async() -> None:
+            async with open_exec(plane.url, plane.credential(), ExecRequest(("true",)),
+                                 ssl_context=other.client):
+                pass
+
+        async def ports() -> None:
+            async with open_port(plane.url, plane.credential(operations=("ports",)), 80,
+                                 ssl_context=other.client):
+                pass
+
+        async def files() -> None:
+            await FilesClient(plane.url, plane.credential(operations=("files",)),
+                              ssl_context=other.client).stat("/")
+
+        async def exec_blocking_client() -> None:
+            await trio.to_thread.run_sync(lambda: exec_blocking.connect(
+                plane.url, plane.credential(), ExecRequest(("true",)),
+                ssl_context=other.client))
+
+        for client in (exec_async, ports, files, exec_blocking_client):
+            with pytest.raises(FailedPrecondition, match=r"does not verify .*cluster_ca"):
+                await client()
