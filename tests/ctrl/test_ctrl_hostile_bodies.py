@@ -31,7 +31,12 @@ async def raw_exchange(ctrl: RunningCtrl, head: str, body_parts: list[bytes]) ->
     url = urlsplit(ctrl.url)
     assert url.hostname is not None
     assert url.port is not None
-    stream = await trio.open_tcp_stream(url.hostname, url.port)
+    stream: trio.abc.Stream = await trio.open_tcp_stream(url.hostname, url.port)
+    if url.scheme == "https":
+        # ctrl serves TLS from its cluster CA: the raw bytes go inside a verified session.
+        assert ctrl.tls is not None
+        stream = trio.SSLStream(stream, ctrl.tls, server_hostname=url.hostname)
+        await stream.do_handshake()
     async with stream:
         # One write (ctrl may answer and close before a later one); if ctrl closed
         # first, its answer is still there to be read.
@@ -42,7 +47,7 @@ async def raw_exchange(ctrl: RunningCtrl, head: str, body_parts: list[bytes]) ->
             while True:
                 try:
                     data = await stream.receive_some(65536)
-                except trio.BrokenResourceError:
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
                     break
                 if not data:
                     break
