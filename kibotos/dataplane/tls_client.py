@@ -33,7 +33,8 @@ def handshake_failure(exc: BaseException, url: str) -> KibotosError:
     if failed is not None:
         return unverified(url, failed.verify_message or str(failed))
     return Unavailable(f"TLS handshake with the data plane at {url} failed: "
-                       f"{exc.__cause__ or exc!r}")
+                       f"{exc.__cause__ or exc!r} (a data plane that has no certificate yet "
+                       "ends every handshake: see its node's log)")
 
 
 async def open_tls_stream(host: str, port: int, context: ssl.SSLContext | None,

@@ -17,7 +17,7 @@ from tls_harness import TestCA, echo, handshake_error, handshake_serial, serial_
 from kibotos.dataplane.client import open_exec
 from kibotos.dataplane.control import control_call
 from kibotos.dataplane.exec_session import ExecRequest
-from kibotos.errors import InvalidArgument
+from kibotos.errors import InvalidArgument, Unavailable
 from kibotos.tls.contexts import verification_error
 
 
@@ -29,6 +29,11 @@ async def test_no_certificate_fails_handshakes_and_the_supplied_one_serves_exec(
             status = await control_call(plane.control, {"type": "status"})
             assert (status["tls"], status["certificate_serial"]) == (True, None)
             await handshake_error(plane.listen, ca.client)
+            from kibotos.dataplane.files_client import FilesClient
+            with pytest.raises(Unavailable, match=r"TLS handshake .* failed: .*no "
+                                                  r"certificate yet"):
+                await FilesClient(plane.url, plane.credential(operations=("files",)),
+                                  ssl_context=ca.client).stat("/")
             await plane.hand_state(target(agent))
             cert, key = ca.pair()
             answer = await supply(plane.control, cert, key)
