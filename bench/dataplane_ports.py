@@ -2,7 +2,7 @@
 """Port forwarding through the data plane ÷ the same over the guest channel directly
 (targets: throughput ratios ≥ 0.8).
 
-    .venv/bin/python bench/dataplane_ports.py [--mib 256] [--requests 500] [--json]
+    .venv/bin/python bench/dataplane_ports.py [--mib 256] [--requests 500] [--plain] [--json]
 
 Everything runs on this machine as real processes: the guest agent (``agent.py
 --socket``, under the guest's ``python3``), ``kibotos dataplane serve`` on loopback,
@@ -12,7 +12,9 @@ interleaved run by run:
 
     direct   a `GuestChannel` on the agent's socket, ``guest.ports.open(port)``, what the
              data plane itself does
-    plane    ``open_port`` through the data plane's ``/v1/ports/{port}`` WebSocket
+    plane    ``open_port`` through the data plane's ``/v1/ports/{port}`` WebSocket, over
+             TLS as a node serves it (a certificate of a cluster CA made for the run,
+             verified by the client), or plain HTTP with ``--plain``
 
     download      MiB/s of `--mib` MiB the server sends, read to its end
     upload        MiB/s of `--mib` MiB sent to a server that reads to EOF and answers
@@ -29,6 +31,7 @@ busy processes, the rate through the plane is bounded by all of them together.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shutil
@@ -59,6 +62,8 @@ from kibotos.guest import (  # noqa: E402
     connect_unix_with_retry,
     open_guest_channel,
 )
+from kibotos.tls.ca import ClusterCA  # noqa: E402
+from kibotos.tls.contexts import client_context  # noqa: E402
 
 GUEST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 NODE, INSTANCE, WORKSPACE = "node-bench", "inst-bench", "ws-bench"
@@ -185,8 +190,10 @@ async def requests(open_conn: Opener, count: int) -> list[float]:
 class Processes:
     """The agent, the data plane and the server; all stopped at the end."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, *, tls: bool = True) -> None:
         self.work = work
+        self.ca = ClusterCA.generate() if tls else None
+        self.client_tls = client_context(self.ca.cert_pem) if self.ca else None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.agent_socket = work / "agent-dp.sock"
         self.listen = f"127.0.0.1:{free_port()}"
@@ -197,7 +204,7 @@ class Processes:
                      "--root", str(work / "root"), "--log-level", "WARNING"], log)
         self._spawn([sys.executable, "-m", "kibotos.cli.main", "dataplane", "serve",
                      "--listen", self.listen, "--socket-dir", str(self.socket_dir),
-                     "--generation", "1"], log)
+                     "--generation", "1", *([] if tls else ["--plain"])], log)
         server = self._spawn([sys.executable, "-c", SERVER], log, stdout=subprocess.PIPE)
         assert server.stdout is not None
         self.server_port = int(server.stdout.readline())
@@ -220,6 +227,16 @@ class Processes:
                     await trio.sleep(0.05)
         await control_call(path, state_message(1, NODE, self.key.public_key, [
             Target(INSTANCE, self.agent_socket, WORKSPACE)]), timeout=30)
+        if self.ca is not None:  # what the node's certificate keeper sends
+            issued = self.ca.issue(["127.0.0.1"], lifetime=dt.timedelta(hours=1))
+            assert issued.key_pem is not None
+            await control_call(path, {"type": "certificate",
+                                      "certificate": issued.cert_pem.decode(),
+                                      "key": issued.key_pem.decode()}, timeout=30)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.ca else 'http'}://{self.listen}"
 
     def credential(self) -> str:
         return self.key.issue(workspace_id=WORKSPACE, instance_id=INSTANCE, node_id=NODE,
@@ -250,7 +267,7 @@ async def _measure(args: argparse.Namespace, procs: Processes,
     from contextlib import asynccontextmanager
 
     port = procs.server_port
-    url = f"http://{procs.listen}"
+    url = procs.url
 
     @asynccontextmanager
     async def direct() -> Any:
@@ -259,7 +276,8 @@ async def _measure(args: argparse.Namespace, procs: Processes,
             yield conn
 
     def plane() -> Any:
-        return open_port(url, procs.credential(), port, host="127.0.0.1")
+        return open_port(url, procs.credential(), port, host="127.0.0.1",
+                         ssl_context=procs.client_tls)
 
     size = args.mib << 20
     results: dict[str, dict[str, list[float]]] = {
@@ -292,7 +310,7 @@ async def _measure(args: argparse.Namespace, procs: Processes,
         await both("upload", lambda o: upload(o, size))
         await both("round_trip", lambda o: round_trips(o, args.requests))
         await both("request", lambda o: requests(o, args.requests // 5))
-    summary: dict[str, Any] = {"mib": args.mib, "runs": args.runs,
+    summary: dict[str, Any] = {"mib": args.mib, "runs": args.runs, "tls": not args.plain,
                                "window_kib": PORT_WINDOW >> 10}
     for name in ("download", "upload"):
         direct_rate = statistics.median(results[name]["direct"])
@@ -322,10 +340,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500,
                         help="round trips per run (requests: a fifth of it)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--plain", action="store_true",
+                        help="the data plane without TLS (as on loopback with dataplane_tls "
+                             "= false), to see what TLS costs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kdp-ports-", dir="/tmp"))
-    procs = Processes(work)
+    procs = Processes(work, tls=not args.plain)
     try:
         summary = trio.run(bench, args, procs)
     finally:

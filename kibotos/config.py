@@ -168,6 +168,10 @@ class NodeSection(_Strict):
     ctrl_url: str
     enrollment_grant_file: Path | None = None
     dataplane_listen: str = "127.0.0.1:7500"
+    #: The data plane serves TLS with a certificate the node obtains from ctrl's
+    #: cluster CA and renews (docs/dataplane.md, "TLS").  False: plain HTTP, which
+    #: carries session credentials in clear text, so only on a loopback listen address.
+    dataplane_tls: bool = Field(default=True, strict=True)
     #: The node's socket directory: the data plane's control socket is
     #: ``<socket_dir>/dataplane/control.sock``, and the directory names the node's
     #: data-plane units (their scope), so several nodes on one host need their own.
@@ -199,6 +203,21 @@ class NodeSection(_Strict):
             raise ValueError(f"{str(v)!r} is too long for the unix sockets under it "
                              "(at most 84 bytes)")
         return v
+
+    @model_validator(mode="after")
+    def _plain_on_loopback(self) -> NodeSection:
+        host = self.dataplane_listen.rpartition(":")[0].strip("[]")
+        if not self.dataplane_tls and not is_loopback(host):
+            raise ValueError(f"dataplane_tls = false serves session credentials in clear "
+                             f"text: allowed only on a loopback dataplane_listen, not "
+                             f"{self.dataplane_listen!r}")
+        return self
+
+    def dataplane_address(self) -> str:
+        """What the node reports to ctrl as its data-plane address: ``https://host:port``
+        with TLS, the bare ``host:port`` for plain HTTP (`kibotos.protocol.messages.Hello`)."""
+        return f"https://{self.dataplane_listen}" if self.dataplane_tls \
+            else self.dataplane_listen
 
     def ctrl_tls(self) -> ssl.SSLContext:
         """The context every connection to ctrl verifies it with (read at each call:

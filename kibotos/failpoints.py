@@ -39,6 +39,8 @@ KNOWN: dict[str, str] = {
                                      "generation has taken the path from the old one)",
     "node.incarnation.after-write": "node start, after the new incarnation is persisted",
     "node.enroll.after-exchange": "node enrollment, after ctrl issued the identity",
+    "node.dataplane-cert.after-save": "data-plane certificate renewal, after the new "
+                                      "certificate is saved and before the data plane has it",
     "node.instance.after-attachment-record": "Instance launch, after the attachment records "
                                              "are written and before the objects are opened",
     "node.instance.before-attachment-removal": "Instance stop, destroy or fencing, after an "

@@ -29,13 +29,16 @@ import stat
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kibotos import ids
 from kibotos.cli.options import Invocation, kibo_options
 from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+
+if TYPE_CHECKING:  # for an https:// data plane only
+    import ssl
 
 #: Progress is shown for transfers at least this large (or of unknown size past it).
 PROGRESS_FROM = 8 << 20
@@ -145,13 +148,13 @@ class Counted:
 
 
 async def copy(url: str, credential: str, src: Remote | str, dst: Remote | str, *,
-               show_progress: bool = False, stdin_fd: int = 0, stdout_fd: int = 1
-               ) -> dict[str, Any]:
+               show_progress: bool = False, stdin_fd: int = 0, stdout_fd: int = 1,
+               ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """Copy `src` to `dst` (exactly one `Remote`, the other a local path or ``-``)
     through the data plane at `url`; returns what was copied."""
     from kibotos.dataplane.files_client import FilesClient
 
-    client = FilesClient(url, credential)
+    client = FilesClient(url, credential, ssl_context=ssl_context)
     if isinstance(dst, Remote):
         assert not isinstance(src, Remote)
         return await _upload(client, src, dst, show_progress, stdin_fd)
@@ -298,7 +301,8 @@ def cp_command(inv: Invocation, src: str, dst: str) -> None:
     async def main() -> dict[str, Any]:
         with trio.move_on_after(remaining if remaining is not None else float("inf")):
             return await copy(session["dataplane_url"], session["credential"], source,
-                              destination, show_progress=sys.stderr.isatty())
+                              destination, show_progress=sys.stderr.isatty(),
+                              ssl_context=inv.dataplane_tls(session["dataplane_url"]))
         raise DeadlineExceeded(f"the global --timeout of {inv.deadline.seconds:g}s passed; "
                                "the copy was stopped and nothing was left half-written")
 

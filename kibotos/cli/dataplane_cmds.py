@@ -43,15 +43,19 @@ def dataplane_group() -> None:
 @click.option("--take-over-from", type=AsciiInt(min=1), default=None, metavar="GENERATION",
               help="Take the listening socket and state of this running generation instead "
                    "of binding (the node's handover within a release line).")
+@click.option("--plain", is_flag=True,
+              help="Serve plain HTTP instead of TLS (refused unless --listen is a "
+                   "loopback address).  Default: TLS with the certificate the node sends.")
 def serve_command(listen: str, socket_dir: Path, generation: int,
-                  drain_timeout: float, take_over_from: int | None) -> None:
+                  drain_timeout: float, take_over_from: int | None, plain: bool) -> None:
     """Serve exec for the node's Instances until SIGTERM."""
     from kibotos.dataplane.serve import DataplaneSettings, serve_dataplane
 
     serve(serve_dataplane, DataplaneSettings(listen=listen, socket_dir=socket_dir.absolute(),
                                              generation=generation,
                                              drain_timeout=drain_timeout,
-                                             take_over_from=take_over_from), "data plane")
+                                             take_over_from=take_over_from, tls=not plain),
+          "data plane")
 
 
 def _run_for_node(config_path: Path, action: str, timeout: float) -> None:

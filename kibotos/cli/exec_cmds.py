@@ -97,7 +97,8 @@ def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty:
     try:
         with raw_terminal(0) if raw else contextlib.nullcontext():
             code = relay(session["dataplane_url"], session["credential"], command,
-                         env=env, cwd=cwd, tty=tty, timeout=inv.deadline.remaining())
+                         env=env, cwd=cwd, tty=tty, timeout=inv.deadline.remaining(),
+                         ssl_context=inv.dataplane_tls(session["dataplane_url"]))
     except GlobalDeadline:
         raise DeadlineExceeded(f"the global --timeout of {inv.deadline.seconds:g}s passed; "
                                "the command was hung up") from None

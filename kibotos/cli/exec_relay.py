@@ -25,10 +25,14 @@ import select
 import signal
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from kibotos.dataplane import exec_blocking
 from kibotos.dataplane.exec_wire import ExecRequest, Output
 from kibotos.errors import DeadlineExceeded, Unavailable
+
+if TYPE_CHECKING:  # for a wss:// data plane only
+    import ssl
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Ctrl-C this many times and kibo stops waiting for a process that ignores it.
@@ -84,7 +88,8 @@ def signal_pipe(signals: tuple[signal.Signals, ...]) -> Iterator[int]:
 
 def relay(url: str, credential: str, argv: tuple[str, ...], *, env: dict[str, str],
           cwd: str | None, tty: bool, timeout: float | None, stdin_fd: int = 0,
-          stdout_fd: int = 1, stderr_fd: int = 2) -> int:
+          stdout_fd: int = 1, stderr_fd: int = 2,
+          ssl_context: ssl.SSLContext | None = None) -> int:
     """Run `argv` through the data plane at `url`, wired to the given descriptors;
     returns the exit status the shell would report (code, or 128 + signal).  After
     `timeout` seconds (None: never) it hangs up and raises `GlobalDeadline`."""
@@ -93,7 +98,8 @@ def relay(url: str, credential: str, argv: tuple[str, ...], *, env: dict[str, st
     request = ExecRequest(argv, env, cwd, tty, rows, cols)
     connect_timeout = CONNECT_TIMEOUT if timeout is None else min(CONNECT_TIMEOUT, timeout)
     try:
-        ex = exec_blocking.connect(url, credential, request, connect_timeout=connect_timeout)
+        ex = exec_blocking.connect(url, credential, request, connect_timeout=connect_timeout,
+                                   ssl_context=ssl_context)
     except DeadlineExceeded:
         if timeout is not None and timeout <= CONNECT_TIMEOUT:
             raise GlobalDeadline("") from None

@@ -13,7 +13,7 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +26,9 @@ from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.tls.contexts import client_context
 from kibotos.units import parse_duration
 
+if TYPE_CHECKING:  # imported by client_context for an https:// data plane only
+    import ssl
+
 
 class Invocation:
     """One run of one command: where output goes, the deadline, and how to reach ctrl."""
@@ -36,6 +39,7 @@ class Invocation:
         self.out = Output(as_json)
         self.deadline = Deadline(timeout)
         self._client: Client | None = None
+        self._dataplane_tls: ssl.SSLContext | None = None
 
     @property
     def as_json(self) -> bool:
@@ -70,6 +74,16 @@ class Invocation:
         found = self.client().get(path)
         self.out.result(found, lambda: self.out.table(
             columns, [row(item) for item in found.get(key) or []]))
+
+    def dataplane_tls(self, url: str) -> ssl.SSLContext | None:
+        """What a data-plane client verifies ``url`` (ctrl's ``dataplane_url``) with: the
+        cluster CA ``kibo enroll`` saved (nodes' data-plane certificates chain to it),
+        else the system store; None for a plain ``http://`` one (loopback only)."""
+        if not url.startswith("https://"):
+            return None
+        if self._dataplane_tls is None:  # one per invocation: port-forward connects often
+            self._dataplane_tls = client_context(self.load_config().cluster_ca)
+        return self._dataplane_tls
 
     def close(self) -> None:
         if self._client is not None:

@@ -40,6 +40,8 @@ from kibotos.errors import (
 )
 
 if TYPE_CHECKING:  # trio is imported when the command runs: `--help` stays fast
+    import ssl
+
     import trio
 
 #: Renew after this share of a credential's lifetime, and at least this long before
@@ -199,8 +201,12 @@ class Forwarder:
     def __init__(self, source: SessionSource, mappings: Sequence[Mapping],
                  addresses: Sequence[str], *, line: Callable[[str], None],
                  message: Callable[[str], None], announce_connections: bool = True,
-                 optional: set[str] | None = None) -> None:
+                 optional: set[str] | None = None,
+                 tls: Callable[[str], ssl.SSLContext | None] = lambda url: None) -> None:
+        """`tls` gives the context a data-plane URL is verified with (kibo's cluster
+        CA for ``https://``)."""
         self.source = source
+        self.tls = tls
         self.mappings = list(mappings)
         self.addresses = list(addresses)
         self.optional = optional or set()
@@ -264,11 +270,13 @@ class Forwarder:
             session = await self.source.current()
             try:
                 try:
-                    async with open_port(session.url, session.credential, remote) as conn:
+                    async with open_port(session.url, session.credential, remote,
+                                         ssl_context=self.tls(session.url)) as conn:
                         await _relay(local, conn)
                 except Unauthenticated:
                     session = await self.source.renew_now()
-                    async with open_port(session.url, session.credential, remote) as conn:
+                    async with open_port(session.url, session.credential, remote,
+                                         ssl_context=self.tls(session.url)) as conn:
                         await _relay(local, conn)
             except KibotosError as exc:
                 self.message(f"error: {label}: {exc.message.removeprefix('port_open: ')}")
@@ -409,7 +417,7 @@ def port_forward_command(inv: Invocation, workspace: str, ports: tuple[str, ...]
         source = SessionSource(fetch, first)
         forwarder = Forwarder(source, mappings, local_addresses, line=inv.out.line,
                               message=inv.out.message, announce_connections=not inv.as_json,
-                              optional=optional)
+                              optional=optional, tls=inv.dataplane_tls)
         return await forward_until_stopped(inv, source, forwarder)
 
     try:

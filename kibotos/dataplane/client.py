@@ -46,6 +46,7 @@ from kibotos.dataplane.exec_wire import (
     exec_url,
 )
 from kibotos.dataplane.groups import sole_error
+from kibotos.dataplane.tls_client import open_tls_stream
 from kibotos.dataplane.until_none import UntilNone
 from kibotos.errors import DeadlineExceeded, InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus
@@ -162,9 +163,7 @@ async def open_websocket(url: str, credential: str | None, *, connect_timeout: f
     try:
         with trio.fail_after(connect_timeout):
             if tls:
-                stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=ssl_context or ssl.create_default_context(),
-                    https_compatible=True)
+                stream = await open_tls_stream(host, port, ssl_context, url)
             else:
                 stream = await trio.open_tcp_stream(host, port)
     except trio.TooSlowError:

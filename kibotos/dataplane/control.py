@@ -8,7 +8,10 @@ each answer one line, ``{"ok": true, "result": {…}}`` or ``{"ok": false, "erro
 * ``{"type": "state", generation, node_id, public_key, targets}`` → ``{generation,
   version, targets}``: the whole state, replaced at once (`kibotos.dataplane.state`);
 * ``{"type": "status"}`` → ``{generation, build, listen, pid, version, has_state,
-  connections, draining}``: what the node compares when it adopts a running process;
+  connections, draining, tls, certificate_serial, certificate_not_after}``: what the
+  node compares when it adopts a running process, and whether it has its certificate;
+* ``{"type": "certificate", certificate, key}`` (PEM) → the new ``tls`` fields: the
+  TLS listener's certificate for new handshakes (`kibotos.dataplane.tls_listener`);
 * ``{"type": "metrics"}`` → ``{text}``: the Prometheus text of this process's counters.
 
 A connection may carry several requests.  The socket's permissions are the

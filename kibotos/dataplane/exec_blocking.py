@@ -214,6 +214,13 @@ def _connect_errors(url: str, timeout: float, what: str) -> Iterator[None]:
     except HandshakeError as exc:
         raise Unavailable(f"WebSocket handshake with {url} failed: {exc}") from None
     except OSError as exc:
+        if url.startswith("wss:"):  # (imported on this error only: kibo starts fast)
+            from kibotos.dataplane.tls_client import unverified
+            from kibotos.tls.contexts import verification_error
+
+            failed = verification_error(exc)
+            if failed is not None:  # retrying cannot fix it
+                raise unverified(url, failed.verify_message or str(failed)) from None
         raise Unavailable(f"cannot reach the data plane at {url}: {exc}") from None
 
 

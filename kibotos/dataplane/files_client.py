@@ -33,6 +33,7 @@ import h11
 import trio
 
 from kibotos.dataplane.files_api import FILES_PREFIX
+from kibotos.dataplane.tls_client import open_tls_stream
 from kibotos.errors import (
     DeadlineExceeded,
     Internal,
@@ -213,9 +214,7 @@ class FilesClient:
         try:
             with trio.fail_after(self._timeout):
                 if tls:
-                    stream = await trio.open_ssl_over_tcp_stream(
-                        host, port, ssl_context=self._ssl or ssl.create_default_context(),
-                        https_compatible=True)
+                    stream = await open_tls_stream(host, port, self._ssl, self.base)
                 else:
                     stream = await trio.open_tcp_stream(host, port)
         except trio.TooSlowError:

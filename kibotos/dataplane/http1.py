@@ -290,7 +290,10 @@ class DataplaneListener(WebSocketServer):
         self._http_handler = http_handler
 
     async def _handle_connection(self, stream: trio.abc.Stream) -> None:
-        head = await read_head(stream)
+        try:
+            head = await read_head(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            head = b""  # a failed TLS handshake (a client that refused our certificate)
         if not head:
             await trio.aclose_forcefully(stream)
             return
@@ -304,7 +307,7 @@ class DataplaneListener(WebSocketServer):
         if exchange is None:
             await trio.aclose_forcefully(stream)
             return
-        sock = getattr(stream, "socket", None)
+        sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)
         if sock is not None:
             try:
                 exchange.remote = str(sock.getpeername())

@@ -16,8 +16,8 @@ descriptors beside them):
 * ``{"type": "listeners"}`` → ``{generation, count, replay}`` and the listening
   sockets as descriptors (SCM_RIGHTS); ``replay`` is the last control message of each
   kind in `REPLAYED` that the node handed this generation (the state: Instances and
-  key), which the new one takes before its first accept, so it serves the same
-  Instances with the same key at once;
+  key; the TLS certificate and its key), which the new one takes before its first
+  accept, so it serves the same Instances with the same key and certificate at once;
 * ``{"type": "drain"}`` → ``{draining: true}``: stop accepting, exit after the last
   connection ends;
 * ``{"type": "state", …}``, ``{"type": "status"}``, ``{"type": "metrics"}``: as on the
@@ -61,8 +61,9 @@ AFTER_CONTROL = "dataplane.serve.after-control"
 #: since its successor took the control socket's path.
 FORWARDED = ("state", "status", "metrics")
 #: The node's control messages a new generation must have before it accepts, in the
-#: order it takes them.
-REPLAYED = ("state",)
+#: order it takes them (without the certificate, a TLS successor would fail every
+#: handshake until the node's next supply: tests/dataplane/test_handover_tls.py).
+REPLAYED = ("state", "certificate")
 
 class _Descriptor(Protocol):
     """A stdlib or a trio socket."""

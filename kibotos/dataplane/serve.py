@@ -16,6 +16,9 @@ verify or has expired, 403 for one of another node or operation, 404 for an Inst
 this data plane does not serve (stopped, or moved), 503 without state or when the guest
 cannot be reached.
 
+The listener speaks TLS with the certificate the node supplies over the control socket
+(`kibotos.dataplane.tls_listener`); plain HTTP only when asked for, on loopback.
+
 SIGTERM or SIGINT: stop accepting (the listening socket closes), give the open
 connections `drain_timeout` seconds (10 by default) to end on their own, close the rest
 with 1001 and log how many were closed.
@@ -64,6 +67,7 @@ from kibotos.dataplane.ports_session import (
     parse_port_target,
 )
 from kibotos.dataplane.state import DataplaneState, parse_state
+from kibotos.dataplane.tls_listener import PLAIN_STATUS, DataplaneTls, check_plain
 from kibotos.errors import (
     InvalidArgument,
     KibotosError,
@@ -96,6 +100,8 @@ class DataplaneSettings:
     take_over_from: int | None = None
     drain_timeout: float = DRAIN_TIMEOUT
     handle_signals: bool = True
+    #: False: plain HTTP (``--plain``), refused off loopback.
+    tls: bool = True
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -170,6 +176,8 @@ class DataplaneServer:
         self.listen_address = settings.listen
         self.draining = False
         self._versions = 0
+        self.tls = DataplaneTls(control.dataplane_dir(settings.socket_dir)) \
+            if settings.tls else None
 
     # ---------------------------------------------------------------- control
 
@@ -186,13 +194,22 @@ class DataplaneServer:
                      targets=len(state.targets))
             return {"generation": state.generation, "version": state.version,
                     "targets": len(state.targets)}
+        if kind == "certificate":
+            if self.tls is None:
+                raise InvalidArgument("this data plane serves plain HTTP: it takes no "
+                                      "certificate")
+            answer = self.tls.load(message)
+            log.info("certificate taken", serial=answer["certificate_serial"],
+                     not_after=answer["certificate_not_after"])
+            return answer
         if kind == "status":
             return {"generation": self.settings.generation, "build": build_id(),
                     "listen": self.listen_address, "configured_listen": self.settings.listen,
                     "pid": os.getpid(), "has_state": self.state is not None, "handover": True,
                     "version": self.state.version if self.state else 0,
                     "connections": len(self.connections.sessions),
-                    "draining": self.draining}
+                    "draining": self.draining,
+                    **(self.tls.status() if self.tls else PLAIN_STATUS)}
         if kind == "metrics":
             return {"text": self.metrics.text()}
         raise InvalidArgument(f"unknown control request type {kind!r}")
@@ -314,6 +331,8 @@ class DataplaneServer:
     async def serve(self, *, task_status: trio.TaskStatus[DataplaneServer]
                     = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_listen(self.settings.listen)
+        if self.tls is None:
+            check_plain(host)
         listeners = await self._listeners(host, port)
         self.handover.listening = [listener.socket for listener in listeners]
         sockname = listeners[0].socket.getsockname()
@@ -328,7 +347,8 @@ class DataplaneServer:
             if self.settings.handle_signals:
                 handlers.start_soon(self._signals, stop)
             async with trio.open_nursery() as accepting:
-                server = CountedListener(self.handle, self.handle_http, listeners,
+                server = CountedListener(self.handle, self.handle_http,
+                                         self.tls.wrap(listeners) if self.tls else listeners,
                                          handler_nursery=handlers, disconnect_timeout=5.0,
                                          receive_buffer_size=RECEIVE_BUFFER)
                 await accepting.start(server.run)
@@ -336,7 +356,8 @@ class DataplaneServer:
                                      self.handover.recording)
                 failpoints.hit(AFTER_CONTROL)
                 log.info("data plane serving", generation=self.settings.generation,
-                         listen=self.listen_address, control=control_path, pid=os.getpid(),
+                         listen=self.listen_address, tls=self.tls is not None,
+                         control=control_path, pid=os.getpid(),
                          build=build_id())
                 task_status.started(self)
                 await _first_of(stop.wait, self.handover.drain_requested.wait)

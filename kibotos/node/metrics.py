@@ -63,6 +63,8 @@ class NodeParts:
     session: SessionStatus
     pools: Callable[[], list[dict[str, Any]]]
     dataplane: DataplaneText | Any | None = None
+    #: The end of the data plane's certificate (Unix seconds; None: none yet), with TLS.
+    dataplane_certificate: Callable[[], float | None] | None = None
 
 
 class NodeMetrics(Collector):
@@ -177,6 +179,11 @@ class NodeMetrics(Collector):
             yield _gauge("kibotos_node_cleanup_pending", "Instances whose release is stuck "
                          "(processes left after the unit's stop), retried every 5 s",
                          {(): gauges.cleanup_pending})
+        expiry = parts.dataplane_certificate() if parts.dataplane_certificate else None
+        if expiry is not None:
+            yield _gauge("kibotos_node_dataplane_certificate_expiry_seconds", "When the "
+                         "data plane's certificate expires (Unix time); the node renews "
+                         "it at two thirds of its lifetime", {(): expiry})
         if self._dataplane_up is not None:
             yield _gauge("kibotos_node_dataplane_metrics_up", "1 when this scrape read the "
                          "data plane's metrics", {(): self._dataplane_up})

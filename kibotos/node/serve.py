@@ -153,7 +153,8 @@ async def serve_node(
                 ready_sent = True
                 notify_ready()
 
-        targets = DataplaneTargets.for_node(config, manager) if dataplane else None
+        targets = DataplaneTargets.for_node(
+            config, manager, credential=lambda: identity.credential) if dataplane else None
         egress = _egress(config, manager, lambda: identity.credential)
         session = ControlSession(
             config, identity, incarnation,
@@ -183,7 +184,9 @@ async def serve_node(
                 if config.node.metrics_listen:  # docs/metrics.md
                     metrics = NodeMetrics(NodeParts(
                         manager, sampler, session.status, pools.facts,
-                        targets.dataplane if targets is not None else None))
+                        targets.dataplane if targets is not None else None,
+                        targets.certificates.not_after_timestamp
+                        if targets is not None and targets.certificates else None))
                     runtime.metrics_address = await nursery.start(functools.partial(
                         serve_metrics, metrics, config.node.metrics_listen, paths.runtime))
                 task_status.started(runtime)

@@ -9,6 +9,8 @@ shapes, so the rules are one.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -53,3 +55,16 @@ class DataplaneCertificate(BaseModel):
     ca: str = Field(max_length=MAX_PEM)
     not_after: str
     names: list[str]
+
+
+def dataplane_url(address: str) -> str:
+    """The base URL of a data plane from the address its node reported in hello:
+    ``https://host:port`` as it is (TLS), a bare ``host:port`` as ``http://`` (plain,
+    loopback only)."""
+    return address if address.startswith("https://") else f"http://{address}"
+
+
+def dataplane_host(address: str) -> str:
+    """The host of a reported data-plane address (either form), without brackets."""
+    netloc = urlsplit(address).netloc if "://" in address else address
+    return netloc.rpartition(":")[0].strip("[]")

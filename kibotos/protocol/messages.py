@@ -89,6 +89,8 @@ class Hello(Message):
     source_revision: Version | None = None
     resources: Amount
     report: ReportFields = Field(default_factory=ReportFields)
+    #: ``https://host:port`` for a data plane serving TLS, the bare ``host:port`` for
+    #: one serving plain HTTP on loopback (`kibotos.protocol.certificates.dataplane_url`).
     dataplane_address: Annotated[StrictStr, Field(max_length=255), NoControl] | None = None
     #: Free-form facts ctrl stores (``pools``, …); ``network`` has a shape
     #: (`NetworkFacts`).

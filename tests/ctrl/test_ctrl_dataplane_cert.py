@@ -60,6 +60,8 @@ async def test_who_and_what_is_refused(client: httpx.AsyncClient, operator: dict
                                     "failed_precondition")["message"]
     await update_node(store, "node-a", dataplane_address="0.0.0.0:7500")
     error(await client.post(PATH, headers=node, json=good), "failed_precondition")
+    await update_node(store, "node-a", dataplane_address="https://[::]:7500")
+    error(await client.post(PATH, headers=node, json=good), "failed_precondition")
     await update_node(store, "node-a", dataplane_address="10.0.0.7:7500")
     other = ec.generate_private_key(ec.SECP384R1())
     for body, text in [
@@ -80,3 +82,18 @@ def test_the_lifetime_setting_is_bounded(value: str) -> None:
     from kibotos.errors import InvalidArgument
     with pytest.raises(InvalidArgument, match="dataplane_cert_lifetime"):
         parse(CtrlConfig, {"tls": {"dataplane_cert_lifetime": value}}, "ctrl.toml")
+
+
+@pytest.mark.parametrize(("address", "name"), [("https://dp.example:7500", "dp.example"),
+                                               ("https://[::1]:7500", "::1"),
+                                               ("127.0.0.1:7500", "127.0.0.1")])
+async def test_the_name_is_the_host_of_either_address_form(
+        client: httpx.AsyncClient, operator: dict[str, str], store: Store, address: str,
+        name: str) -> None:
+    """A TLS data plane reports ``https://host:port``, a plain one ``host:port``."""
+    node = bearer(await enroll_node(client, operator, "node-a"))
+    await update_node(store, "node-a", dataplane_address=address)
+    key = ec.generate_private_key(ec.SECP256R1())
+    got = DataplaneCertificate.model_validate(result(
+        await client.post(PATH, headers=node, json={"public_key": public_pem(key)})))
+    assert got.names == [name]

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -96,10 +97,12 @@ class Plane:
     listen: str
     server: DataplaneServer | None = None
     targets: list[Target] = field(default_factory=list)
+    #: What clients verify a TLS data plane with (None: it serves plain HTTP).
+    client_tls: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.listen}"
+        return f"{'https' if self.client_tls else 'http'}://{self.listen}"
 
     @property
     def control(self) -> Path:
@@ -125,16 +128,18 @@ def target(agent: Agent, instance_id: str = INSTANCE_ID,
 
 @contextlib.asynccontextmanager
 async def in_process_plane(tmp_path: Path, *, generation: int = 1,
-                           drain_timeout: float = 10.0) -> AsyncIterator[Plane]:
-    """`serve_dataplane` in this trio run (no signal handling), on a free port."""
+                           drain_timeout: float = 10.0,
+                           client_tls: ssl.SSLContext | None = None) -> AsyncIterator[Plane]:
+    """`serve_dataplane` in this trio run (no signal handling), on a free port; with
+    `client_tls` it serves TLS (with no certificate until the test sends one)."""
     socket_dir = tmp_path / "run"
     settings = DataplaneSettings(listen="127.0.0.1:0", socket_dir=socket_dir,
                                  generation=generation, drain_timeout=drain_timeout,
-                                 handle_signals=False)
+                                 handle_signals=False, tls=client_tls is not None)
     async with trio.open_nursery() as nursery:
         server: DataplaneServer = await nursery.start(serve_dataplane, settings)
         yield Plane(socket_dir, generation, SigningKey.generate(), server.listen_address,
-                    server)
+                    server, client_tls=client_tls)
         nursery.cancel_scope.cancel()
 
 
@@ -142,20 +147,22 @@ class PlaneProcess:
     """``kibotos dataplane serve`` as a real process (for signals and the CLI)."""
 
     def __init__(self, tmp_path: Path, *, generation: int = 1, drain_timeout: float = 10.0,
-                 listen: str | None = None) -> None:
+                 listen: str | None = None, tls: bool = False) -> None:
         self.listen = listen or f"127.0.0.1:{free_port()}"
         self.socket_dir = tmp_path / "run"
         self.log = tmp_path / f"dataplane-{generation}.log"
         self.generation = generation
         argv = [sys.executable, "-m", "kibotos.cli.main", "dataplane", "serve",
                 "--listen", self.listen, "--socket-dir", str(self.socket_dir),
-                "--generation", str(generation), "--drain-timeout", str(drain_timeout)]
+                "--generation", str(generation), "--drain-timeout", str(drain_timeout),
+                *([] if tls else ["--plain"])]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def plane(self, key: SigningKey) -> Plane:
-        return Plane(self.socket_dir, self.generation, key, self.listen)
+    def plane(self, key: SigningKey, client_tls: ssl.SSLContext | None = None) -> Plane:
+        return Plane(self.socket_dir, self.generation, key, self.listen,
+                     client_tls=client_tls)
 
     async def wait_serving(self) -> dict[str, object]:
         """Until the control socket answers ``status``."""
@@ -205,7 +212,8 @@ async def run_exec(plane: Plane, argv: list[str] | tuple[str, ...], *, stdin: by
 
     with trio.fail_after(TIMEOUT):
         async with open_exec(plane.url, credential or plane.credential(),
-                             ExecRequest(tuple(argv), env or {}, cwd, tty)) as ex:
+                             ExecRequest(tuple(argv), env or {}, cwd, tty),
+                             ssl_context=plane.client_tls) as ex:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(feed, ex)
                 async for event in ex.events():
@@ -251,11 +259,13 @@ class Node:
         cls = load_plugins().supervisor.get("direct")
         return cls({"state_dir": str(self.base / "units")})  # type: ignore[no-any-return]
 
-    def dataplane(self, *, listen: str | None = None,
-                  timing: DataplaneTiming = FAST) -> DataplaneSupervisor:
+    def dataplane(self, *, listen: str | None = None, timing: DataplaneTiming = FAST,
+                  tls: bool = False) -> DataplaneSupervisor:
+        """Plain HTTP unless `tls` (these tests are about the processes; TLS has its own
+        in test_dataplane_tls and test_dataplane_cert_renewal)."""
         return DataplaneSupervisor(node_id="node-a", listen=listen or self.listen,
                                    socket_dir=self.socket_dir, state_dir=self.state_dir,
-                                   supervisor=self.supervisor(), timing=timing)
+                                   supervisor=self.supervisor(), timing=timing, tls=tls)
 
     def plane(self, dp: DataplaneSupervisor) -> Plane:
         assert dp.generation is not None

@@ -171,6 +171,17 @@ async def test_credential_for_an_available_workspace(
     assert claims.operations == ("files", "ports")
 
 
+async def test_a_tls_data_plane_is_handed_out_as_https(
+        client: httpx.AsyncClient, ctx: CtrlContext, operator: dict[str, str]) -> None:
+    """The node reports ``https://host:port`` for a data plane serving TLS: clients are
+    told so, and verify it against the cluster CA."""
+    await add_node(ctx, "node-a", f"https://{ADDRESS}")
+    await add_workspace(ctx, "ws-1", "AVAILABLE")
+    resp = await client.post("/v1/workspaces/ws-1/sessions", headers=operator)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["result"]["dataplane_url"] == f"https://{ADDRESS}"
+
+
 async def test_refusals(client: httpx.AsyncClient, ctx: CtrlContext,
                         operator: dict[str, str]) -> None:
     await add_node(ctx, "node-a")

@@ -135,11 +135,15 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
                                          verify=client_tls(ctrl_config)) as http:
                 resp = await http.post("/v1/enrollment/exchange", json={
                     "token": grant["token"], "public_key": _public_key()})
-                credential = resp.json()["result"]["credential"]
+                exchanged = resp.json()["result"]
+                credential = exchanged["credential"]
                 operator = {"Authorization": f"Bearer {credential}"}
                 kibo = base / "kibo.toml"
+                # As `kibo enroll` writes it: the cluster CA of the exchange answer is
+                # what the data plane's certificate is verified against.
                 kibo.write_text(f'ctrl_url = "{url}"\ncredential = "{credential}"\n'
-                                f'ctrl_ca = {json.dumps(ca_file.read_text())}\n')
+                                f'ctrl_ca = {json.dumps(ca_file.read_text())}\n'
+                                f'cluster_ca = {json.dumps(exchanged["cluster_ca"])}\n')
                 node_grant = (await http.post("/v1/enrollment/grants", headers=operator,
                                               json={"kind": "node", "node_id": "node-a"}
                                               )).json()["result"]["token"]
@@ -211,7 +215,9 @@ async def test_exec_through_ctrl_node_and_data_plane(monkeypatch: pytest.MonkeyP
             while not (node := await c.call("GET", "/v1/nodes/node-a"))["placement"][
                     "eligible"]:
                 await trio.sleep(0.1)
-        assert node["dataplane_address"] == c.node.config.node.dataplane_listen
+        # The node serves TLS with a certificate from ctrl (kibo verifies it against the
+        # cluster CA `kibo enroll` saved): it reports an https:// address.
+        assert node["dataplane_address"] == f"https://{c.node.config.node.dataplane_listen}"
         created = await c.call("POST", "/v1/workspaces", json={
             "template": "tiny", "memory_bytes": 256 << 20, "layer_size_bytes": 64 << 20})
         workspace = created["workspace_id"]

@@ -136,3 +136,10 @@ def test_cli_refuses_a_bad_listen_address_and_a_busy_port(tmp_path: Path) -> Non
                                 "serve", "--help"], capture_output=True, text=True,
                                check=True).stdout
     assert "[default: 10.0" in help_text
+
+
+def test_cli_serves_plain_only_on_loopback(tmp_path: Path) -> None:
+    done = run_cli("--listen", "0.0.0.0:0", "--socket-dir", str(tmp_path), "--generation",
+                   "1", "--plain")
+    assert done.returncode == 10, done.stderr
+    assert "plain HTTP only on a loopback address" in done.stderr

@@ -24,6 +24,7 @@ from dp_harness import (
 )
 
 from kibotos.dataplane.client import Output, Started, open_exec
+from kibotos.dataplane.control import control_call
 from kibotos.dataplane.exec_session import ExecRequest
 from kibotos.node.dataplane import supervisor as dps
 from kibotos.node.dataplane.supervisor import (
@@ -57,8 +58,8 @@ async def test_start_hand_over_and_exec(node: Node) -> None:
             info = await dp.supervisor.describe(unit_name(dp.scope, 1))
             assert info is not None
             assert info.active
-            assert info.argv[-6:] == ("--listen", node.listen, "--socket-dir",
-                                      str(node.socket_dir), "--generation", "1")
+            assert info.argv[-7:] == ("--listen", node.listen, "--socket-dir",
+                                      str(node.socket_dir), "--generation", "1", "--plain")
             await hand_over(node, dp, agent)
             assert dp.confirmed
             assert (node.state_dir / "session-signing-public-key").read_text().strip() == \
@@ -139,11 +140,16 @@ async def test_a_process_of_another_listen_address_or_build_is_replaced(
     async with running(node.dataplane(listen=other)) as second:
         assert (second.generation, second.adopted) == (2, None)
     assert "reason=\"the listen address changed" in caplog.text
+    async with running(node.dataplane(listen=other, tls=True)) as tls:
+        assert (tls.generation, tls.adopted) == (3, None)
+        status = await control_call(tls.control, {"type": "status"}, timeout=TIMEOUT)
+        assert status["tls"] is True
+    assert "reason=\"the listener settings changed (tls False -> True)" in caplog.text
     monkeypatch.setattr(dps, "source_build_id", lambda: "0.0.0+another")
     async with running(node.dataplane(listen=other)) as third:
-        assert (third.generation, third.adopted) == (3, None)
+        assert (third.generation, third.adopted) == (4, None)
         units = await third.supervisor.list("kibotos-dataplane-")
-        assert [u.name for u in units if u.active] == [unit_name(third.scope, 3)]
+        assert [u.name for u in units if u.active] == [unit_name(third.scope, 4)]
     assert "reason=\"another release line" in caplog.text
 
 

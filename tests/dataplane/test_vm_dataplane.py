@@ -1,7 +1,8 @@
 """The data plane reaching a real microVM (QEMU TCG, the cached Platform and
 ``kibotos-base`` Template) through the guest's second port, ``org.kibotos.agent.1`` on
 ``agent-dp.sock``, while the node's own channel on ``agent.sock`` stays open: the two
-guest sessions do not disturb each other."""
+guest sessions do not disturb each other.  The data plane serves TLS, as a node's does:
+every client verifies it against the cluster CA."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 from dp_harness import Plane, in_process_plane, run_exec
+from tls_harness import TestCA, supply
 
 from kibotos.backends import UnitSpec
 from kibotos.dataplane.client import ExecClient
@@ -102,13 +104,13 @@ async def _copy_in_and_out(plane: Plane, tmp_path: Path) -> None:
     (tmp_path / "big.bin").write_bytes(data)
     credential = plane.credential(operations=("files",))
     done = await copy(plane.url, credential, str(tmp_path / "big.bin"),
-                      Remote("ws-1", "/var/tmp/big.bin"))
+                      Remote("ws-1", "/var/tmp/big.bin"), ssl_context=plane.client_tls)
     assert done["sha256"] == f"sha256:{digest}"
     summed = await run_exec(plane, ["sha256sum", "/var/tmp/big.bin"])
     assert summed.stdout.split()[0].decode() == digest
     (tmp_path / "back").mkdir()
     done = await copy(plane.url, credential, Remote("ws-1", "/var/tmp/big.bin"),
-                      str(tmp_path / "back"))
+                      str(tmp_path / "back"), ssl_context=plane.client_tls)
     assert done["sha256"] == f"sha256:{digest}"
     assert hashlib.sha256((tmp_path / "back/big.bin").read_bytes()).hexdigest() == digest
 
@@ -135,13 +137,15 @@ async def _http_through_port_forward(plane: Plane) -> None:
 
     serve = ("mkdir -p /tmp/www && for i in $(seq 0 49); do echo page $i > /tmp/www/$i.txt;"
              " done && exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp/www")
-    async with open_exec(plane.url, plane.credential(), ExecRequest(("sh", "-c", serve))
-                         ) as server, trio.open_nursery() as nursery:
+    async with open_exec(plane.url, plane.credential(), ExecRequest(("sh", "-c", serve)),
+                         ssl_context=plane.client_tls) as server, \
+            trio.open_nursery() as nursery:
         nursery.start_soon(_drain_events, server)
         with trio.fail_after(BOOT_TIMEOUT):  # until the server listens (TCG: seconds)
             while True:
                 try:
-                    async with open_port(plane.url, session()["credential"], 8000):
+                    async with open_port(plane.url, session()["credential"], 8000,
+                                         ssl_context=plane.client_tls):
                         break
                 except Unavailable as exc:
                     if exc.details.get("reason") != "connection_refused":
@@ -149,7 +153,8 @@ async def _http_through_port_forward(plane: Plane) -> None:
                     await trio.sleep(0.5)
         messages: list[str] = []
         forwarder = Forwarder(SessionSource(session, session()), [Mapping(0, 8000)],
-                              ["127.0.0.1"], line=lambda text: None, message=messages.append)
+                              ["127.0.0.1"], line=lambda text: None, message=messages.append,
+                              tls=lambda url: plane.client_tls)
         bound = await nursery.start(forwarder.run)
         port = bound[0][1]
         pages: dict[int, bytes] = {}
@@ -199,7 +204,9 @@ async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
         async with open_guest_channel(stream) as node_channel:
             await node_channel.wait_hello(trio.current_time() + 30)
             sleeper = await node_channel.exec(["sleep", "600"])
-            async with in_process_plane(tmp_path) as plane:
+            ca = TestCA()
+            async with in_process_plane(tmp_path, client_tls=ca.client) as plane:
+                await supply(plane.control, *ca.pair())
                 await plane.hand_state(Target("inst-1", socket, "ws-1"))
                 with trio.fail_after(BOOT_TIMEOUT):
                     result = await run_exec(plane, ["sh", "-c", "echo hi; cat; exit 5"],

@@ -134,6 +134,17 @@ def test_config_ctrl_tls(tmp_path: Path) -> None:
     assert context.check_hostname
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert len(context.get_ca_certs()) == 1  # the pinned CA only, not the system store
+    # The data planes: ca_file unless dataplane_ca_file names another (ctrl with an
+    # operator's certificate); a missing one is an error naming it.
+    assert pinned.ctrl.dataplane_tls().get_ca_certs() == context.get_ca_certs()
+    ClusterCA.load_or_create(tmp_path / "cluster")
+    other = ctrl(url="https://ctrl.example:7400", ca_file=str(cert_path(tmp_path / "ca")),
+                 dataplane_ca_file=str(cert_path(tmp_path / "cluster")))
+    assert other.ctrl.dataplane_tls().get_ca_certs() != context.get_ca_certs()
+    assert len(other.ctrl.dataplane_tls().get_ca_certs()) == 1
+    gone = ctrl(url="https://ctrl.example:7400", dataplane_ca_file=str(tmp_path / "x.crt"))
+    with pytest.raises(InvalidArgument, match=r"ctrl\.dataplane_ca_file"):
+        gone.ctrl.dataplane_tls()
 
 
 async def _auth(request: Request) -> str:

@@ -10,6 +10,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -101,7 +102,8 @@ refresh_interval = "0s"
                 url = f"http://{await read_address(address_file)}/metrics"
                 values = await scrape_until(url, lambda v: one(
                     v, "kibotos_node_session_connected") == 1 and one(
-                    v, "kibotos_dataplane_state_updates_total") is not None)
+                    v, "kibotos_dataplane_state_updates_total") is not None and one(
+                    v, "kibotos_node_dataplane_certificate_expiry_seconds") is not None)
                 async with httpx.AsyncClient(timeout=30) as http:
                     resp = await http.get(url)
                     _, types = parse(resp.text)
@@ -119,6 +121,10 @@ refresh_interval = "0s"
                 assert one(values, "kibotos_node_cleanup_pending") == 0
                 assert one(values, "kibotos_node_drain_requested") == 0
                 assert one(values, "kibotos_node_dataplane_metrics_up") == 1
+                # The node obtained its data-plane certificate from ctrl (7 days).
+                expiry = one(values, "kibotos_node_dataplane_certificate_expiry_seconds")
+                assert expiry is not None
+                assert time.time() + 6 * 86400 < expiry < time.time() + 8 * 86400
                 assert (one(values, "kibotos_node_sessions_established_total") or 0) >= 1
                 assert one(values, "kibotos_dataplane_connections_active") == 0
 

@@ -99,7 +99,7 @@ async def test_node_enrolls_reports_and_survives_a_ctrl_restart(tmp_path: Path) 
             assert session["clock"]["sync_status"] in ("synchronized", "unsynchronized",
                                                        "unknown")
             assert node["resources"] == {"cpu_millis": 2500, "memory_bytes": 4 * 2**30}
-            assert node["dataplane_address"] == "127.0.0.1:7500"
+            assert node["dataplane_address"] == "https://127.0.0.1:7500"
             assert node["host_usage"]["memory_total_bytes"] == 8_000_000 * 1024
             assert node["host_usage"]["vm_cpu_cores"] is None
 

@@ -102,7 +102,7 @@ async def test_hello_welcome_and_overcommit_ack(tmp_path: Path) -> None:
     assert hello["report"] == {"allocated": {"cpu_millis": 1500, "memory_bytes": 2**30},
                                "instance_count": 2, "volume_count": 3, "instances": [],
                                "memory_tight": False, "memory_tight_since": None}
-    assert hello["dataplane_address"] == "127.0.0.1:7500"
+    assert hello["dataplane_address"] == "https://127.0.0.1:7500"
     assert hello["facts"]["pools"] == [{"id": "pool-a", "shared": False, "default": True}]
     assert seen["ack"] == {"type": "overcommit_ack", "serial": 11}
     assert seen["ack2"] == {"type": "overcommit_ack", "serial": 12}

@@ -63,7 +63,8 @@ async def test_the_dataplane_unit_serves_is_adopted_and_replaced(
     def dataplane() -> DataplaneSupervisor:
         return DataplaneSupervisor(node_id="node-a", listen=listen,
                                    socket_dir=base / "run", state_dir=base / "state",
-                                   supervisor=new_supervisor(user_systemd), timing=FAST)
+                                   supervisor=new_supervisor(user_systemd), timing=FAST,
+                                   tls=False)
 
     sup = new_supervisor(user_systemd)
     try:

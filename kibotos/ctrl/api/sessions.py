@@ -4,7 +4,7 @@ An operator asks for access to a running Workspace; ctrl answers with where its 
 plane is and a credential the data plane verifies on its own
 (`kibotos.credentials`, docs/dataplane.md)::
 
-    {"dataplane_url": "http://10.0.0.7:7500", "credential": "eyJ….MEUC…",
+    {"dataplane_url": "https://10.0.0.7:7500", "credential": "eyJ….MEUC…",
      "expires_at": "2026-01-01T00:05:00.000Z", "instance_id": "inst-…"}
 
 Only an AVAILABLE Workspace has somewhere to go: any other state, or a node that never
@@ -45,6 +45,8 @@ from kibotos.errors import FailedPrecondition, NotFound
 from kibotos.protocol.certificates import (
     DataplaneCertificate,
     DataplaneCertificateRequest,
+    dataplane_host,
+    dataplane_url,
     load_public_key,
 )
 
@@ -108,11 +110,6 @@ def resolve_target(session: Session, workspace_id: str) -> SessionTarget:
     return SessionTarget(workspace_id, ws.current_instance_id, ws.node_id, address)
 
 
-def dataplane_url(address: str) -> str:
-    """The base URL of a node's data plane from its reported ``host:port``."""
-    return f"http://{address}"
-
-
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "*"}
 
 
@@ -124,7 +121,7 @@ def dataplane_names(session: Session, node_id: str) -> list[str]:
                                  "no data-plane certificate", details={"node_id": node_id})
     node = session.get(Node, node_id)
     address = node.dataplane_address if node is not None else None
-    host = (address or "").rpartition(":")[0].strip("[]")
+    host = dataplane_host(address or "")
     if host in _WILDCARD_HOSTS:
         raise FailedPrecondition(
             f"node {node_id} reported the data-plane address {address!r}, which names no "

@@ -6,6 +6,7 @@ the CA ctrl is verified against)::
     url = "https://ctrl.example:7400"
     credential_file = "/etc/kibotos/gateway-e2b.credential"  # <identity_id>:<secret>
     ca_file = "/etc/kibotos/ctrl-ca.crt"  # optional: ctrl's CA; default the system store
+    dataplane_ca_file = "…/cluster-ca.crt"  # optional: the data planes' CA; default ca_file
 
 ctrl is verified against ``ca_file`` (ctrl's ``<state_dir>/cluster-ca.crt``, or the CA
 of the operator's certificate), as a node verifies it against ``[node] ctrl_ca_file``;
@@ -55,6 +56,10 @@ class CtrlSection(Strict):
     credential_file: Path
     #: The CA ctrl's certificate is verified against; None: the system trust store.
     ca_file: Path | None = None
+    #: The CA nodes' data-plane certificates are verified against: the cluster CA
+    #: (ctrl's ``<state_dir>/cluster-ca.crt``).  None: `ca_file`, which is that file
+    #: when ctrl serves a certificate of its own cluster CA.
+    dataplane_ca_file: Path | None = None
 
     @field_validator("url")
     @classmethod
@@ -72,7 +77,14 @@ class CtrlSection(Strict):
         `InvalidArgument` naming ctrl.ca_file)."""
         return client_context_from_file(self.ca_file, "ctrl.ca_file")
 
-    _paths = field_validator("credential_file", "ca_file", mode="before")(as_path)
+    def dataplane_tls(self) -> ssl.SSLContext:
+        """The context data planes are verified with (`dataplane_ca_file`)."""
+        if self.dataplane_ca_file is not None:
+            return client_context_from_file(self.dataplane_ca_file, "ctrl.dataplane_ca_file")
+        return self.tls()
+
+    _paths = field_validator("credential_file", "ca_file", "dataplane_ca_file",
+                             mode="before")(as_path)
 
     def read_credential(self) -> str:
         """The gateway's bearer credential; a file others can read is refused."""

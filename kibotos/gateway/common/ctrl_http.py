@@ -41,15 +41,20 @@ class DataplaneSession:
     url: str
     credential: str
     expires_at: float  # monotonic
+    #: What an ``https://`` data plane is verified with (None for plain ``http://``).
+    tls: ssl.SSLContext | None = None
 
 
 class CtrlHttp:
     def __init__(self, base_url: str, credential: str, *, user_agent: str,
                  command_prefix: str, transport: httpx.AsyncBaseTransport | None = None,
-                 verify: ssl.SSLContext | None = None) -> None:
-        """`verify` checks ctrl's certificate (default: the system trust store);
-        `command_prefix` starts the command IDs of this gateway's writes."""
+                 verify: ssl.SSLContext | None = None,
+                 dataplane_verify: ssl.SSLContext | None = None) -> None:
+        """`verify` checks ctrl's certificate, `dataplane_verify` the nodes' data-plane
+        certificates (default for both: the system trust store); `command_prefix` starts
+        the command IDs of this gateway's writes."""
         self.base_url = base_url.rstrip("/")
+        self._dataplane_verify = dataplane_verify
         self._command_prefix = command_prefix
         self._http = httpx.AsyncClient(
             base_url=self.base_url, transport=transport, follow_redirects=False,
@@ -106,8 +111,11 @@ class CtrlHttp:
         got = await self.call("POST", workspace_path(workspace_id, "sessions"),
                               body={"operations": list(key[1])})
         lifetime = _seconds_until(str(got["expires_at"]))
-        made = DataplaneSession(str(got["dataplane_url"]), str(got["credential"]),
-                                time.monotonic() + max(0.0, lifetime - SESSION_MARGIN))
+        url = str(got["dataplane_url"])
+        tls = (self._dataplane_verify or client_context()) if url.startswith("https://") \
+            else None
+        made = DataplaneSession(url, str(got["credential"]),
+                                time.monotonic() + max(0.0, lifetime - SESSION_MARGIN), tls)
         if len(self._sessions) > 4096:
             self._sessions.clear()
         self._sessions[key] = made

@@ -11,6 +11,7 @@
     url = "https://ctrl.example:7400"
     credential_file = "/etc/kibotos/gateway-e2b.credential"  # <identity_id>:<secret>
     ca_file = "/etc/kibotos/ctrl-ca.crt"  # optional: ctrl's CA; default the system store
+    dataplane_ca_file = "…/cluster-ca.crt"  # optional: the data planes' CA; default ca_file
 
     [templates]                        # E2B template ID -> kibotos Template name
     base = "kibotos-base"

@@ -35,10 +35,13 @@ class Team:
 class CtrlClient(CtrlHttp):
     def __init__(self, base_url: str, credential: str, *,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 verify: ssl.SSLContext | None = None) -> None:
-        """`verify` checks ctrl's certificate (default: the system trust store)."""
+                 verify: ssl.SSLContext | None = None,
+                 dataplane_verify: ssl.SSLContext | None = None) -> None:
+        """`verify` checks ctrl's certificate, `dataplane_verify` the nodes' data-plane
+        certificates (default for both: the system trust store)."""
         super().__init__(base_url, credential, user_agent="kibotos-gateway-e2b",
-                         command_prefix="gwe2b", transport=transport, verify=verify)
+                         command_prefix="gwe2b", transport=transport, verify=verify,
+                         dataplane_verify=dataplane_verify)
         self._keys: dict[str, tuple[float, Team]] = {}
 
     # ---------------------------------------------------------------- keys

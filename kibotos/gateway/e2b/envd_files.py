@@ -58,7 +58,7 @@ def rest_error(exc: KibotosError) -> JSONResponse:
 
 async def _files(call: Any) -> FilesClient:
     session = await call.session()
-    return FilesClient(session.url, session.credential)
+    return FilesClient(session.url, session.credential, ssl_context=session.tls)
 
 
 class FilesystemService:

@@ -96,7 +96,8 @@ class ProcessService:
         proc, events = await self.table.start(
             call.sandbox_id, session.url, session.credential, exec_request,
             tag=request.tag if request.HasField("tag") else None,
-            keep_stdin=pty or (request.HasField("stdin") and request.stdin))
+            keep_stdin=pty or (request.HasField("stdin") and request.stdin),
+            ssl_context=session.tls)
         async for event in _follow(proc, events, call.keepalive, pty):
             yield pb.StartResponse(event=event)
 

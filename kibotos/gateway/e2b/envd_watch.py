@@ -96,7 +96,7 @@ async def _open(call: Any, request: pb.WatchDirRequest | pb.CreateWatcherRequest
                 ) -> tuple[FilesClient, dict[str, str]]:
     _check(request)
     session = await call.session()
-    return FilesClient(session.url, session.credential), {
+    return FilesClient(session.url, session.credential, ssl_context=session.tls), {
         "recursive": "true" if request.recursive else "false"}
 
 

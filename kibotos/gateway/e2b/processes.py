@@ -11,6 +11,7 @@ left, output is dropped, as envd does.  A process leaves the table when it exits
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -75,20 +76,21 @@ class ProcessTable:
         raise NotFound(f"process with {what} not found")
 
     async def start(self, sandbox_id: str, url: str, credential: str, request: ExecRequest,
-                    *, tag: str | None, keep_stdin: bool
+                    *, tag: str | None, keep_stdin: bool,
+                    ssl_context: ssl.SSLContext | None = None
                     ) -> tuple[Process, trio.MemoryReceiveChannel[Event]]:
         """Start the process; returns it once it runs, subscribed to its events."""
         started: tuple[Process, trio.MemoryReceiveChannel[Event]] = await self._nursery.start(
-            self._run, sandbox_id, url, credential, request, tag, keep_stdin)
+            self._run, sandbox_id, url, credential, request, tag, keep_stdin, ssl_context)
         return started
 
     async def _run(self, sandbox_id: str, url: str, credential: str, request: ExecRequest,
-                   tag: str | None, keep_stdin: bool,
+                   tag: str | None, keep_stdin: bool, ssl_context: ssl.SSLContext | None,
                    task_status: trio.TaskStatus[tuple[Process, trio.MemoryReceiveChannel[Event]]]
                    ) -> None:
         running = False
         try:
-            async with open_exec(url, credential, request) as client:
+            async with open_exec(url, credential, request, ssl_context=ssl_context) as client:
                 first = await client.next_event()
                 if not isinstance(first, Started):
                     raise Unavailable("the data plane sent no start for the process")

@@ -50,7 +50,8 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
     """Run until cancelled or signalled; ``task_status.started((api, sandbox))``, the
     two bound ``host:port`` addresses."""
     files, records, tokens = await trio.to_thread.run_sync(_prepare, config)
-    ctrl = CtrlClient(config.ctrl.url, config.read_credential(), verify=config.ctrl.tls())
+    ctrl = CtrlClient(config.ctrl.url, config.read_credential(), verify=config.ctrl.tls(),
+                      dataplane_verify=config.ctrl.dataplane_tls())
     service = SandboxService(config, ctrl, records, tokens)
     try:
         async with trio.open_nursery() as nursery:

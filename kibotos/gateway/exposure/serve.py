@@ -98,7 +98,7 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
     files = await trio.to_thread.run_sync(_prepare, config)
     ctrl = CtrlHttp(config.ctrl.url, config.read_credential(),
                     user_agent="kibotos-gateway-exposure", command_prefix="gwexp",
-                    verify=config.ctrl.tls())
+                    verify=config.ctrl.tls(), dataplane_verify=config.ctrl.dataplane_tls())
     access, metrics = SandboxAccess(ctrl), ExposureMetrics()
     tls = config.tls.context() if config.tls is not None else None
     open_connections = 0

@@ -91,7 +91,7 @@ async def open_upstream(access: SandboxAccess, target: Target, traffic_token: st
         try:
             stream = await stack.enter_async_context(open_port(
                 session.url, session.credential, target.port,
-                connect_timeout=CONNECT_TIMEOUT))
+                connect_timeout=CONNECT_TIMEOUT, ssl_context=session.tls))
         except Unavailable as exc:
             await stack.aclose()
             if exc.details.get("reason") == "connection_refused":

@@ -99,9 +99,10 @@ class DataplaneSupervisor:
 
     def __init__(self, *, node_id: str, listen: str, socket_dir: Path, state_dir: Path,
                  supervisor: Supervisor, python: str | None = None,
-                 timing: DataplaneTiming | None = None) -> None:
+                 timing: DataplaneTiming | None = None, tls: bool = True) -> None:
         self.node_id = node_id
         self.listen = listen
+        self.tls = tls  # False: ``--plain`` (loopback only, `kibotos.config.NodeSection`)
         self.socket_dir = Path(os.path.abspath(socket_dir))
         self.control = check_socket_path(control_path(self.socket_dir))
         self.state_dir = state_dir
@@ -357,7 +358,8 @@ class DataplaneSupervisor:
             await self._end(generation, f"the control socket is held by generation "
                                         f"{status.get('generation')}, not {generation}")
             return
-        decision = decide(status, build=source_build_id(), listen=self.listen)
+        decision = decide(status, build=source_build_id(), listen=self.listen,
+                          settings={"tls": self.tls})
         if decision.action == ADOPT:
             self.generation = self.adopted = generation
             log.info("data-plane process adopted", generation=generation,
@@ -451,7 +453,7 @@ class DataplaneSupervisor:
         name = unit_name(self.scope, generation)
         argv = [self.python, "-m", "kibotos.cli.main", "dataplane", "serve",
                 "--listen", self.listen, "--socket-dir", str(self.socket_dir),
-                "--generation", str(generation)]
+                "--generation", str(generation), *([] if self.tls else ["--plain"])]
         if take_over_from is not None:
             argv += ["--take-over-from", str(take_over_from)]
         info = await self.supervisor.start(UnitSpec(

@@ -20,6 +20,10 @@ The agent socket of an Instance is ``agent-dp.sock`` in its directory
 ``firecracker`` backend as a link to its vsock socket, which also needs the guest port
 every connection ``CONNECT``s to first (the backend's ``dataplane_vsock_port``; None for
 a socket that leads straight to the agent).
+
+With ``[node] dataplane_tls`` (the default) the data plane's certificate is kept beside
+it (`kibotos.node.dataplane.certificate`): it starts with the supervisor and asks ctrl
+once welcomed.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from kibotos.backends import VmmBackend
 from kibotos.config import NodeConfig
 from kibotos.dataplane.state import Target
 from kibotos.errors import InvalidArgument
+from kibotos.node.dataplane.certificate import CertificateKeeper, CtrlIssuer
 from kibotos.node.dataplane.supervisor import DataplaneSupervisor
 from kibotos.node.instances.contract import (
     RUNNING,
@@ -57,9 +62,11 @@ class DataplaneTargets:
     """Follows the manager's states into the data plane; see the module docstring."""
 
     def __init__(self, manager: InstanceManager, dataplane: DataplaneSupervisor,
-                 root: Path, *, vsock_port: int | None = None) -> None:
+                 root: Path, *, vsock_port: int | None = None,
+                 certificates: CertificateKeeper | None = None) -> None:
         self.manager = manager
         self.dataplane = dataplane
+        self.certificates = certificates
         self.root = root
         self.vsock_port = vsock_port
         self._running: dict[str, str | None] = {}  # instance_id -> workspace_id
@@ -69,8 +76,10 @@ class DataplaneTargets:
 
     @classmethod
     def for_node(cls, config: NodeConfig, manager: InstanceManager, *,
-                 registries: Any = None) -> DataplaneTargets:
-        """The node's data plane, through the supervisor plugin its VMMs use."""
+                 registries: Any = None,
+                 credential: Callable[[], str | None] = lambda: None) -> DataplaneTargets:
+        """The node's data plane, through the supervisor plugin its VMMs use;
+        `credential` is the node's, for its certificate requests to ctrl."""
         from kibotos.node.instances.setup import supervisor_options
         from kibotos.plugins import load_plugins
 
@@ -79,10 +88,14 @@ class DataplaneTargets:
         dataplane = DataplaneSupervisor(
             node_id=config.node.id, listen=config.node.dataplane_listen,
             socket_dir=config.node.socket_dir, state_dir=config.storage.root / "state",
-            supervisor=supervisor)
+            supervisor=supervisor, tls=config.node.dataplane_tls)
+        certificates = CertificateKeeper(
+            state_dir=config.storage.root / "state", control=dataplane.control,
+            issue=CtrlIssuer(config.node.ctrl_url, credential, config.node.ctrl_tls())) \
+            if config.node.dataplane_tls else None
         backend: VmmBackend = regs.vmm.get(config.vmm.backend)(config.vmm.options())
         return cls(manager, dataplane, config.storage.root,
-                   vsock_port=backend.dataplane_vsock_port)
+                   vsock_port=backend.dataplane_vsock_port, certificates=certificates)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -91,12 +104,17 @@ class DataplaneTargets:
         confirmation time passed), so the node says hello to ctrl only after."""
         self.preload()
         async with trio.open_nursery() as nursery:
+            if self.certificates is not None:
+                await nursery.start(self.certificates.run)
             await nursery.start(self.dataplane.run)
             await nursery.start(self.follow)
             task_status.started()
 
     async def on_welcome(self, welcome: Welcome) -> None:
-        """ctrl's public key, handed to the data plane before the node goes on."""
+        """ctrl's public key, handed to the data plane before the node goes on; and
+        ctrl now knows the data-plane address, so the certificate can be asked for."""
+        if self.certificates is not None:
+            self.certificates.on_welcome()
         key = welcome.session_signing_public_key
         if key is None:
             return  # a ctrl that issues no credentials

@@ -237,7 +237,7 @@ class ControlSession:
             resources=Amount(cpu_millis=cfg.resources.cpu_millis,
                              memory_bytes=cfg.resources.memory_bytes),
             report=self.board.report(),
-            dataplane_address=cfg.node.dataplane_listen,
+            dataplane_address=cfg.node.dataplane_address(),
             facts=self.facts(),
         )
 
