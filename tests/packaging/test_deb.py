@@ -148,6 +148,11 @@ def test_each_role_package_holds_its_own_files(debs: dict[str, Path]) -> None:
     for files_, cmd in ((common, "kibotos"), (node, "kibotos-node"), (cli, "kibo")):
         assert f"/usr/share/bash-completion/completions/{cmd}" in files_, cmd
         assert f"/usr/share/zsh/vendor-completions/_{cmd}" in files_, cmd
+        # Man pages beside each command (debian/manpages.py: one per (sub)command).
+        assert f"/usr/share/man/man1/{cmd}.1.gz" in files_, cmd
+    assert "/usr/share/man/man1/kibo-workspace-create.1.gz" in cli
+    assert "/usr/share/man/man1/kibotos-node-check-upgrade.1.gz" in node
+    assert not any(f.startswith("/usr/share/man/man1/kibotos-node") for f in common)
     assert not any(f.startswith("/lib/systemd") for f in cli | common)
 
 
