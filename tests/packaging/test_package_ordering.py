@@ -64,9 +64,9 @@ def _status_of_old_versions() -> str:
 
 
 def test_apt_unpacks_the_role_packages_before_kibotos_common(tmp_path: Path) -> None:
-    """`apt install ./*.deb` of the next version over the installed one, in every order
-    of the arguments: each role package is unpacked (its old prerm run) before
-    kibotos-common is."""
+    """`apt install ./*.deb` of the next version over the installed one, whatever the
+    order of the arguments (kibotos-common first, last, in the middle): each role
+    package is unpacked (its old prerm run) before kibotos-common is."""
     _need("apt-get", "dpkg-deb")
     debs = {name: build_stand_in(name, NEW, tmp_path) for name in binary_packages()}
     state = tmp_path / "state"
@@ -76,7 +76,9 @@ def test_apt_unpacks_the_role_packages_before_kibotos_common(tmp_path: Path) -> 
     options = [f"Dir::State={state}", f"Dir::State::status={state / 'status'}",
                f"Dir::Cache={tmp_path / 'cache'}", "Dir::Etc::SourceList=/dev/null",
                "Dir::Etc::SourceParts=/dev/null", "Debug::NoLocking=1"]
-    for order in itertools.permutations(debs.values()):
+    given = list(debs.values())
+    orders = [given, given[::-1], given[1:3] + given[:1] + given[3:]]
+    for order in orders:
         argv = ["apt-get", "-s", "-q", *itertools.chain(*(["-o", o] for o in options)),
                 "install", *(f"./{d.name}" for d in order)]
         proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True,
