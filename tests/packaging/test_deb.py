@@ -34,6 +34,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from repack import repack
 
 REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -547,3 +548,38 @@ def test_dpkg_install_reinstall_remove_purge(debs: dict[str, Path], tmp_path: Pa
     query = subprocess.run(["dpkg-query", "-W", "-f=${Status}\n", *debs],
                            capture_output=True, text=True, check=False)
     assert "installed" not in query.stdout.replace("not-installed", "")
+
+
+@pytest.mark.root
+def test_dpkg_auto_deconfigure_checks_with_the_installed_binary(debs: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    """`dpkg --auto-deconfigure -i` with kibotos-common first (docs/packaging.md, "Package
+    ordering"): its Breaks make dpkg deconfigure kibotos-node before unpacking it, the
+    real prerm's `deconfigure` runs the upgrade check with the installed binary then,
+    and its `prerm upgrade` later finds kibotos-common replaced and lets the upgrade
+    go on.  No systemd booted, a node that never ran: the check passes."""
+    from kibotos._version import __version__
+    repack(debs, tmp_path / "next", "0.1.1")
+    installed = " ".join(str(d) for d in debs.values())
+    following = sorted((tmp_path / "next").glob("*.deb"),
+                       key=lambda d: not d.name.startswith("kibotos-common_"))
+    work = tmp_path / "overlay"
+    work.mkdir()
+
+    def run(command: str) -> str:
+        proc = _overlay_run(work, command)
+        assert proc.returncode == 0, (command, proc.stdout[-4000:], proc.stderr[-3000:])
+        return proc.stdout
+
+    run(f"dpkg -i {installed}")
+    out = run("dpkg --auto-deconfigure -i " + " ".join(map(str, following)) + " 2>&1")
+    deconfigured = out.index("De-configuring kibotos-node")
+    checked = out.index("check-maintenance --operation upgrade with the installed "
+                        f"kibotos-node {__version__}")
+    unpacked = out.index("Unpacking kibotos-common (0.1.1)")
+    assert deconfigured < checked < unpacked, out
+    assert "check-maintenance --operation upgrade: passed" in out
+    assert "kibotos-common is already replaced" in out
+    status = run("dpkg-query -W -f='${Package} ${Version} ${Status}\\n' " + " ".join(debs))
+    assert status.count("0.1.1 install ok installed") == len(debs), status
+

@@ -125,7 +125,8 @@ def start_e2b_gateway(box: Container) -> None:
 g=$(kibotos ctrl grant --config /etc/kibotos/ctrl.toml --kind operator)
 kibo enroll --config /root/gw.toml --ctrl-url https://127.0.0.1:7400 \
     --ca-file /etc/kibotos/node/ctrl-ca.crt --grant "$g"
-(umask 077; python3 -c 'import tomllib, sys; print(tomllib.load(sys.stdin.buffer)["credential"])' \
+(umask 077; python3.11 -c \
+    'import sys, tomllib; print(tomllib.load(sys.stdin.buffer)["credential"])' \
     < /root/gw.toml > /etc/kibotos/gateway-e2b.credential)
 rm /root/gw.toml
 cp /etc/kibotos/node/ctrl-ca.crt /etc/kibotos/ctrl-ca.crt
@@ -137,7 +138,7 @@ timeout 60 sh -c 'until test -s /var/lib/kibotos/gateway-e2b/listen-address; do 
     assert user == "kibotos-e2b-gateway", user
     assert box.run("getent passwd kibotos-e2b-gateway || true").stdout.strip() == "", \
         "DynamicUser: no account in /etc/passwd"
-    metrics = box.run("python3 -c 'import urllib.request; print(urllib.request.urlopen("
+    metrics = box.run("python3.11 -c 'import urllib.request; print(urllib.request.urlopen("
                       "\"http://\" + open(\"/var/lib/kibotos/gateway-e2b/listen-address\")"
                       ".read().strip() + \"/metrics\", timeout=30).read().decode())'").stdout
     assert "kibotos_gateway_e2b_http_requests" in metrics, metrics[:2000]
