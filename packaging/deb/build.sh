@@ -7,8 +7,9 @@
 #   packaging/deb/build.sh [--rev REV] [--out DIR]      (default: HEAD, ./dist)
 #
 # Two steps:
-#   1. the wheelhouse: the wheels of packaging/deb/requirements.txt for the system's
-#      Python 3.11, downloaded once with pip (its configured index and cache) into
+#   1. the wheelhouse: the wheels of packaging/deb/requirements.txt (and of the build
+#      tools in build-requirements.txt: click-man for debian/manpages.py) for the
+#      system's Python 3.11, downloaded once with pip (its configured index and cache) into
 #      $KIBOTOS_WHEELHOUSE (default ~/.cache/kibotos/deb-wheelhouse/<hash of the
 #      requirements>), reused while the requirements do not change;
 #   2. the package: debian/rules installs from that wheelhouse only (pip --no-index),
@@ -25,7 +26,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --rev) rev=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -66,7 +67,11 @@ if [[ $have != "$wanted" ]]; then
     exit 1
 fi
 
-reqs=$work/src/packaging/deb/requirements.txt
+# The runtime pins (installed into the venv) and the build tools (run from the
+# wheelhouse only, debian/manpages.py), downloaded together.
+reqs=$work/requirements-all.txt
+cat "$work/src/packaging/deb/requirements.txt" \
+    "$work/src/packaging/deb/build-requirements.txt" > "$reqs"
 wheelhouse=${KIBOTOS_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/kibotos/deb-wheelhouse/$(sha256sum "$reqs" | cut -c1-16)}
 if [[ ! -f $wheelhouse/.complete ]] || ! cmp -s "$reqs" "$wheelhouse/.complete"; then
     echo "build.sh: filling the wheelhouse $wheelhouse" >&2

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 #: The binary packages by role (debian/control).
-PACKAGES = ("kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli")
+PACKAGES = ("kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli",
+            "kibotos-e2b-gateway")
 
 
 @pytest.fixture(scope="session")

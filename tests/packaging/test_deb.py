@@ -2,7 +2,7 @@
 packaging/deb/build.sh (tests/packaging/conftest.py), then checked from the outside.
 
 * control fields and conffiles of each package (`dpkg-deb -f`, the control archive);
-* the file list of all four together: the three commands as links into the venv,
+* the file list of all five together: the three commands as links into the venv,
   every built-in plugin, the guest agent files the node's runtime installations need,
   every unit and slice of contrib/systemd (byte for byte), the example configs,
   nothing naming the build tree; each role's files in its own package;
@@ -34,6 +34,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from repack import repack
 
 REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -111,7 +112,8 @@ def test_control_fields_and_conffiles(debs: dict[str, Path], control: dict[str, 
         assert _field(deb, "Package") == name
         assert _field(deb, "Version") == version
         assert _field(deb, "Architecture") == ("amd64" if name == "kibotos-common" else "all")
-        assert "kibotos" in _field(deb, "Conflicts").split(", "), name  # the old package
+        if name != "kibotos-e2b-gateway":  # the old single package had no gateway
+            assert "kibotos" in _field(deb, "Conflicts").split(", "), name
         if name != "kibotos-common":
             assert f"kibotos-common (= {version})" in _field(deb, "Depends"), name
     assert {"python3.11", "libc6"} <= _depends(debs["kibotos-common"])
@@ -123,7 +125,15 @@ def test_control_fields_and_conffiles(debs: dict[str, Path], control: dict[str, 
                  if (c / "conffiles").exists() else [] for name, c in control.items()}
     assert conffiles == {"kibotos-common": [], "kibotos-cli": [],
                          "kibotos-node": ["/etc/kibotos/node/config.toml"],
-                         "kibotos-ctrl": ["/etc/kibotos/ctrl.toml"]}
+                         "kibotos-ctrl": ["/etc/kibotos/ctrl.toml"],
+                         "kibotos-e2b-gateway": ["/etc/kibotos/e2b-gateway.toml"]}
+    # kibotos-common breaks every other version of each role package (docs/packaging.md,
+    # "Package ordering").
+    breaks = _field(debs["kibotos-common"], "Breaks")
+    for name in debs:
+        if name != "kibotos-common":
+            assert f"{name} (<< {version})" in breaks, name
+            assert f"{name} (>> {version})" in breaks, name
 
 
 def test_each_role_package_holds_its_own_files(debs: dict[str, Path]) -> None:
@@ -133,10 +143,15 @@ def test_each_role_package_holds_its_own_files(debs: dict[str, Path]) -> None:
                                  text=True, check=True).stdout
         return {line.split()[5].removeprefix(".") for line in listing.splitlines()
                 if not line.startswith("d")}
-    common, node, ctrl, cli = (files(n) for n in ("kibotos-common", "kibotos-node",
-                                                  "kibotos-ctrl", "kibotos-cli"))
+    common, node, ctrl, cli, gateway = (files(n) for n in (
+        "kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli",
+        "kibotos-e2b-gateway"))
     assert any(f.startswith("/usr/lib/kibotos/venv/") for f in common)
-    for role in (node, ctrl, cli):
+    assert gateway == {"/lib/systemd/system/kibotos-e2b-gateway.service",
+                       "/etc/kibotos/e2b-gateway.toml",
+                       "/usr/share/doc/kibotos-e2b-gateway/changelog.gz",
+                       "/usr/share/doc/kibotos-e2b-gateway/copyright"}, gateway
+    for role in (node, ctrl, cli, gateway):
         assert not any(f.startswith("/usr/lib/kibotos/venv/") for f in role)
     assert "/usr/bin/kibotos" in common
     assert {"/usr/bin/kibotos-node", "/usr/lib/kibotos/node",
@@ -148,6 +163,11 @@ def test_each_role_package_holds_its_own_files(debs: dict[str, Path]) -> None:
     for files_, cmd in ((common, "kibotos"), (node, "kibotos-node"), (cli, "kibo")):
         assert f"/usr/share/bash-completion/completions/{cmd}" in files_, cmd
         assert f"/usr/share/zsh/vendor-completions/_{cmd}" in files_, cmd
+        # Man pages beside each command (debian/manpages.py: one per (sub)command).
+        assert f"/usr/share/man/man1/{cmd}.1.gz" in files_, cmd
+    assert "/usr/share/man/man1/kibo-workspace-create.1.gz" in cli
+    assert "/usr/share/man/man1/kibotos-node-check-upgrade.1.gz" in node
+    assert not any(f.startswith("/usr/share/man/man1/kibotos-node") for f in common)
     assert not any(f.startswith("/lib/systemd") for f in cli | common)
 
 
@@ -182,8 +202,9 @@ def test_units_slices_and_configs(root: Path) -> None:
     for name in shipped:
         assert ((root / "lib/systemd/system" / name).read_bytes()
                 == (REPO / "contrib/systemd" / name).read_bytes()), name
-    assert (root / "etc/kibotos/ctrl.toml").read_bytes() == (
-        REPO / "debian/conf/ctrl.toml").read_bytes()
+    for conf in ("ctrl.toml", "e2b-gateway.toml"):
+        assert (root / "etc/kibotos" / conf).read_bytes() == (
+            REPO / "debian/conf" / conf).read_bytes(), conf
     assert (root / "etc/kibotos/node/config.toml").is_file()
 
 
@@ -286,6 +307,8 @@ from kibotos.node.runtime import installations
 assert sys.prefix == {str(root / VENV)!r}, sys.prefix
 assert kibotos.__file__.startswith({str(root / SITE)!r}), kibotos.__file__
 config.load(config.CtrlConfig, {str(root / "etc/kibotos/ctrl.toml")!r})
+from kibotos.gateway.e2b.config import GatewayConfig
+config.load(GatewayConfig, {str(root / "etc/kibotos/e2b-gateway.toml")!r})
 node = config.load(config.NodeConfig, {str(root / "etc/kibotos/node/config.toml")!r})
 assert node.supervisor.backend == "systemd", node.supervisor
 names = installations.required_files()
@@ -358,7 +381,8 @@ def test_scripts_never_start_enable_or_stop_slices(control: dict[str, Path]) -> 
     assert "compileall" in scripts[("kibotos-common", "postinst")]
     assert "__pycache__" in scripts[("kibotos-common", "prerm")]
     stops = sorted(k for k, t in scripts.items() if "deb-systemd-invoke stop" in t)
-    assert stops == [("kibotos-ctrl", "prerm"), ("kibotos-node", "prerm")], stops
+    assert stops == [("kibotos-ctrl", "prerm"), ("kibotos-e2b-gateway", "prerm"),
+                     ("kibotos-node", "prerm")], stops
     # The spec's checks, with the installed binary.
     for operation in ("upgrade", "remove"):
         assert f"check {operation}" in prerm, operation
@@ -524,3 +548,38 @@ def test_dpkg_install_reinstall_remove_purge(debs: dict[str, Path], tmp_path: Pa
     query = subprocess.run(["dpkg-query", "-W", "-f=${Status}\n", *debs],
                            capture_output=True, text=True, check=False)
     assert "installed" not in query.stdout.replace("not-installed", "")
+
+
+@pytest.mark.root
+def test_dpkg_auto_deconfigure_checks_with_the_installed_binary(debs: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    """`dpkg --auto-deconfigure -i` with kibotos-common first (docs/packaging.md, "Package
+    ordering"): its Breaks make dpkg deconfigure kibotos-node before unpacking it, the
+    real prerm's `deconfigure` runs the upgrade check with the installed binary then,
+    and its `prerm upgrade` later finds kibotos-common replaced and lets the upgrade
+    go on.  No systemd booted, a node that never ran: the check passes."""
+    from kibotos._version import __version__
+    repack(debs, tmp_path / "next", "0.1.1")
+    installed = " ".join(str(d) for d in debs.values())
+    following = sorted((tmp_path / "next").glob("*.deb"),
+                       key=lambda d: not d.name.startswith("kibotos-common_"))
+    work = tmp_path / "overlay"
+    work.mkdir()
+
+    def run(command: str) -> str:
+        proc = _overlay_run(work, command)
+        assert proc.returncode == 0, (command, proc.stdout[-4000:], proc.stderr[-3000:])
+        return proc.stdout
+
+    run(f"dpkg -i {installed}")
+    out = run("dpkg --auto-deconfigure -i " + " ".join(map(str, following)) + " 2>&1")
+    deconfigured = out.index("De-configuring kibotos-node")
+    checked = out.index("check-maintenance --operation upgrade with the installed "
+                        f"kibotos-node {__version__}")
+    unpacked = out.index("Unpacking kibotos-common (0.1.1)")
+    assert deconfigured < checked < unpacked, out
+    assert "check-maintenance --operation upgrade: passed" in out
+    assert "kibotos-common is already replaced" in out
+    status = run("dpkg-query -W -f='${Package} ${Version} ${Status}\\n' " + " ".join(debs))
+    assert status.count("0.1.1 install ok installed") == len(debs), status
+

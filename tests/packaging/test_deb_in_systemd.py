@@ -1,7 +1,7 @@
 """The packages on a booted systemd, as an operator uses them: one Debian 12 nspawn
 container (tests/packaging/nspawn_container.py) for every step, in order.
 
-1. ``apt install ./*.deb`` of the four packages: nothing is enabled or started, the
+1. ``apt install ./*.deb`` of the five packages: nothing is enabled or started, the
    accounts exist (``kibotos-vmm`` in ``kvm``, ``kibotos-egress``).
 2. ctrl and one node configured from the shipped configs (a pool directory, the
    node's grant, an operator enrolled with ``kibo``), the units enabled: the node is
@@ -9,7 +9,9 @@ container (tests/packaging/nspawn_container.py) for every step, in order.
    ``kibotos-vmm``.  Through ``kibo``: the ``kibotos-base`` Template is published (built
    on the host into the VM tests' cache, published from the container's network
    namespace), a Workspace boots (QEMU under TCG) with its VMM running as
-   ``kibotos-vmm`` with the group ``kvm``, exec works; a Volume is created.
+   ``kibotos-vmm`` with the group ``kvm``, exec works; a Volume is created.  The E2B
+   gateway, enrolled and configured as docs/gateways.md says, runs as its own
+   systemd-allocated user and serves its metrics.
 3. The failed-upgrade fallback (spec, "Troubleshooting"): the node stopped, a leftover
    with no owner in its storage root; upgrading to the next version (built by
    repacking with the version bumped) makes the old prerm's check refuse, dpkg says
@@ -21,7 +23,7 @@ container (tests/packaging/nspawn_container.py) for every step, in order.
 5. ``apt remove kibotos-node`` while the Workspace runs and the Volume exists is refused
    by the check, and the node it stopped for the check runs again; after both are
    deleted the removal passes and no ``kibotos-dataplane-*`` or VMM unit remains.
-6. ``apt purge`` of all four leaves no file of the packages; the storage root, the pool,
+6. ``apt purge`` of all five leaves no file of the packages; the storage root, the pool,
    ctrl's store and the accounts stay (docs/uninstall.md).
 
 The three versions are the built packages repacked (``dpkg-deb -R``, the versions in
@@ -42,8 +44,8 @@ from pathlib import Path
 
 import pytest
 from nspawn_container import Container, missing_tools, rootfs
+from repack import repack
 
-from kibotos._version import __version__
 from kibotos.cli import template_images
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,29 +64,6 @@ VERSIONS = ("0.1.1", "0.1.2", "0.1.3")
 
 def _cache_root() -> Path:
     return Path(os.environ.get("KIBOTOS_TEST_CACHE", "/var/cache/kibotos-test"))
-
-
-def _debian(pep440: str) -> str:
-    return re.sub(r"\.?(dev|a|b|rc)(\d+)$", r"~\1\2", pep440)
-
-
-def _repack(debs: dict[str, Path], out: Path, pep440: str) -> None:
-    """The same packages as the next release: the control files' versions (and the
-    exact dependencies on kibotos-common) and kibotos._version bumped."""
-    old, new = _debian(__version__), _debian(pep440)
-    out.mkdir()
-    for deb in debs.values():
-        tree = Path(tempfile.mkdtemp(dir=out.parent))
-        subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True, timeout=300)
-        control = tree / "DEBIAN/control"
-        control.write_text(control.read_text().replace(old, new))
-        version = tree / "usr/lib/kibotos/venv/lib/python3.11/site-packages/kibotos/_version.py"
-        if version.exists():
-            version.write_text(re.sub(r'(?m)^__version__ = ".*"$',
-                                      f'__version__ = "{pep440}"', version.read_text()))
-        subprocess.run(["dpkg-deb", "-Zgzip", "-b", str(tree), str(out)], check=True,
-                       capture_output=True, timeout=600)
-        subprocess.run(["rm", "-rf", str(tree)], check=True)
 
 
 def _warm_template_cache(cache: Path) -> None:
@@ -106,7 +85,7 @@ def container(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         pytest.skip(f"missing {missing}")
     packages = tmp_path_factory.mktemp("packages")
     for i, pep440 in enumerate(VERSIONS, start=1):
-        _repack(debs, packages / f"v{i}", pep440)
+        repack(debs, packages / f"v{i}", pep440)
     _warm_template_cache(_cache_root())
     work = Path(tempfile.mkdtemp(prefix="kibotos-nspawn-", dir="/var/tmp"))
     box = Container(rootfs(_cache_root()), work, [(packages, "/packages")])
@@ -138,19 +117,49 @@ def version_of(box: Container, package: str) -> str:
     return box.run(["dpkg-query", "-W", "-f=${Version} ${Status}", package]).stdout
 
 
+def start_e2b_gateway(box: Container) -> None:
+    """The E2B gateway from its shipped configuration, as docs/gateways.md ("From the
+    package") sets it up: its own operator identity, the credential root's file, ctrl's
+    CA copied; it runs as its systemd-allocated user and serves its metrics."""
+    box.run("""
+g=$(kibotos ctrl grant --config /etc/kibotos/ctrl.toml --kind operator)
+kibo enroll --config /root/gw.toml --ctrl-url https://127.0.0.1:7400 \
+    --ca-file /etc/kibotos/node/ctrl-ca.crt --grant "$g"
+(umask 077; python3.11 -c \
+    'import sys, tomllib; print(tomllib.load(sys.stdin.buffer)["credential"])' \
+    < /root/gw.toml > /etc/kibotos/gateway-e2b.credential)
+rm /root/gw.toml
+cp /etc/kibotos/node/ctrl-ca.crt /etc/kibotos/ctrl-ca.crt
+systemctl enable --now kibotos-e2b-gateway
+timeout 60 sh -c 'until test -s /var/lib/kibotos/gateway-e2b/listen-address; do sleep 0.3; done'
+""")
+    # A DynamicUser's UID is from systemd's range 61184-65519 (its name resolves only
+    # where libnss-systemd is installed).
+    uid = box.run("ps -o uid= -p $(systemctl show -P MainPID kibotos-e2b-gateway)"
+                  ).stdout.strip()
+    assert 61184 <= int(uid) <= 65519, uid
+    assert box.run("getent passwd kibotos-e2b-gateway || true").stdout.strip() == "", \
+        "DynamicUser: no account in /etc/passwd"
+    metrics = box.run("python3.11 -c 'import urllib.request; print(urllib.request.urlopen("
+                      "\"http://\" + open(\"/var/lib/kibotos/gateway-e2b/listen-address\")"
+                      ".read().strip() + \"/metrics\", timeout=30).read().decode())'").stdout
+    assert "kibotos_gateway_e2b_http_requests" in metrics, metrics[:2000]
+
+
 def test_install_configure_upgrade_remove_purge(container: Container) -> None:
     box = container
 
     # 1. install: nothing enabled or started, the accounts.
     out = apt(box, "install /packages/v1/*.deb")
     assert "check-maintenance" not in out
-    states = box.run("systemctl is-enabled kibotos-node kibotos-ctrl || true; "
-                     "systemctl is-active kibotos-node kibotos-ctrl || true").stdout.split()
-    assert states == ["disabled", "disabled", "inactive", "inactive"], states
+    units = "kibotos-node kibotos-ctrl kibotos-e2b-gateway"
+    states = box.run(f"systemctl is-enabled {units} || true; "
+                     f"systemctl is-active {units} || true").stdout.split()
+    assert states == ["disabled"] * 3 + ["inactive"] * 3, states
     assert "kvm" in box.run(["id", "-nG", "kibotos-vmm"]).stdout.split()
     box.run(["getent", "passwd", "kibotos-egress"])
     box.run("test -d /usr/lib/kibotos/venv/lib/python3.11/site-packages/kibotos/__pycache__")
-    names = "kibotos-node kibotos-ctrl kibotos-cli kibotos-common"
+    names = "kibotos-node kibotos-ctrl kibotos-cli kibotos-e2b-gateway kibotos-common"
     box.run(f"dpkg -L {names} > /root/package-files")
 
     # 2. ctrl and the node from the shipped configs, enabled by the operator.
@@ -170,6 +179,7 @@ systemctl enable --now kibotos-node
 """)
     wait_ready(box)
     assert box.run("systemctl list-units 'kibotos-dataplane-*' --plain --no-legend").stdout
+    start_e2b_gateway(box)
     modes = box.run("cd /var/lib/kibotos/node && stat -c '%a %U:%G' . runtime "
                     "runtime/instances state").stdout.splitlines()
     assert modes == ["710 root:kibotos-vmm"] * 3 + ["700 root:root"], modes
@@ -245,8 +255,12 @@ systemctl enable --now kibotos-node
                    "'kibotos-vmm-*' --all --plain --no-legend").stdout.strip() == ""
     assert box.run("systemctl is-active kibotos-node || true").stdout.strip() == "inactive"
 
-    # 6. purge: no file of the packages; state and accounts stay.
+    # 6. purge: no file of the packages; state and accounts stay.  The copy of ctrl's
+    #    CA the gateway reads is the operator's file (docs/uninstall.md).
+    box.run("rm /etc/kibotos/ctrl-ca.crt")
     apt(box, f"purge {names}")
+    assert box.run("systemctl is-active kibotos-e2b-gateway || true").stdout.strip() in (
+        "inactive", "unknown")
     left = box.run("while read -r f; do if [ -e \"$f\" ] && [ ! -d \"$f\" ]; then "
                    "echo \"$f\"; fi; done < /root/package-files").stdout
     assert left == "", left

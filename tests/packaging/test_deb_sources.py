@@ -21,7 +21,8 @@ SCRIPTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "debian").iterdir()
                  if p.suffix in (".postinst", ".prerm", ".postrm", ".preinst"))
 SCRIPTS += ["debian/build-venv.sh", "debian/completions.sh", "packaging/deb/build.sh"]
 #: The binary packages by role (docs/packaging.md), in debian/control's order.
-PACKAGES = ["kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli"]
+PACKAGES = ["kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli",
+            "kibotos-e2b-gateway"]
 
 
 def _pins() -> dict[str, str]:
@@ -74,18 +75,20 @@ def test_the_packages_by_role() -> None:
 
 def test_every_unit_file_is_shipped_and_no_slice_is_handled_by_debhelper() -> None:
     """Each file of contrib/systemd is installed by exactly one package: the slices and
-    the node's unit by kibotos-node, ctrl's unit by kibotos-ctrl."""
+    the node's unit by kibotos-node, each other service by its role's package."""
     node = (REPO / "debian/kibotos-node.install").read_text()
-    ctrl = (REPO / "debian/kibotos-ctrl.install").read_text()
-    assert "contrib/systemd/kibotos-node.service lib/systemd/system/" in node
     assert "contrib/systemd/*.slice lib/systemd/system/" in node
-    assert "contrib/systemd/kibotos-ctrl.service lib/systemd/system/" in ctrl
+    services = {"kibotos-node": "kibotos-node.service", "kibotos-ctrl": "kibotos-ctrl.service",
+                "kibotos-e2b-gateway": "kibotos-e2b-gateway.service"}
+    for package, unit in services.items():
+        install = (REPO / f"debian/{package}.install").read_text()
+        assert f"contrib/systemd/{unit} lib/systemd/system/" in install, package
     shipped = {p.name for p in (REPO / "contrib/systemd").iterdir()}
-    assert shipped == {"kibotos-node.service", "kibotos-ctrl.service"} | {
+    assert shipped == set(services.values()) | {
         p.name for p in (REPO / "contrib/systemd").glob("*.slice")}
     rules = (REPO / "debian/rules").read_text()
     calls = [c.split("\n\n", 1)[0] for c in rules.split("dh_installsystemd -p")[1:]]
-    assert len(calls) == 2, calls
+    assert sorted(c.split()[0] for c in calls) == sorted(services), calls
     for call in calls:
         assert ".slice" not in call
         assert "--no-enable" in call

@@ -60,7 +60,8 @@ def verify(root: Path, *units: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_shipped_units_are_the_ones_this_test_knows():
-    assert UNITS == ["kibotos-ctrl.service", "kibotos-dataplane.slice", "kibotos-egress.slice",
+    assert UNITS == ["kibotos-ctrl.service", "kibotos-dataplane.slice",
+                     "kibotos-e2b-gateway.service", "kibotos-egress.slice",
                      "kibotos-node.service", "kibotos-vmm.slice", "kibotos.slice"]
 
 
@@ -105,6 +106,31 @@ def test_the_ctrl_service_runs_ctrl_serve():
     ctrl = settings("kibotos-ctrl.service")
     assert ctrl["ExecStart"] == ["/usr/bin/kibotos ctrl serve --config /etc/kibotos/ctrl.toml"]
     assert ctrl["Restart"] == ["on-failure"]
+
+
+def test_the_e2b_gateway_service_runs_unprivileged_with_the_shipped_config():
+    """Its own systemd-allocated user, no capabilities; the credential the shipped
+    configuration names is the one the unit hands over, the state directory the one
+    the configuration uses (debian/conf/e2b-gateway.toml)."""
+    from kibotos import config
+    from kibotos.gateway.e2b.config import GatewayConfig
+
+    unit = settings("kibotos-e2b-gateway.service")
+    assert unit["ExecStart"] == [
+        "/usr/bin/kibotos gateway e2b serve --config /etc/kibotos/e2b-gateway.toml"]
+    assert unit["DynamicUser"] == ["yes"]
+    assert unit["User"] == ["kibotos-e2b-gateway"]
+    assert unit["CapabilityBoundingSet"] == [""]
+    for key in ("NoNewPrivileges", "PrivateTmp", "PrivateDevices", "ProtectHome"):
+        assert unit[key] == ["yes"], key
+    assert unit["ProtectSystem"] == ["strict"]
+    shipped = config.load(GatewayConfig, ROOT / "debian/conf/e2b-gateway.toml")
+    name, _, source = unit["LoadCredential"][0].partition(":")
+    assert source == "/etc/kibotos/gateway-e2b.credential"
+    assert shipped.ctrl.credential_file == Path(
+        "/run/credentials/kibotos-e2b-gateway.service") / name
+    assert shipped.state_dir == Path("/var/lib") / unit["StateDirectory"][0]
+    assert unit["StateDirectoryMode"] == ["0700"]
 
 
 @pytest.mark.parametrize("name", ["kibotos.slice", "kibotos-vmm.slice",
