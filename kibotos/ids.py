@@ -25,6 +25,9 @@ NODE_ID = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Command IDs: chosen by callers; '/' allowed so `move` can derive `<id>/stop`.
 COMMAND_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 LABEL_KEY = re.compile(r"[a-z0-9](?:[a-z0-9._/-]{0,61}[a-z0-9])?")
+# Label values: up to 63 letters, digits and . _ -, starting and ending with one of the
+# first two, or empty.
+LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 # Template names: like pool IDs (they become file and URL path segments, so "." and
 # ".." must not be names: a separator never starts or ends one).
 RESOURCE_NAME = POOL_ID

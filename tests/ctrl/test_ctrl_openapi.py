@@ -138,6 +138,9 @@ async def test_blobs_are_octet_stream_and_head_is_listed(client: httpx.AsyncClie
     assert {"400", "401", "403", "405", "413", "415", "500", "default"} <= set(grants)
     assert "404" not in grants  # no path parameter: no object to miss
     assert "401" not in doc["paths"]["/v1/health"]["get"]["responses"]
+    # No body is {}: required only where the model has a required field.
+    assert doc["paths"]["/v1/enrollment/exchange"]["post"]["requestBody"]["required"] is True
+    assert doc["paths"]["/v1/nodes/{node_id}/drain"]["post"]["requestBody"]["required"] is False
 
 
 #: A value of each path parameter's shape, for requests to every documented path.

@@ -134,9 +134,12 @@ def _request_body(route: Route, refs: dict[type[BaseModel], Any]) -> dict[str, A
                 "content": {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}}}
     if route.body is None:
         return None
-    return {"required": False,
+    # An absent body is read as {}: optional unless the model has a required field.
+    needed = bool(route.body.model_json_schema().get("required"))
+    return {"required": needed,
             "description": f"At most {route.body_limit} bytes of JSON (no other "
-                           "Content-Type; nesting at most 32 deep, no key twice)",
+                           "Content-Type; nesting at most 32 deep, no key twice; none "
+                           "at all is {})",
             "content": {JSON: {"schema": refs[route.body]}},
             "x-kibotos-body-limit": route.body_limit}
 
