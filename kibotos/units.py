@@ -17,6 +17,9 @@ from kibotos.errors import InvalidArgument
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 _DECIMAL = re.compile(_NUMBER, re.ASCII)
 _INTEGER = re.compile(r"[0-9]+", re.ASCII)
+#: A JSON number (RFC 8259), in ASCII: what an HTTP query's number parameter may be,
+#: as the API's document types it (JSON Schema) and clients format it (``1e-05``).
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
 _SIZE = re.compile(rf"({_NUMBER})([KMGTP]?)(i?B?)?", re.IGNORECASE | re.ASCII)
 _SIZE_FACTORS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 _DURATION = re.compile(rf"({_NUMBER})(ms|s|m|h|d)", re.ASCII)
@@ -42,6 +45,18 @@ def parse_decimal(value: str, what: str = "number") -> Decimal:
         raise InvalidArgument(f"invalid {what} {value[:_MAX_DIGITS]!r}: expected a decimal "
                               "number in ASCII digits, e.g. 2 or 0.5")
     return Decimal(value)
+
+
+def parse_json_number(value: str, what: str = "number") -> float:
+    """A number in JSON's syntax (``2``, ``0.5``, ``-1``, ``1e-05``; no ``_``, space,
+    ``+``, Unicode digit, ``inf`` or ``nan``), for an HTTP query parameter."""
+    if len(value) > _MAX_DIGITS or not _JSON_NUMBER.fullmatch(value):
+        raise InvalidArgument(f"invalid {what} {value[:_MAX_DIGITS]!r}: expected a number "
+                              "in JSON syntax and ASCII digits, e.g. 2, 0.5 or 1e-3")
+    number = float(value)
+    if number in (float("inf"), float("-inf")):
+        raise InvalidArgument(f"{what} {value[:_MAX_DIGITS]!r} is out of range")
+    return number
 
 
 def parse_size(value: str | int, what: str = "size") -> int:

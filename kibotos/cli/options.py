@@ -10,7 +10,6 @@ class's exit code; click's own usage errors keep exit code 2.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,11 +180,6 @@ def check_command_id(value: str | None) -> str | None:
     return None if value is None else ids.check_command_id(value)
 
 
-#: A label value: up to 63 letters, digits and . _ -, starting and ending with one of the
-#: first two (or empty), as ctrl checks it.
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
-
-
 def parse_labels(items: tuple[str, ...]) -> dict[str, str]:
     """``--label key=value`` options (repeatable) as a mapping; each key once."""
     labels: dict[str, str] = {}
@@ -194,7 +188,7 @@ def parse_labels(items: tuple[str, ...]) -> dict[str, str]:
         if not sep:
             raise InvalidArgument(f"invalid label {item!r}: expected key=value")
         ids.check_label_key(key)
-        if not _LABEL_VALUE.fullmatch(value):
+        if not ids.LABEL_VALUE.fullmatch(value):
             raise InvalidArgument(f"invalid value {value!r} of label {key!r}: up to 63 "
                                   "letters, digits and . _ -, starting and ending with a "
                                   "letter or digit")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from kibotos.cli import plain_text
-from kibotos.control_chars import CONTROL_CHARACTERS
+from kibotos.control_chars import escape_controls
 from kibotos.errors import KibotosError
 
 if TYPE_CHECKING:
@@ -49,15 +48,10 @@ Row = Sequence[str]
 _PIPE_WIDTH = 1000
 
 
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
 def printable(text: str) -> str:
     """`text` with every control character written as its escape (ESC is ``\\x1b``, a
     newline ``\\x0a``): one line, shown as it is, acted on by no terminal."""
-    return CONTROL_CHARACTERS.sub(_escape, text)
+    return escape_controls(text)
 
 
 def yes_no(value: object) -> str:

@@ -41,6 +41,7 @@ from kibotos.protocol.commands import (
     parse_args,
     parse_command,
 )
+from kibotos.protocol.ids import SchemaPattern
 from kibotos.protocol.json_text import JsonTextError
 from kibotos.protocol.messages import (
     CTRL_MESSAGES,
@@ -146,6 +147,7 @@ __all__ = [
     "Report",
     "ReportFields",
     "ResolverRef",
+    "SchemaPattern",
     "SetNetworkArgs",
     "StopArgs",
     "SyncStatus",

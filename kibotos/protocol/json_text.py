@@ -9,8 +9,14 @@ Both ctrl's HTTP request bodies and the node control session's frames come throu
 * a key given twice in one object (the standard library keeps the last one silently,
   so two readers of the same text could disagree on what was asked);
 * ``NaN``, ``Infinity`` and ``-Infinity``, which are not JSON (RFC 8259) and no field of
-  ours accepts;
+  ours accepts, and a number too large for a double (``1e400``, which Python would read
+  as infinity);
 * text that is not UTF-8 or not JSON at all.
+
+JSON has one number type: a number with no fractional part is an integer however it is
+spelt (``4224``, ``4224.0``, ``4.224e3``), as JSON Schema reads it, so the strict
+models' integer fields take it; any other number is a float.  (``true`` and ``"1"``
+stay what they are: a boolean and a string.)
 
 Every refusal is a `JsonTextError` (a `ValueError`) whose message says what was wrong;
 the callers turn it into their own error (``invalid_argument``, `ProtocolError`).
@@ -19,6 +25,8 @@ the callers turn it into their own error (``invalid_argument``, `ProtocolError`)
 from __future__ import annotations
 
 import json
+import math
+from decimal import Decimal
 from typing import Any
 
 #: The deepest nesting of arrays and objects accepted; far below Python's recursion
@@ -43,6 +51,18 @@ def _constant(name: str) -> Any:
     raise JsonTextError(f"{name} is not a JSON number")
 
 
+def _number(text: str) -> int | float:
+    """A JSON number with a fraction or an exponent: an `int` when its value is whole
+    (read exactly, through `Decimal`), else a `float`; refused past a double's range."""
+    approximate = float(text)
+    if not math.isfinite(approximate):
+        raise JsonTextError(f"the number {text[:40]} is out of range")
+    exact = Decimal(text)
+    if exact == exact.to_integral_value():
+        return int(exact)
+    return approximate
+
+
 def _too_deep(value: Any, limit: int) -> bool:
     """Whether `value` nests arrays and objects deeper than `limit` (walked without
     recursion, so a deep value cannot exhaust the stack here either)."""
@@ -65,7 +85,8 @@ def _too_deep(value: Any, limit: int) -> bool:
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """The value of `text`, or `JsonTextError` saying what makes it unacceptable."""
     try:
-        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
+                           parse_float=_number)
     except JsonTextError:
         raise
     except RecursionError:

@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
+from kibotos.control_chars import escape_controls
 from kibotos.protocol.ids import InstanceId, ObjectId, PoolId, WorkspaceId
 from kibotos.protocol.states import CleanupItem, HeldKind, InstanceStatus
 from kibotos.protocol.values import (
@@ -29,6 +30,7 @@ from kibotos.protocol.values import (
     MAX_ERROR_MESSAGE,
     Count,
     Epoch,
+    NoControl,
     NodeCpuMillis,
     NodeMemory,
     Reason,
@@ -91,27 +93,29 @@ class GuestFacts(Part):
 
     model_config = ConfigDict(strict=True, frozen=True, extra="allow")
 
-    boot_id: Annotated[StrictStr, Field(max_length=GUEST_TEXT)] | None = None
-    capabilities: Annotated[list[Annotated[StrictStr, Field(max_length=GUEST_TEXT)]],
+    boot_id: Annotated[StrictStr, Field(max_length=GUEST_TEXT), NoControl] | None = None
+    capabilities: Annotated[list[Annotated[StrictStr, Field(max_length=GUEST_TEXT), NoControl]],
                             Field(max_length=GUEST_CAPABILITIES)] = Field(default_factory=list)
     responding: StrictBool | None = None
 
     @classmethod
     def from_guest(cls, facts: Mapping[str, Any]) -> GuestFacts:
         """The guest facts a node sends, from what it gathered from the guest (which it
-        does not trust): what fits its shape, texts cut to their ceiling; what does not
-        fit (a number for a boot ID, a list for a version) is left out."""
+        does not trust): what fits its shape, texts printable and cut to their ceiling;
+        what does not fit (a number for a boot ID, a list for a version, a capability
+        that is not a short printable name) is left out."""
         out: dict[str, Any] = {}
         for key, value in facts.items():
             if key == "capabilities":
                 if isinstance(value, list | tuple):
                     out[key] = [c for c in value if isinstance(c, str)
-                                and len(c) <= GUEST_TEXT][:GUEST_CAPABILITIES]
+                                and len(c) <= GUEST_TEXT
+                                and escape_controls(c) == c][:GUEST_CAPABILITIES]
             elif key == "responding":
                 if isinstance(value, bool):
                     out[key] = value
             elif isinstance(value, str):
-                out[key] = value[:GUEST_TEXT]
+                out[key] = escape_controls(value)[:GUEST_TEXT]
             elif value is None or (isinstance(value, int | float) and key != "boot_id"):
                 out[key] = value
         return cls.model_validate(out)
@@ -135,7 +139,7 @@ class CommandError(Part):
     """``command_result.error``: ``{code, message, details?}`` as in the HTTP API."""
 
     code: Annotated[StrictStr, Field(min_length=1, max_length=64)]
-    message: Annotated[StrictStr, Field(max_length=MAX_ERROR_MESSAGE)]
+    message: Annotated[StrictStr, Field(max_length=MAX_ERROR_MESSAGE), NoControl]
     details: dict[str, Any] | None = None
 
 

@@ -15,8 +15,9 @@ from typing import Annotated, TypeVar
 from pydantic import AfterValidator, Field, StrictInt, StrictStr
 
 from kibotos import units
-from kibotos.control_chars import CONTROL_CHARACTERS
+from kibotos.control_chars import CONTROL_CHARACTERS, PRINTABLE_TEXT, escape_controls
 from kibotos.errors import InvalidArgument
+from kibotos.protocol.ids import SchemaPattern
 
 MIB = 1 << 20
 #: The largest integer both ends of a JSON exchange represent exactly (a double's
@@ -128,14 +129,25 @@ Ratio = Annotated[StrictStr, Field(max_length=16), AfterValidator(_ratio)]
 #: (`NoControl` is the check alone, to follow a length in an ``Annotated``: pydantic
 #: then reports a long string as a string.)
 NoControl = AfterValidator(_printable)
-Printable = Annotated[StrictStr, NoControl]
-#: Free text from the other side (a reason, an error message): bounded, never parsed.
-Reason = Annotated[StrictStr, Field(max_length=MAX_REASON)]
+#: `NoControl` in a field's JSON schema (ctrl's OpenAPI document).
+NO_CONTROL_PATTERN = SchemaPattern(PRINTABLE_TEXT)
+Printable = Annotated[StrictStr, NoControl, NO_CONTROL_PATTERN]
+#: Free text from the other side (a reason, an error message): bounded, never parsed,
+#: and printable like every text that reaches a table or a log line; a sender writes
+#: its control characters as escapes (`clip`, `printable_text`).
+Reason = Annotated[StrictStr, Field(max_length=MAX_REASON), NoControl, NO_CONTROL_PATTERN]
+
+
+def printable_text(text: str, limit: int) -> str:
+    """`text` as a sender puts it into a free-text field: its control characters
+    written as escapes (a QEMU error's newlines become ``\\x0a``), then cut to
+    `limit` characters."""
+    text = escape_controls(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def clip(text: str | None) -> str | None:
-    """`text` cut to `MAX_REASON` characters, for a sender whose reason comes from an
-    error message of unknown length."""
-    if text is None or len(text) <= MAX_REASON:
-        return text
-    return text[:MAX_REASON - 1] + "…"
+    """`text` fit for a `Reason`: printable (`printable_text`) and cut to `MAX_REASON`
+    characters, for a sender whose reason comes from an error message of unknown
+    length and content."""
+    return None if text is None else printable_text(text, MAX_REASON)

@@ -145,3 +145,38 @@ async def test_a_bad_range_is_answered_in_the_envelope(running_ctrl: RunningCtrl
     ok = await running_ctrl.http.get(path, headers={**ops, "Range": "bytes=0-3"})
     assert ok.status_code == 206
     assert ok.content == data[:4]
+
+
+async def test_a_blob_upload_is_octet_stream_and_has_one_url(running_ctrl: RunningCtrl) -> None:
+    data = b"blob of one spelling"
+    hexdigest = hashlib.sha256(data).hexdigest()
+    ops = running_ctrl.operator
+    path = f"/v1/artifacts/sha256/{hexdigest}"
+    resp = await running_ctrl.http.put(path, content=data,
+                                       headers={**ops, "Content-Type": "text/plain"})
+    assert resp.status_code == 415, resp.text
+    assert resp.json()["error"]["code"] == "invalid_argument"
+    assert (await running_ctrl.http.get(path, headers=ops)).status_code == 404  # nothing kept
+    stored = await running_ctrl.http.put(
+        path, content=data, headers={**ops, "Content-Type": "application/octet-stream"})
+    assert stored.json()["result"]["created"] is True
+    # The digest's other spelling is an input of bodies, not a second URL of the blob.
+    error(await running_ctrl.http.get(f"/v1/artifacts/sha256/sha256:{hexdigest}",
+                                      headers=ops), "invalid_argument")
+
+
+async def test_an_api_key_id_in_the_path_is_checked(running_ctrl: RunningCtrl) -> None:
+    err = error(await running_ctrl.http.post("/v1/api-keys/KAK..x/revoke", json={},
+                                             headers=running_ctrl.operator), "invalid_argument")
+    assert "API key ID" in err["message"]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_plain_http_to_the_session_endpoint_is_426(running_ctrl: RunningCtrl,
+                                                         method: str) -> None:
+    """The session path is served (by upgrade only): 426 with ``Upgrade``, not 404."""
+    resp = await running_ctrl.http.request(method, "/v1/node/session")
+    assert resp.status_code == 426
+    assert resp.headers["upgrade"] == "websocket"
+    if method == "GET":
+        assert resp.json()["error"]["code"] == "invalid_argument"

@@ -18,8 +18,11 @@ from kibotos.ctrl.model.session_store import MAX_INCARNATION_JUMP
 BODIES = [
     ("POST", "/v1/workspaces", {"template": "base", "cpu_millis": True}, "cpu_millis"),
     ("POST", "/v1/workspaces", {"template": "base", "cpu_millis": "1000"}, "cpu_millis"),
-    ("POST", "/v1/workspaces", {"template": "base", "memory_bytes": 1.0 * (1 << 30)},
+    # A whole number is an integer however spelt (4224.0: JSON Schema's reading), and a
+    # fraction is not.
+    ("POST", "/v1/workspaces", {"template": "base", "memory_bytes": (1 << 30) + 0.5},
      "memory_bytes"),
+    ("POST", "/v1/nodes/node-a/drain", {"expected_version": 1.5}, "expected_version"),
     ("POST", "/v1/workspaces", {"template": "base", "layer_size_bytes": 2**70},
      "layer_size_bytes"),
     ("POST", "/v1/workspaces", {"template": "base", "labels": {"a": 1}}, "labels"),
@@ -65,7 +68,9 @@ QUERIES = [
     ("/v1/nodes?page_size=5.0", "page_size"),
     ("/v1/volumes?deleted=yes", "deleted"),
     ("/v1/volumes?deleted=1", "deleted"),
-    ("/v1/workspaces/ws-1?wait_s=1e1", "wait_s"),
+    ("/v1/workspaces/ws-1?wait_s=1_0", "wait_s"),
+    ("/v1/workspaces/ws-1?wait_s=%2B1", "wait_s"),
+    ("/v1/workspaces/ws-1?wait_s=1e999", "wait_s"),
     ("/v1/workspaces/ws-1?wait_s=nan", "wait_s"),
     ("/v1/nodes?page_token=%1B%5B2J", "page_token"),
 ]
@@ -84,6 +89,19 @@ async def test_real_queries_still_pass(running_ctrl: RunningCtrl) -> None:
     assert result(await running_ctrl.http.get("/v1/nodes?page_size=5", headers=ops)) == \
         {"nodes": [], "next_page_token": None}
     result(await running_ctrl.http.get("/v1/volumes?deleted=true", headers=ops))
+    # Query numbers are JSON numbers (as clients format them: 1e-05), ASCII only.
+    error(await running_ctrl.http.get("/v1/workspaces/ws-1?wait_s=1e-5", headers=ops),
+          "not_found")
+
+
+async def test_a_whole_number_spelt_with_a_fraction_is_an_integer(
+        running_ctrl: RunningCtrl) -> None:
+    """schemathesis' finding: ``"expected_version": 4224.0`` is an integer to JSON
+    Schema (the document's language), so ctrl reads it as one."""
+    resp = await running_ctrl.http.request(
+        "DELETE", "/v1/templates/none", content=b'{"expected_version": 4224.0}',
+        headers={**running_ctrl.operator, "Content-Type": "application/json"})
+    error(resp, "not_found")  # judged on the template, not refused as a float
 
 
 async def test_a_grant_with_a_plain_name_is_made(running_ctrl: RunningCtrl) -> None:

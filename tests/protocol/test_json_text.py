@@ -21,10 +21,21 @@ from kibotos.testing.fake_node import hello_message
     ('[1, -Infinity]', "not a JSON number"),
     (b"\xff", "not UTF-8"),
     ("{", "not valid JSON"),
+    ("1e400", "out of range"),
+    ('{"a": [-1.5e999]}', "out of range"),
 ])
 def test_refused(text: str | bytes, words: str) -> None:
     with pytest.raises(json_text.JsonTextError, match=words):
         json_text.loads(text)
+
+
+def test_a_whole_number_is_an_integer_however_it_is_spelt() -> None:
+    """JSON Schema's reading (schemathesis sends ``4224.0`` for an integer field): a
+    whole number is an `int`, read exactly; other numbers stay floats."""
+    values = json_text.loads("[4224.0, 4.224e3, 9007199254740993.0, 1e20, 1.5, 2.5e-3, 7]")
+    assert values == [4224, 4224, 9007199254740993, 10**20, 1.5, 0.0025, 7]
+    assert [type(v) for v in values] == [int, int, int, int, float, float, int]
+    assert json_text.loads("[true, \"1\"]") == [True, "1"]  # no other kind becomes a number
 
 
 def test_the_depth_limit_is_exact() -> None:

@@ -3,6 +3,7 @@ is strict; times, sizes, counters and ratios have one rule and a ceiling."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -121,3 +122,41 @@ def test_reasons_are_bounded_text() -> None:
     assert values.clip("x" * 5000) == "x" * 3999 + "…"
     assert values.clip("short") == "short"
     assert values.clip(None) is None
+
+
+@pytest.mark.parametrize(("kind", "ok", "bad"), [(kind, ok, bad)
+                                                  for kind, _, ok, bad in ID_CASES])
+def test_id_types_state_their_shape_as_a_schema_pattern(kind: Any, ok: list[str],
+                                                        bad: list[str]) -> None:
+    """The pattern in the JSON schema (ctrl's OpenAPI document) accepts exactly what the
+    check accepts, read as JSON Schema reads it (a search)."""
+    pattern = TypeAdapter(kind).json_schema()["pattern"]
+    for value in ok:
+        assert re.search(pattern, value), (pattern, value)
+    for value in bad:
+        assert not re.search(pattern, value), (pattern, value)
+
+
+@pytest.mark.parametrize("text", ["line\nnext", "\x1b[31mred", "a\x00b", "c1\x9b", "s\u2028"])
+def test_free_text_refuses_control_characters(text: str) -> None:
+    with pytest.raises(ValidationError, match="must not contain control characters"):
+        TypeAdapter(values.Reason).validate_python(text)
+    with pytest.raises(ValidationError, match="must not contain control characters"):
+        TypeAdapter(values.Printable).validate_python(text)
+    # A sender writes them as escapes: nothing lost, and the field takes it.
+    sent = values.clip(text)
+    assert sent is not None
+    assert TypeAdapter(values.Reason).validate_python(sent) == sent
+    assert "\\x" in sent or "\\u" in sent
+
+
+def test_clip_escapes_then_cuts() -> None:
+    sent = values.clip("\n" * values.MAX_REASON)
+    assert sent is not None
+    assert len(sent) == values.MAX_REASON
+    assert sent.startswith("\\x0a\\x0a")
+    assert sent.endswith("…")
+    assert values.clip("plain é") == "plain é"
+    schema = TypeAdapter(values.Reason).json_schema()
+    assert re.search(schema["pattern"], "plain é")
+    assert not re.search(schema["pattern"], "a\nb")

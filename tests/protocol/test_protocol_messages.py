@@ -189,15 +189,18 @@ def test_decode_refuses_what_is_not_a_frame(text: str | bytes, words: str) -> No
 
 def test_guest_facts_from_an_untrusted_guest_keep_what_fits() -> None:
     facts = p.GuestFacts.from_guest({
-        "boot_id": 5, "capabilities": ["exec", 3, "x" * 200, *(f"c{i}" for i in range(300))],
+        "boot_id": 5, "capabilities": ["exec", 3, "x" * 200, "a\x1bb",
+                                       *(f"c{i}" for i in range(300))],
         "responding": "yes", "agent_version": "v" * 500, "protocol_version": 1,
-        "nested": {"a": 1}})
+        "nested": {"a": 1}, "kernel": "6.1\x1b[2J\n"})
     wire = facts.to_wire()
     assert "boot_id" not in wire  # a number is no boot ID
     assert "responding" not in wire
     assert wire["capabilities"][0] == "exec"
     assert len(wire["capabilities"]) == 256
     assert wire["agent_version"] == "v" * 128
+    assert "a\x1bb" not in wire["capabilities"]  # a capability with a control character
+    assert wire["kernel"] == "6.1\\x1b[2J\\x0a"  # a text: escaped, not refused
     assert wire["protocol_version"] == 1
     assert "nested" not in wire
     # and the frame that carries it is valid

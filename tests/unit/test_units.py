@@ -67,3 +67,15 @@ def test_node_toml_cpu_is_ascii(cpu: object) -> None:
     with pytest.raises(ValueError, match="cpu"):
         ResourcesSection.model_validate({"cpu": cpu, "memory": "1G"})
     assert ResourcesSection.model_validate({"cpu": "2.5", "memory": "1G"}).cpu_millis == 2500
+
+
+def test_a_query_number_is_read_in_json_syntax() -> None:
+    """What the OpenAPI document's ``number`` query parameters are: JSON numbers, as
+    clients format them (``1e-05``), in ASCII only."""
+    assert units.parse_json_number("2") == 2.0
+    assert units.parse_json_number("0.5") == 0.5
+    assert units.parse_json_number("2.225073858507203e-309") > 0
+    assert units.parse_json_number("-1") == -1.0
+    for bad in ("1_0", " 5", "+5", "٣", "inf", "nan", "1e999", "0x10", ".5", "05", ""):
+        with pytest.raises(InvalidArgument):
+            units.parse_json_number(bad)

@@ -121,6 +121,20 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
                            "details are in ctrl's log"))
 
 
+class UpgradeRequired(InvalidArgument):
+    """A plain HTTP request to the WebSocket endpoint: the path is served, by upgrade
+    only (426 says so, where a 404 would say there is no such route)."""
+
+    http_status = 426
+
+
+async def _upgrade_required(request: Request) -> Response:
+    response = _error(UpgradeRequired(
+        f"{printable_path(request)} is a WebSocket endpoint: upgrade the connection"))
+    response.headers["Upgrade"] = "websocket"
+    return response
+
+
 def api_routes(api: Api, services: CtrlServices) -> list[Route]:
     """The whole HTTP API, as a table (the OpenAPI document is built from it)."""
     table: list[Route] = []
@@ -161,6 +175,8 @@ def build_app(services: CtrlServices) -> Starlette:
     for route in table:
         if route.websocket:
             starlette_routes.append(WebSocketRoute(route.path, node_session))
+            starlette_routes.append(StarletteRoute(route.path, _upgrade_required,
+                                                   methods=[route.method]))
         else:
             starlette_routes.append(StarletteRoute(route.path, endpoint(api, route),
                                                    methods=[route.method]))

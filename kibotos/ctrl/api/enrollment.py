@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
+from kibotos import ids
 from kibotos._version import __version__
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body
@@ -159,7 +160,7 @@ def routes(api: Api) -> list[Route]:
         return await ctx.store.run(api_keys.list_all)
 
     async def revoke_api_key(request: Request, caller: Caller | None) -> dict[str, Any]:
-        key_id = request.path_params["key_id"]
+        key_id = ids.check_object_id(request.path_params["key_id"], "API key ID")
         body = await read_body(request, ApiKeyRevokeIn)
         outcome = await api.journal.execute(
             operation="api_key.revoke", params={"key_id": key_id}, body=body,

@@ -50,22 +50,28 @@ class BodyTooLarge(InvalidArgument):
 
 
 class UnsupportedMediaType(InvalidArgument):
-    """A body that is not ``application/json`` where a route reads JSON: refused (415)
-    before it is read, so a form or a text body is never guessed at."""
+    """A body that is not of the route's media type (``application/json``, or
+    ``application/octet-stream`` for a blob): refused (415) before it is read, so a
+    form or a text body is never guessed at."""
 
     http_status = 415
 
 
-def _declares_json(request: Request) -> bool:
-    """Whether the request says its body is JSON; `UnsupportedMediaType` when it says
-    it is something else.  No ``Content-Type`` at all is allowed for an empty body."""
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
+
+
+def declares(request: Request, media_type: str) -> bool:
+    """Whether the request says its body is `media_type`; `UnsupportedMediaType` when
+    it says it is something else.  No ``Content-Type`` at all is False (allowed for an
+    empty JSON body, and for a blob)."""
     declared = request.headers.get("content-type")
     if declared is None:
         return False
     media = declared.partition(";")[0].strip().lower()
-    if media != "application/json":
+    if media != media_type:
         raise UnsupportedMediaType(
-            f"request body must be application/json, not {declared[:80]!r}",
+            f"request body must be {media_type}, not {declared[:80]!r}",
             details={"content_type": declared[:200]})
     return True
 
@@ -87,6 +93,12 @@ class Route:
     #: The largest JSON body this route reads (`read_body`); small for the routes whose
     #: bodies are small, above all the unauthenticated enrollment exchange.
     body_limit: int = MAX_BODY
+    #: The body is bytes (``application/octet-stream``, no limit), streamed by the
+    #: handler: an artifact upload.
+    bytes_body: bool = False
+    #: The result is bytes (``application/octet-stream``, byte ranges allowed), not
+    #: ``{"result": ...}``: an artifact download.
+    bytes_result: bool = False
 
     @property
     def operation_id(self) -> str:
@@ -153,7 +165,7 @@ async def read_body(request: Request, model: type[M]) -> M:
     body is ``{}``.  Every way to be wrong is ``invalid_argument`` (with 413 for a body
     too large, 415 for one that is not ``application/json``)."""
     limit = request.scope.get(_LIMIT_KEY, MAX_BODY)
-    declared = _declares_json(request)
+    declared = declares(request, JSON)
     raw = await _bounded_bytes(request, limit)
     if raw.strip() and not declared:
         raise UnsupportedMediaType("request body has no Content-Type: it must be "

@@ -27,7 +27,7 @@ from starlette.requests import Request
 
 from kibotos import ids
 from kibotos.ctrl.api.auth import Caller
-from kibotos.ctrl.api.routing import Api, Route, read_body
+from kibotos.ctrl.api.routing import OCTET_STREAM, Api, Route, declares, read_body
 from kibotos.ctrl.store.artifacts import ArtifactStore, BlobResponse
 from kibotos.ctrl.store.models import Template, Workspace, existing
 from kibotos.ctrl.wire.base import (
@@ -65,7 +65,7 @@ def _path_name(request: Request) -> str:
 
 
 def _path_digest(request: Request) -> str:
-    return ids.check_digest(request.path_params["hex"])
+    return ids.check_sha256_hex(request.path_params["hex"])
 
 
 def check_blobs(store: ArtifactStore, body: TemplatePutIn) -> int:
@@ -159,7 +159,9 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
     ctx = api.ctx
 
     async def put_artifact(request: Request, caller: Caller | None) -> dict[str, Any]:
-        done = await artifacts.put(_path_digest(request), request.stream())
+        digest = _path_digest(request)
+        declares(request, OCTET_STREAM)
+        done = await artifacts.put(digest, request.stream())
         return {"digest": done.digest, "size": done.size, "created": done.created}
 
     async def get_artifact(request: Request, caller: Caller | None) -> BlobResponse:
@@ -191,9 +193,10 @@ def routes(api: Api, artifacts: ArtifactStore) -> list[Route]:
         Route("PUT", "/v1/artifacts/sha256/{hex}", put_artifact,
               "Upload a blob (the request body, application/octet-stream); stored only "
               "if its sha256 is the one in the path (nodes upload Transfer archives)",
-              result=ArtifactOut, who="identity"),
+              result=ArtifactOut, who="identity", bytes_body=True),
         Route("GET", "/v1/artifacts/sha256/{hex}", get_artifact,
-              "Download a blob (also HEAD; byte ranges allowed)", who="identity"),
+              "Download a blob (also HEAD; byte ranges allowed)", who="identity",
+              bytes_result=True),
         Route("PUT", "/v1/templates/{name}", put_template_route,
               "Create a Template or point it at other blobs (uploaded first)", body=TemplatePutIn,
               result=TemplatePutOut),

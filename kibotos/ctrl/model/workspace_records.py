@@ -14,11 +14,11 @@ transaction; the orchestration that talks to nodes is in `workspace_ops`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from pydantic.config import JsonDict
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
@@ -47,7 +47,12 @@ OOM_REASON = "OOM_KILLED"
 UNAVAILABLE_REASON = "UNAVAILABLE"
 
 MAX_LABELS = 32
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+#: `check_labels`' rule as a labels field's JSON schema (ctrl's OpenAPI document).
+LABELS_SCHEMA: JsonDict = {
+    "maxProperties": MAX_LABELS,
+    "propertyNames": {"pattern": ids.schema_pattern(ids.LABEL_KEY)},
+    "additionalProperties": {"type": "string", "pattern": ids.schema_pattern(ids.LABEL_VALUE)},
+}
 
 
 def check_labels(labels: Mapping[str, str]) -> dict[str, str]:
@@ -57,7 +62,7 @@ def check_labels(labels: Mapping[str, str]) -> dict[str, str]:
         raise InvalidArgument(f"at most {MAX_LABELS} labels, got {len(labels)}")
     for key, value in labels.items():
         ids.check_label_key(key)
-        if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+        if not isinstance(value, str) or not ids.LABEL_VALUE.fullmatch(value):
             raise InvalidArgument(
                 f"invalid value {value!r} of label {key!r}: up to 63 letters, digits and "
                 ". _ -, starting and ending with a letter or digit")

@@ -13,12 +13,14 @@ from pydantic import ConfigDict, Field, StrictStr
 
 from kibotos import ids
 from kibotos.ctrl.wire.base import Request, Result, WriteRequest
-from kibotos.protocol.ids import as_validator
+from kibotos.protocol.ids import RESOURCE_NAME_PATTERN, as_validator
 
 STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-KeyName = Annotated[StrictStr, as_validator(lambda v: ids.check_resource_name(v, "key name"))]
-TeamName = Annotated[StrictStr, as_validator(lambda v: ids.check_resource_name(v, "team"))]
+KeyName = Annotated[StrictStr, as_validator(lambda v: ids.check_resource_name(v, "key name")),
+                    RESOURCE_NAME_PATTERN]
+TeamName = Annotated[StrictStr, as_validator(lambda v: ids.check_resource_name(v, "team")),
+                     RESOURCE_NAME_PATTERN]
 
 
 class ApiKeyCreateIn(WriteRequest):

@@ -81,9 +81,9 @@ def _scalar(annotation: Any) -> Any:
 
 
 class Query(Request):
-    """A query string's parameters: text, read strictly by hand (integers and decimals
-    in ASCII digits, booleans ``true``/``false``), then checked laxly by pydantic,
-    which would otherwise take ``1_0``, `` 5 ``, ``+5`` and ``yes``."""
+    """A query string's parameters: text, read strictly by hand (integers in ASCII
+    digits, other numbers in JSON's syntax, booleans ``true``/``false``), then checked
+    laxly by pydantic, which would otherwise take ``1_0``, `` 5 ``, ``+5`` and ``yes``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -103,7 +103,7 @@ class Query(Request):
                 if kind is int:
                     units.parse_int(value, name)
                 elif kind is float:
-                    units.parse_decimal(value, name)
+                    units.parse_json_number(value, name)
             except InvalidArgument as exc:
                 raise ValueError(exc.message) from None
         return data

@@ -27,7 +27,7 @@ from pydantic import (
 from kibotos import endpoints, ids
 from kibotos.ctrl.wire.base import Query, Request, Result, VersionedWrite, WriteRequest
 from kibotos.protocol.commands.network import MAX_CIDRS, Cidr
-from kibotos.protocol.ids import as_validator
+from kibotos.protocol.ids import RESOURCE_NAME_PATTERN, as_validator
 
 #: RFC 1929: a SOCKS5 username and password are 1-255 bytes each.
 MAX_CREDENTIAL_BYTES = 255
@@ -39,8 +39,8 @@ def _name(kind: str) -> AfterValidator:
     return as_validator(lambda value: ids.check_resource_name(value, kind))
 
 
-EgressName = Annotated[StrictStr, _name("egress name")]
-ResolverName = Annotated[StrictStr, _name("resolver name")]
+EgressName = Annotated[StrictStr, _name("egress name"), RESOURCE_NAME_PATTERN]
+ResolverName = Annotated[StrictStr, _name("resolver name"), RESOURCE_NAME_PATTERN]
 
 
 def _socks_address(value: str) -> str:

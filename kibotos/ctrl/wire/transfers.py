@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from kibotos.ctrl.model.workspace_records import check_labels
+from kibotos.ctrl.model.workspace_records import LABELS_SCHEMA, check_labels
 from kibotos.ctrl.wire.base import Result, WriteRequest, _as_value_error
 from kibotos.ctrl.wire.volumes import VolumeOut
 from kibotos.protocol.ids import Digest, PoolId, VolumeId
@@ -23,7 +23,7 @@ class TransferImportIn(WriteRequest):
     artifact_digest: Digest
     #: None: the one default pool of the nodes that can take it.
     pool_id: PoolId | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, json_schema_extra=LABELS_SCHEMA)
 
     @field_validator("labels")
     @classmethod

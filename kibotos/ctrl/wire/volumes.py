@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator
+from pydantic.config import JsonDict
 
 from kibotos import volume_mounts
 from kibotos.ctrl.model import workspace_records as workspaces
@@ -42,6 +43,11 @@ def whole_mib(value: int, what: str, minimum: int, maximum: int = MAX_OBJECT_BYT
     if value % MIB:
         raise ValueError(f"{what} must be a whole number of MiB")
     return value
+
+
+#: `whole_mib`'s rule as the field's JSON schema (ctrl's OpenAPI document).
+_CAPACITY_SCHEMA: JsonDict = {"minimum": MIN_VOLUME_BYTES, "maximum": MAX_OBJECT_BYTES,
+                              "multipleOf": MIB}
 
 
 class VolumeAttachIn(Request):
@@ -76,8 +82,9 @@ def check_attachments(items: list[VolumeAttachIn]) -> list[VolumeAttachIn]:
 class VolumeCreateIn(WriteRequest):
     #: None: the one default pool of the nodes that can create it.
     pool_id: PoolId | None = None
-    capacity_bytes: int
-    labels: dict[str, str] = Field(default_factory=dict)
+    capacity_bytes: int = Field(json_schema_extra=_CAPACITY_SCHEMA)
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   json_schema_extra=workspaces.LABELS_SCHEMA)
 
     @field_validator("capacity_bytes")
     @classmethod
@@ -94,7 +101,7 @@ class VolumeCreateIn(WriteRequest):
 class ExpandIn(VersionedWrite):
     """Expand a Volume or a writable layer to `capacity_bytes` (never shrink)."""
 
-    capacity_bytes: int
+    capacity_bytes: int = Field(json_schema_extra=_CAPACITY_SCHEMA)
 
     @field_validator("capacity_bytes")
     @classmethod

@@ -44,7 +44,8 @@ MAX_CPU_MILLIS = MAX_INSTANCE_CPU_MILLIS
 
 class WorkspaceCreateIn(WriteRequest):
     template: TemplateName
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   json_schema_extra=workspaces.LABELS_SCHEMA)
     node_id: NodeId | None = None
     #: The rules of ``instance.create``'s (`kibotos.protocol`): a Workspace that passes
     #: them is one every node boots.

@@ -65,7 +65,7 @@ from kibotos.protocol import (
     json_text,
     parse,
 )
-from kibotos.protocol.values import MAX_ERROR_MESSAGE
+from kibotos.protocol.values import MAX_ERROR_MESSAGE, printable_text
 from kibotos.tls.contexts import verification_error
 
 log = EventLogger()
@@ -503,7 +503,8 @@ _RECEIVED: dict[str, type[Message]] = {
 def _error(exc: KibotosError) -> CommandError:
     """``command_result.error`` of `exc` (its message cut to the protocol's ceiling)."""
     return CommandError.model_validate({**exc.to_wire()["error"],
-                                        "message": exc.message[:MAX_ERROR_MESSAGE]})
+                                        "message": printable_text(exc.message,
+                                                                   MAX_ERROR_MESSAGE)})
 
 
 async def _send(ws: WebSocketConnection, msg: Message | dict[str, Any]) -> None:
