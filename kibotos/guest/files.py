@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from kibotos.errors import FailedPrecondition, Internal, KibotosError, error_of
-from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW
+from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW, MAX_PAYLOAD
 from kibotos.guest.streams import GuestInputStream, GuestOutputStream
 
 if TYPE_CHECKING:
@@ -200,7 +200,9 @@ class Upload(_Transfer):
 
     def __init__(self, channel: GuestChannel, stream_id: int) -> None:
         super().__init__(channel, stream_id)
-        self.stream = GuestInputStream(channel, stream_id, False)
+        # frames as large as the protocol allows (as a port's): a quarter of the
+        # frames, CRCs and wake-ups in the agent of 64 KiB ones
+        self.stream = GuestInputStream(channel, stream_id, False, chunk=MAX_PAYLOAD)
 
     def _fail(self, error: KibotosError) -> None:
         super()._fail(error)

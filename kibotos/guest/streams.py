@@ -31,6 +31,10 @@ class StreamHost(Protocol):
     async def _request(self, kind: str, fields: dict[str, Any]) -> dict[str, Any]: ...
 
 
+#: The most `GuestOutputStream.receive_some` returns when not told (a few frames).
+RECEIVE_COALESCE = 256 * 1024
+
+
 class GuestOutputStream(trio.abc.ReceiveStream):
     """stdout or stderr (or a pty's output) of a guest process."""
 
@@ -90,16 +94,32 @@ class GuestOutputStream(trio.abc.ReceiveStream):
                     raise trio.BrokenResourceError(str(self._error)) from self._error
                 self._changed = trio.Event()
                 await self._changed.wait()
-            chunk = self._chunks.popleft()
-            if max_bytes is not None and len(chunk) > max_bytes:
-                chunk, rest = chunk[:max_bytes], chunk[max_bytes:]
-                self._chunks.appendleft(rest)
+            chunk = self._take(RECEIVE_COALESCE if max_bytes is None else max_bytes)
             self._buffered -= len(chunk)
             self._grant(len(chunk))
             await trio.lowlevel.checkpoint()
             return chunk
         finally:
             self._busy = False
+
+    def _take(self, limit: int) -> bytes:
+        """What is buffered, up to `limit` bytes, as one piece: the guest's frames are
+        64 KiB, and every piece costs the relay above a send, a syscall and a wake-up
+        of its reader, so joining what piled up while the last piece was being sent
+        is cheaper than handing the pieces on one by one (it was the largest per-MiB
+        cost of a download through the data plane)."""
+        chunk = self._chunks.popleft()
+        if len(chunk) > limit:
+            self._chunks.appendleft(chunk[limit:])
+            return chunk[:limit]
+        if not self._chunks or len(chunk) + len(self._chunks[0]) > limit:
+            return chunk
+        pieces, size = [chunk], len(chunk)
+        while self._chunks and size + len(self._chunks[0]) <= limit:
+            piece = self._chunks.popleft()
+            pieces.append(piece)
+            size += len(piece)
+        return b"".join(pieces)
 
     async def read_all(self) -> bytes:
         """Everything until EOF (convenience for small outputs)."""
