@@ -46,7 +46,7 @@ from kibotos.dataplane.exec_wire import (
     exec_url,
 )
 from kibotos.dataplane.groups import sole_error
-from kibotos.dataplane.tls_client import open_tls_stream
+from kibotos.dataplane.tls_client import connect_dataplane
 from kibotos.dataplane.until_none import UntilNone
 from kibotos.errors import DeadlineExceeded, InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus
@@ -159,18 +159,8 @@ async def open_websocket(url: str, credential: str | None, *, connect_timeout: f
     tls = target.scheme == "wss"
     port = target.port or (443 if tls else 80)
     resource = target.path + (f"?{target.query}" if target.query else "")
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
-    try:
-        with trio.fail_after(connect_timeout):
-            if tls:
-                stream = await open_tls_stream(host, port, ssl_context, url)
-            else:
-                stream = await trio.open_tcp_stream(host, port)
-    except trio.TooSlowError:
-        raise DeadlineExceeded(f"the data plane at {url} did not accept a connection "
-                               f"within {connect_timeout:g}s") from None
-    except OSError as exc:
-        raise Unavailable(f"cannot reach the data plane at {url}: {exc}") from None
+    stream = await connect_dataplane(host, port, tls=tls, context=ssl_context, url=url,
+                                     timeout=connect_timeout)
     try:
         async with trio.open_nursery() as nursery:
             try:

@@ -33,9 +33,8 @@ import h11
 import trio
 
 from kibotos.dataplane.files_api import FILES_PREFIX
-from kibotos.dataplane.tls_client import open_tls_stream
+from kibotos.dataplane.tls_client import connect_dataplane
 from kibotos.errors import (
-    DeadlineExceeded,
     Internal,
     InvalidArgument,
     KibotosError,
@@ -210,18 +209,8 @@ class FilesClient:
     async def _connect(self) -> _Connection:
         host, tls = self._parts.hostname or "", self._parts.scheme == "https"
         port = self._parts.port or (443 if tls else 80)
-        stream: trio.abc.Stream
-        try:
-            with trio.fail_after(self._timeout):
-                if tls:
-                    stream = await open_tls_stream(host, port, self._ssl, self.base)
-                else:
-                    stream = await trio.open_tcp_stream(host, port)
-        except trio.TooSlowError:
-            raise DeadlineExceeded(f"the data plane at {self.base} did not accept a "
-                                   f"connection within {self._timeout:g}s") from None
-        except OSError as exc:
-            raise Unavailable(f"cannot reach the data plane at {self.base}: {exc}") from None
+        stream = await connect_dataplane(host, port, tls=tls, context=self._ssl,
+                                         url=self.base, timeout=self._timeout)
         return _Connection(stream, self.base)
 
     def _head(self, method: str, name: str, params: dict[str, Any],

@@ -15,7 +15,7 @@ import ssl
 
 import trio
 
-from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
+from kibotos.errors import DeadlineExceeded, FailedPrecondition, KibotosError, Unavailable
 from kibotos.tls.contexts import verification_error
 
 
@@ -50,3 +50,22 @@ async def open_tls_stream(host: str, port: int, context: ssl.SSLContext | None,
         await trio.aclose_forcefully(stream)
         raise handshake_failure(exc, url) from None
     return stream
+
+
+async def connect_dataplane(host: str, port: int, *, tls: bool,
+                            context: ssl.SSLContext | None, url: str,
+                            timeout: float
+                            ) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+    """The byte stream every data-plane client starts from: TCP to `host`:`port`, TLS
+    (handshake done) when `tls`, within `timeout`; a connection that cannot be made or
+    takes too long is the `KibotosError` that says so, naming `url`."""
+    try:
+        with trio.fail_after(timeout):
+            if tls:
+                return await open_tls_stream(host, port, context, url)
+            return await trio.open_tcp_stream(host, port)
+    except trio.TooSlowError:
+        raise DeadlineExceeded(f"the data plane at {url} did not accept a connection "
+                               f"within {timeout:g}s") from None
+    except OSError as exc:
+        raise Unavailable(f"cannot reach the data plane at {url}: {exc}") from None

@@ -35,6 +35,24 @@ if TYPE_CHECKING:
 MAX_DEPTH = 64
 
 
+def cleaned_up(body: Callable[[Outbound], Body], cleanup: Callable[[], None]
+               ) -> Callable[[Outbound], Body]:
+    """`body`, with `cleanup` run after it however it ends (the descriptors a download
+    holds are closed by the worker thread that used them)."""
+
+    def closing(out: Outbound) -> Body:
+        run = body(out)
+
+        def wrapped() -> dict[str, Any]:
+            try:
+                return run()
+            finally:
+                cleanup()
+        return wrapped
+
+    return closing
+
+
 async def start_download(ch: Channel, msg: dict[str, Any], what: str, path: str,
                          prepare: Callable[[Outbound], Body], body: Callable[[Outbound], Body],
                          cleanup: Callable[[], None], *,
@@ -103,17 +121,8 @@ async def file_read(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str,
         while fds:
             os.close(fds.pop())
 
-    def closing(out: Outbound) -> Body:
-        run = body(out)
-
-        def wrapped() -> dict[str, Any]:
-            try:
-                return run()
-            finally:
-                cleanup()
-        return wrapped
-
-    return await start_download(ch, msg, "file_read", path, prepare, closing, cleanup)
+    return await start_download(ch, msg, "file_read", path, prepare,
+                                cleaned_up(body, cleanup), cleanup)
 
 
 def _arcname(msg: dict[str, Any], path: str) -> str:

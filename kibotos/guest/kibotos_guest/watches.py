@@ -36,7 +36,7 @@ import select
 import struct
 
 from .bridge import Outbound
-from .downloads import start_download
+from .downloads import cleaned_up, start_download
 from .errors import AgentError, field, guest_path
 from .fileinfo import lstat_entry, os_error
 from .tarstream import STAGING_PREFIX
@@ -259,15 +259,6 @@ async def file_watch(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str
         outs.append(_WatchOutbound(channel, stream_id))
         return outs[0]
 
-    def closing(out: Outbound) -> Body:
-        run = body(out)
-
-        def wrapped() -> dict[str, Any]:
-            try:
-                return run()
-            finally:
-                cleanup()
-        return wrapped
-
-    return await start_download(ch, msg, "file_watch", path, prepare, closing, cleanup,
+    return await start_download(ch, msg, "file_watch", path, prepare,
+                                cleaned_up(body, cleanup), cleanup,
                                 outbound=outbound)
