@@ -320,6 +320,9 @@ class SessionHub:
         self.store = store
         self.settings = settings
         self.now = now
+        #: The ctrl replica this hub's sessions are recorded under (several replicas
+        #: on PostgreSQL, `kibotos.ctrl.replica`); None for a lone ctrl on SQLite.
+        self.replica_id: str | None = None
         self._sessions: dict[str, NodeSession] = {}
         self.observers: list[SessionObserver] = []
         #: Sent in every welcome so the node's data plane can verify session
@@ -388,7 +391,7 @@ class SessionHub:
         session_id = ids.new_id("ses")
         verdict = await self.store.write(partial(
             ss.evaluate_hello, identity_id=caller.identity_id, hello=hello,
-            session_id=session_id, now=self.now()))
+            session_id=session_id, now=self.now(), replica_id=self.replica_id))
         if not verdict.accepted:
             log.info("node %s incarnation %d rejected: %s (%s)", hello.node_id,
                      hello.incarnation, verdict.reason, verdict.message)
