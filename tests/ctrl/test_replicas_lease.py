@@ -47,10 +47,14 @@ def expire_lease(engine: Engine) -> None:
 
 def test_one_holder_at_a_time_and_the_token_grows_at_each_takeover(engine: Engine) -> None:
     first = txn(engine, lambda s: rep.acquire(s, "rep-a", 10.0))
-    assert first is not None and first.taken_over and first.token == 1
+    assert first is not None
+    assert first.taken_over
+    assert first.token == 1
     assert txn(engine, lambda s: rep.acquire(s, "rep-b", 10.0)) is None
     renewed = txn(engine, lambda s: rep.acquire(s, "rep-a", 10.0))
-    assert renewed is not None and renewed.token == 1 and not renewed.taken_over
+    assert renewed is not None
+    assert renewed.token == 1
+    assert not renewed.taken_over
     txn(engine, lambda s: rep.check_fence(s, 1))
 
     expire_lease(engine)
@@ -58,7 +62,9 @@ def test_one_holder_at_a_time_and_the_token_grows_at_each_takeover(engine: Engin
     with pytest.raises(rep.FencedOut, match="expired"):
         txn(engine, lambda s: rep.check_fence(s, 1))
     second = txn(engine, lambda s: rep.acquire(s, "rep-b", 10.0))
-    assert second is not None and second.taken_over and second.token == 2
+    assert second is not None
+    assert second.taken_over
+    assert second.token == 2
     with pytest.raises(rep.FencedOut, match="another ctrl replica took over"):
         txn(engine, lambda s: rep.check_fence(s, 1))
     txn(engine, lambda s: rep.check_fence(s, 2))
@@ -70,7 +76,8 @@ def test_a_release_lets_another_take_over_at_once(engine: Engine) -> None:
     assert lease is not None
     txn(engine, lambda s: rep.release(s, "rep-a", lease.token))
     taken = txn(engine, lambda s: rep.acquire(s, "rep-b", 60.0))
-    assert taken is not None and taken.token == lease.token + 1
+    assert taken is not None
+    assert taken.token == lease.token + 1
 
 
 def test_a_holder_stalled_inside_a_fenced_write_cannot_commit_after_a_takeover(
@@ -104,8 +111,10 @@ def test_a_holder_stalled_inside_a_fenced_write_cannot_commit_after_a_takeover(
         taken = txn(engine, lambda s: rep.acquire(s, "rep-b", 60.0))
     finally:
         holder.join(60)
-    assert taken is not None and taken.token == lease.token + 1
-    assert len(outcome) == 1 and isinstance(outcome[0], DBAPIError)
+    assert taken is not None
+    assert taken.token == lease.token + 1
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], DBAPIError)
     assert "idle-in-transaction" in str(outcome[0])
     listens = txn(engine, lambda s: list(s.scalars(text("SELECT listen FROM ctrl_replicas"))))
     assert listens == ["127.0.0.1:1"]
