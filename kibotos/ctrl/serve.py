@@ -42,6 +42,7 @@ from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.live.workspace_tasks import WorkspaceTasks
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model.placement import CapacityIndex
+from kibotos.ctrl.relay import CommandRelay
 from kibotos.ctrl.replica import Membership
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
@@ -223,6 +224,13 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
         tls = await trio.to_thread.run_sync(prepare_tls, config, ctx)
         services = build_services(ctx)
         services.runtime.holds_lease = membership.holds_lease
+        relay = None
+        if membership.shared:
+            # Commands for nodes whose session another replica holds, and the node
+            # changes other replicas commit (docs/replicas.md).
+            relay = CommandRelay(store, hub, membership.replica_id,
+                                 services.runtime.watch.publish, services.runtime.inflight)
+            hub.remote = relay
         app = build_app(services)
         shutdown = trio.Event()
 
@@ -248,6 +256,8 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
             if tls is not None:
                 await nursery.start(tls.run)
             await nursery.start(membership.run)
+            if relay is not None:
+                await nursery.start(relay.run)
             await nursery.start(run_reconcile, hub, config.ctrl.reconcile_interval)
             await nursery.start(RegistrySweep(
                 ctx, config.ctrl.reconcile_interval,

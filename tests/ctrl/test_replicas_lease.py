@@ -11,14 +11,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import Engine, text, update
+from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import replicas as rep
-from kibotos.ctrl.store import migrate
+from kibotos.ctrl.store import migrate, relay_queue
 from kibotos.ctrl.store.db import make_engine
-from kibotos.ctrl.store.models import CtrlLease, CtrlReplica, Node
+from kibotos.ctrl.store.models import CtrlLease, CtrlReplica, Node, RelayedCommand
 
 pytestmark = pytest.mark.postgres
 T = TypeVar("T")
@@ -143,6 +143,12 @@ def test_only_the_sessions_of_gone_replicas_are_ended(engine: Engine) -> None:
                          _node("node-e", "rep-gone", alive=False)])
 
     txn(engine, setup)
+    for relay_id in ("rly-old", "rly-new"):
+        txn(engine, lambda s, r=relay_id: relay_queue.enqueue(
+            s, r, "node-a", "rep-live", "instance.stop", {}, 30.0))
+    txn(engine, lambda s: s.execute(
+        update(RelayedCommand).where(RelayedCommand.relay_id == "rly-old")
+        .values(created_at=datetime.now(UTC) - timedelta(hours=2))))
     # rep-gone's last heartbeat is older than the session timeout.
     txn(engine, lambda s: s.execute(
         update(CtrlReplica).where(CtrlReplica.replica_id == "rep-gone")
@@ -155,6 +161,9 @@ def test_only_the_sessions_of_gone_replicas_are_ended(engine: Engine) -> None:
                                    for n in s.query(Node).order_by(Node.node_id)})
     assert alive == {"node-a": True, "node-b": False, "node-c": False, "node-d": False,
                      "node-e": False}
+    # The relayed command nobody can be waiting for any more is forgotten.
+    assert txn(engine, lambda s: list(s.scalars(select(RelayedCommand.relay_id)))) == [
+        "rly-new"]
     assert txn(engine, lambda s: rep.heartbeat(s, "rep-gone")) is False
     assert txn(engine, lambda s: rep.heartbeat(s, "rep-live")) is True
     # A replica that lost the lease cannot run the sweep.

@@ -27,12 +27,15 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.model import nodes
+from kibotos.ctrl.store import relay_queue
 from kibotos.ctrl.store.models import CtrlLease, CtrlReplica, Node
 from kibotos.ctrl.wire.base import as_utc
 from kibotos.errors import Unavailable
 
 #: The name of the one lease row (created by the migration).
 SINGLETON = "singleton"
+#: Relayed commands older than this are the outcomes of senders that died.
+RELAYED_COMMAND_LIFETIME = 3600.0
 #: How long the server lets a fenced transaction sit idle before aborting it.
 FENCED_IDLE_TIMEOUT_MS = 2000
 
@@ -132,8 +135,9 @@ def check_fence(session: Session, token: int) -> None:
 
 def end_sessions_of_gone_replicas(session: Session, token: int, timeout: float) -> list[str]:
     """The lease holder's sweep: delete the replicas whose heartbeat is older than
-    `timeout` and end the live sessions held by no live replica (theirs, and those of
-    replicas that left).  Returns the node IDs whose session it ended."""
+    `timeout`, end the live sessions held by no live replica (theirs, and those of
+    replicas that left), and forget relayed commands nobody waits for any more.
+    Returns the node IDs whose session it ended."""
     check_fence(session, token)
     now = db_now(session)
     cutoff = now - timedelta(seconds=timeout)
@@ -151,4 +155,5 @@ def end_sessions_of_gone_replicas(session: Session, token: int, timeout: float) 
         nodes.record_event(session, now, node.node_id, "session.ended",
                            {"reason": "ctrl_replica_gone", "replica": node.session_replica})
         ended.append(node.node_id)
+    relay_queue.forget_before(session, now - timedelta(seconds=RELAYED_COMMAND_LIFETIME))
     return ended

@@ -493,3 +493,23 @@ class CtrlLease(Base):
     holder: Mapped[str | None] = mapped_column(String(40))
     token: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[datetime | None]
+
+
+class RelayedCommand(Base):
+    """A node command sent through a replica that does not hold the node's session,
+    waiting for the replica that does (`kibotos.ctrl.store.relay_queue`).  `state`:
+    ``queued`` → ``taken`` (the holder sent it) → ``done`` (`result` or `error` set).
+    The sender deletes the row once it has read the outcome or given up."""
+
+    __tablename__ = "relayed_commands"
+
+    relay_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(63))
+    replica_id: Mapped[str] = mapped_column(String(40), index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    args: Mapped[dict[str, Any]]
+    timeout_s: Mapped[float]
+    state: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any] | None]
+    error: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime]
