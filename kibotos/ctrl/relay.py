@@ -33,7 +33,7 @@ from kibotos.ctrl.store.changes import Change, NodeSnapshot
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
 from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable, error_from_wire
-from kibotos.protocol import Args, CreateSpec
+from kibotos.protocol import Args, CloseReason, CreateSpec
 
 log = logging.getLogger("kibotos.ctrl.relay")
 
@@ -43,6 +43,11 @@ POLL_INTERVAL = 1.0
 #: What a relayed command may take beyond the command's own timeout: the two hops
 #: through the store.
 RELAY_MARGIN = 5.0
+#: Not a node command: the relayed request to close the node's session (``args``:
+#: ``reason``, a `CloseReason`), which the holder does itself.
+CLOSE_KIND = "session.close"
+#: How long a relayed close may take.
+CLOSE_TIMEOUT = 10.0
 #: How often a relayed create's record is looked for.
 RECORD_POLL_INTERVAL = 0.2
 #: Committed changes of node rows (payload ``<replica_id> <node_id>``).
@@ -89,6 +94,20 @@ class CommandRelay:
     async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         """Have the replica holding the node's session send the command; its result,
         or the node's error as if the command had been sent here."""
+        return await self._relay(node_id, args.KIND, args.to_wire(), timeout)
+
+    async def close(self, node_id: str, reason: CloseReason) -> None:
+        """Have the replica holding the node's session close it (a revoke or retire
+        through this replica); nothing to do when no live replica holds one."""
+        try:
+            await self._relay(node_id, CLOSE_KIND, {"reason": reason.value}, CLOSE_TIMEOUT)
+        except Unavailable:
+            return  # no live session anywhere: the node's next hello is refused
+        except KibotosError as exc:  # what was decided is committed; the close is late
+            log.warning("relay: closing the session of node %s failed: %s", node_id, exc)
+
+    async def _relay(self, node_id: str, kind: str, args: dict[str, Any], timeout: float
+                     ) -> dict[str, object]:
         holder = await self.store.run(partial(q.session_holder, node_id=node_id))
         if holder is None or holder == self.replica_id:
             raise Unavailable(f"node {node_id} has no live control session")
@@ -97,7 +116,7 @@ class CommandRelay:
         try:
             await self.store.write(partial(
                 q.enqueue, relay_id=relay_id, node_id=node_id, replica_id=holder,
-                kind=args.KIND, args=args.to_wire(), timeout_s=timeout))
+                kind=kind, args=args, timeout_s=timeout))
             deadline = trio.current_time() + timeout + RELAY_MARGIN
             while (row := await self.store.write(partial(q.outcome, relay_id=relay_id))
                    ) is None:
@@ -107,7 +126,7 @@ class CommandRelay:
                     if never_sent:
                         raise Unavailable(f"node {node_id}: replica {holder}, which holds "
                                           "its session, did not take the command")
-                    raise DeadlineExceeded(f"node {node_id} did not answer {args.KIND} "
+                    raise DeadlineExceeded(f"node {node_id} did not answer {kind} "
                                            f"through replica {holder} within {timeout:g} s")
                 with trio.move_on_at(min(deadline, trio.current_time() + POLL_INTERVAL)):
                     await done.wait()
@@ -167,6 +186,9 @@ class CommandRelay:
         if session is None:
             error = Unavailable(f"node {queued.node_id} has no live control session on "
                                 f"replica {self.replica_id}").to_wire()["error"]
+        elif queued.kind == CLOSE_KIND:
+            await session.close(CloseReason(queued.args["reason"]))
+            result = {}
         else:
             try:
                 result = await session.call_wire(queued.kind, queued.args, queued.timeout_s)

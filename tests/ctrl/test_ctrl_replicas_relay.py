@@ -1,7 +1,8 @@
 """Two ctrl replicas as real processes on a real PostgreSQL server, one simulated node
 connected to the second: Workspaces created, stopped and deleted through the first
-reach the node through the relay (`kibotos.ctrl.relay`), and a command ID replayed on
-the other replica returns the stored result."""
+reach the node through the relay (`kibotos.ctrl.relay`), a command ID replayed on the
+other replica returns the stored result, and a revoke through the first closes the
+session the second holds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from ctrl_helpers import enroll_operator, exchange, result
 from replica_procs import sessions, start_replica, stop_all
 from ws_helpers import add_template
@@ -47,7 +49,8 @@ async def test_commands_through_one_replica_reach_a_node_on_the_other(
             operator = await enroll_operator(via_a, store)
             grant = result(await via_a.post("/v1/enrollment/grants", headers=operator,
                                             json={"kind": "node", "node_id": "node-a"}))
-            cred = (await exchange(via_a, grant["token"]))["credential"]
+            issued = await exchange(via_a, grant["token"])
+            cred = issued["credential"]
             sim = SimInstances()
             async with open_sim_node(b.url, cred, "node-a", 1, sim=sim,
                                      ssl_context=tls) as node:
@@ -85,6 +88,14 @@ async def test_commands_through_one_replica_reach_a_node_on_the_other(
                 kinds = [c.get("kind") for c in sim.commands]
                 assert kinds[:2] == ["instance.create", "instance.stop"]
                 assert "layer.delete" in kinds
+
+                # Revoked through replica A: replica B, which holds the session, closes it.
+                result(await via_a.post("/v1/enrollment/revoke",
+                                        json={"id": issued["identity_id"]},
+                                        headers=operator))
+                with trio.fail_after(60):
+                    await node.closed.wait()
+                assert node.close_reason == "revoked"
     finally:
         store.close()
         await stop_all(replicas)

@@ -326,6 +326,9 @@ class RemoteSessions(Protocol):
     async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         """Have the replica holding the node's session send the command."""
 
+    async def close(self, node_id: str, reason: CloseReason) -> None:
+        """Have the replica holding the node's session close it."""
+
 
 class SessionHub:
     """The live sessions of this process, by node ID (one per node); commands for a
@@ -366,6 +369,8 @@ class SessionHub:
         session = self._sessions.get(node_id)
         if session is not None:
             await session.close(reason)
+        elif self.remote is not None:
+            await self.remote.close(node_id, reason)
 
     def push_overcommit(self, node_id: str) -> None:
         session = self._sessions.get(node_id)
