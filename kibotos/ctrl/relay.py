@@ -19,9 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 import trio
 from sqlalchemy.orm import Session
 
@@ -34,6 +33,9 @@ from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
 from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable, error_from_wire
 from kibotos.protocol import Args, CloseReason, CreateSpec
+
+if TYPE_CHECKING:  # psycopg is the optional PostgreSQL extra: imported where used
+    import psycopg
 
 log = logging.getLogger("kibotos.ctrl.relay")
 
@@ -218,6 +220,8 @@ class CommandRelay:
     # ------------------------------------------------------------------ listener
 
     def _connect(self) -> psycopg.Connection[Any]:
+        import psycopg
+
         conn = psycopg.connect(self._conninfo, autocommit=True)
         for channel in (q.WORK_CHANNEL, q.DONE_CHANNEL, NODE_CHANNEL):
             conn.execute(f"LISTEN {channel}")
@@ -228,6 +232,8 @@ class CommandRelay:
         return [(n.channel, n.payload) for n in conn.notifies(timeout=POLL_INTERVAL)]
 
     async def _listen(self) -> None:
+        import psycopg
+
         while True:
             try:
                 conn = await trio.to_thread.run_sync(self._connect)
