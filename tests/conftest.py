@@ -16,18 +16,15 @@ pytest-trio's with one that does not jump while a worker thread runs.
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
 import shutil
-import socket
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kibotos.dev import postgres
 from kibotos.testing.clock import ThreadAwareClock
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -48,81 +45,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # ---------------------------------------------------------------------------- PostgreSQL
 
 
-def _pg_bindir() -> Path | None:
-    """The newest server installed by Debian's postgresql package, if any."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                   key=lambda p: int(Path(p).parent.parent.name))
-    return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _PostgresServer:
-    """One throwaway cluster: initdb into a temporary directory, pg_ctl start/stop.
-
-    PostgreSQL refuses to run as root, so as root the server runs as the ``postgres``
-    user the package creates, in a directory handed to that user.
-    """
-
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.dir = Path(tempfile.mkdtemp(prefix="kibotos-pg-"))
-        self.data = self.dir / "data"
-        self.port = _free_port()
-        self.prefix: list[str] = []
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-            self.prefix = ["runuser", "-u", "postgres", "--"]
-
-    def _run(self, *argv: str) -> None:
-        proc = subprocess.run([*self.prefix, *argv], capture_output=True, text=True,
-                              timeout=120, check=False, cwd=self.dir)
-        if proc.returncode != 0:
-            log = self.dir / "server.log"
-            extra = log.read_text()[-3000:] if log.exists() else ""
-            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n"
-                               f"{proc.stdout}{proc.stderr}{extra}")
-
-    def start(self) -> None:
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
-                  "-A", "trust", "-E", "UTF8", "--no-sync")
-        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                "-c max_connections=200")
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l",
-                  str(self.dir / "server.log"), "-o", opts, "-w", "-t", "60", "start")
-
-    def stop(self) -> None:
-        try:
-            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                      "-w", "stop")
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL server for this test session; yields its admin database URL."""
-    bindir = _pg_bindir()
-    if bindir is None:
+    if postgres.bindir() is None:
         message = "PostgreSQL is not installed (apt-get install postgresql)"
         if IN_CI:
             pytest.fail(message + "; .ci/run must install it")
         pytest.skip(message)
-    server = _PostgresServer(bindir)
-    server.start()
+    server = postgres.PostgresServer(Path(tempfile.mkdtemp(prefix="kibotos-pg-")), fast=True)
     try:
+        server.start()
         yield server.url()
     finally:
-        server.stop()
+        try:
+            server.stop(immediate=True)
+        finally:
+            shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.fixture

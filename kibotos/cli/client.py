@@ -10,14 +10,17 @@ library, because httpx's import alone cost every command a quarter of a second.
 Every write carries a ``command_id``: the caller's, or one generated per write call and
 reused by the retries of that call, so a request that reached ctrl but whose answer was
 lost is replayed by ctrl instead of being done twice.  Transport failures are retried a
-few times (reads are safe, writes are replays); HTTP errors are not.
+few times (reads are safe, writes are replays); HTTP errors are not.  Given several
+ctrl URLs (the replicas of one cluster, docs/replicas.md), a transport failure moves to
+the next at once, and the pauses come only after every URL failed; the one that
+answered last is used first for the invocation's next requests.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +33,7 @@ from kibotos.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     Internal,
+    InvalidArgument,
     KibotosError,
     Unavailable,
     error_from_wire,
@@ -71,21 +75,43 @@ class Client:
     and shortens the last requests so the command ends when the user said.
     """
 
-    def __init__(self, base_url: str, credential: str | None, *,
+    def __init__(self, base_url: str | Sequence[str], credential: str | None, *,
                  request_timeout: float = 30.0, deadline: Deadline | None = None,
                  verify: ssl.SSLContext | None = None) -> None:
-        """`verify` checks ctrl's certificate (default: the system trust store, made
-        only for an ``https://`` ctrl); a plain ``http://`` ctrl is refused unless it is
-        on loopback."""
-        self.base_url = base_url.rstrip("/")
+        """`base_url` is one ctrl URL or the replicas' URLs in the order to try them.
+        `verify` checks ctrl's certificate (default: the system trust store, made only
+        for an ``https://`` ctrl); a plain ``http://`` ctrl is refused unless it is on
+        loopback."""
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise InvalidArgument("ctrl_url: at least one URL is needed")
+        self.base_urls = [url.rstrip("/") for url in urls]
         self.request_timeout = request_timeout
         self.deadline = deadline or Deadline(None)
         self._headers = {"User-Agent": "kibo", "Accept": "*/*"}
         if credential:
             self._headers["Authorization"] = f"Bearer {credential}"
-        self._target = Target.parse(self.base_url)
-        require_secure(self.base_url, "ctrl_url")
-        self._http = Connection(self._target, tls=verify)
+        self._targets = [Target.parse(url) for url in self.base_urls]
+        for url in self.base_urls:
+            require_secure(url, "ctrl_url")
+        self._verify = verify
+        self._current = 0
+        self._http = Connection(self._targets[0], tls=verify)
+
+    @property
+    def base_url(self) -> str:
+        """The URL requests go to now."""
+        return self.base_urls[self._current]
+
+    @property
+    def _target(self) -> Target:
+        return self._targets[self._current]
+
+    def _next_url(self) -> None:
+        """Move to the next ctrl URL (after a transport failure on this one)."""
+        self._http.close()
+        self._current = (self._current + 1) % len(self._targets)
+        self._http = Connection(self._targets[self._current], tls=self._verify)
 
     def close(self) -> None:
         self._http.close()
@@ -174,6 +200,7 @@ class Client:
                                  allow_nan=False).encode()
             sent["Content-Type"] = "application/json"
         attempt = 0
+        failed_urls = 0  # in this round of attempts
         while True:
             timeout = self._timeout()
             try:
@@ -194,11 +221,19 @@ class Client:
                         f"verify ({unverified.verify_message}): pin the CA that signed it "
                         "with `kibo enroll --ca-file` (ctrl's <state_dir>/cluster-ca.crt "
                         "unless the operator gave ctrl a certificate)") from None
+                failed_urls += 1
+                if failed_urls < len(self._targets):
+                    self._next_url()  # another replica, at once
+                    continue
                 if attempt < len(RETRY_PAUSES) and not self._would_overrun(attempt):
                     time.sleep(RETRY_PAUSES[attempt])
                     attempt += 1
+                    failed_urls = 0
+                    self._next_url()  # the round starts again where the last did
                     continue
-                raise Unavailable(f"cannot reach ctrl at {self.base_url}: "
+                where = (self.base_url if len(self._targets) == 1
+                         else f"any of {', '.join(self.base_urls)}")
+                raise Unavailable(f"cannot reach ctrl at {where}: "
                                   f"{_describe_transport_error(exc)}") from None
             return Response(answer.status, answer.reason, answer.content)
 

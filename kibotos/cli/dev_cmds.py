@@ -85,10 +85,18 @@ def cluster_group() -> None:
 @click.option("--gateways/--no-gateways", default=True, show_default=True,
               help="Also start the E2B and Exposure gateways (docs/gateways.md) on "
                    "loopback, create an API key and write DIR/e2b.env for the E2B SDKs.")
+@click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite",
+              show_default=True,
+              help="ctrl's store: a SQLite file, or a PostgreSQL server started under "
+                   "DIR/postgres (Debian's postgresql package).")
+@click.option("--ctrl-replicas", type=AsciiInt(1, 5), default=1, show_default=True,
+              help="How many ctrl replicas to run (more than one needs --store "
+                   "postgresql; docs/replicas.md).")
 @_errors
 def up_command(directory: Path, nodes: int, shared_pool: bool, cpu: str, memory: str,
                timeout: float, reconcile_interval: float | None,
-               session_timeout: float | None, test_inputs: bool, gateways: bool) -> None:
+               session_timeout: float | None, test_inputs: bool, gateways: bool,
+               store: str, ctrl_replicas: int) -> None:
     """Start ctrl and the nodes, enroll an operator into DIR/kibo.toml, and wait until
     every node is READY.  Prints the line that points `kibo` at the cluster."""
     from kibotos.dev import DevCluster
@@ -103,6 +111,8 @@ def up_command(directory: Path, nodes: int, shared_pool: bool, cpu: str, memory:
         reconcile_interval=None if reconcile_interval is None else f"{reconcile_interval}s",
         session_timeout=None if session_timeout is None else f"{session_timeout}s",
         test_inputs=test_inputs,
+        store=store,
+        ctrl_replicas=ctrl_replicas,
         log=out.message,
     )
     if gateways:

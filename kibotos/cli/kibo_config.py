@@ -25,6 +25,7 @@ DEFAULT_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class KiboConfig:
+    #: The first of `ctrl_urls`: where requests go while it answers.
     ctrl_url: str
     credential: str | None = None
     timeout: float = DEFAULT_TIMEOUT
@@ -34,6 +35,10 @@ class KiboConfig:
     #: The cluster CA (PEM text) data-plane certificates chain to, as the enrollment
     #: exchange handed it out; `kibo workspace exec` and the others verify against it.
     cluster_ca: str | None = None
+    #: Every ctrl replica's URL, in the order tried (``ctrl_url`` may be a list: a
+    #: connection failure moves to the next, docs/replicas.md); `ctrl_url` alone when
+    #: the file names one.
+    ctrl_urls: tuple[str, ...] = ()
 
 
 def _pem_problem(key: str, value: object) -> str | None:
@@ -57,10 +62,17 @@ def parse(data: dict[str, Any], source: str) -> KiboConfig:
     by its key, as ``invalid configuration SOURCE: key: problem; …``."""
     problems: list[str] = []
     ctrl_url = data.get("ctrl_url")
+    urls: tuple[str, ...] = ()
     if "ctrl_url" not in data:
         problems.append("ctrl_url: Field required")
-    elif not isinstance(ctrl_url, str):
-        problems.append("ctrl_url: Input should be a valid string")
+    elif isinstance(ctrl_url, str):
+        urls = (ctrl_url,)
+    elif isinstance(ctrl_url, list) and ctrl_url and all(isinstance(u, str)
+                                                         for u in ctrl_url):
+        urls = tuple(ctrl_url)
+    else:
+        problems.append("ctrl_url: Input should be a valid string or a non-empty list "
+                        "of strings")
     credential = data.get("credential")
     if credential is not None and not isinstance(credential, str):
         problems.append("credential: Input should be a valid string")
@@ -76,11 +88,11 @@ def parse(data: dict[str, Any], source: str) -> KiboConfig:
                  if key not in ("ctrl_url", "credential", "timeout", "ctrl_ca", "cluster_ca")]
     if problems:
         raise InvalidArgument(f"invalid configuration {source}: {'; '.join(problems)}")
-    assert isinstance(ctrl_url, str)
+    assert urls
     assert isinstance(timeout, int | float)
     assert ctrl_ca is None or isinstance(ctrl_ca, str)
     assert cluster_ca is None or isinstance(cluster_ca, str)
-    return KiboConfig(ctrl_url, credential, float(timeout), ctrl_ca, cluster_ca)
+    return KiboConfig(urls[0], credential, float(timeout), ctrl_ca, cluster_ca, urls)
 
 
 def load(path: Path | str) -> KiboConfig:

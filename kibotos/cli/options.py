@@ -60,7 +60,7 @@ class Invocation:
         """The client for ctrl, built on first use (so bad arguments never load config)."""
         if self._client is None:
             cfg = self.load_config()
-            self._client = Client(cfg.ctrl_url, cfg.credential,
+            self._client = Client(cfg.ctrl_urls or cfg.ctrl_url, cfg.credential,
                                   request_timeout=cfg.timeout, deadline=self.deadline,
                                   verify=None if cfg.ctrl_ca is None
                                   else client_context(cfg.ctrl_ca))

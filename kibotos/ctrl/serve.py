@@ -1,7 +1,8 @@
 """``kibotos ctrl serve``: the ctrl role's lifetime, from opening the store to shutdown.
 
-Start: create the state directory, open and migrate the store, mark every session
-dead (they died with the previous process), load plugins, build the live services once
+Start: create the state directory, open and migrate the store, join the replica set
+(`kibotos.ctrl.replica`: on SQLite, mark every session dead, as they died with the
+previous process; on PostgreSQL, register this replica), load plugins, build the live services once
 (`build_services`: the shared `Runtime` and every service on it), load or issue the
 API's certificate (`kibotos.ctrl.tls`), serve the API with hypercorn's trio worker
 (HTTPS unless ``[tls] enabled = false``), and run reconciliation.  The bound address (``listen`` may
@@ -40,8 +41,9 @@ from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.live.workspace_service import WorkspaceService
 from kibotos.ctrl.live.workspace_tasks import WorkspaceTasks
 from kibotos.ctrl.model import instances as inst_mod
-from kibotos.ctrl.model import session_store
 from kibotos.ctrl.model.placement import CapacityIndex
+from kibotos.ctrl.relay import CommandRelay
+from kibotos.ctrl.replica import Membership
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
 from kibotos.ctrl.store.db import Store, make_engine
@@ -214,14 +216,21 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
     await trio.to_thread.run_sync(_prepare_state_dir, state_dir, address_file)
     store = await open_store(config)
     try:
-        dead = await store.write(partial(session_store.mark_all_dead, now=utcnow()))
-        if dead:
-            log.info("ctrl: %d sessions of the previous process marked dead", dead)
         ctx = build_context(config, store)
         assert isinstance(ctx.sessions, SessionHub)
-        tls = await trio.to_thread.run_sync(prepare_tls, config, ctx)
         hub = ctx.sessions
+        membership = Membership(store, hub, config.ctrl.session_timeout, config.ctrl.listen)
+        await membership.start()
+        tls = await trio.to_thread.run_sync(prepare_tls, config, ctx)
         services = build_services(ctx)
+        services.runtime.holds_lease = membership.holds_lease
+        relay = None
+        if membership.shared:
+            # Commands for nodes whose session another replica holds, and the node
+            # changes other replicas commit (docs/replicas.md).
+            relay = CommandRelay(store, hub, membership.replica_id,
+                                 services.runtime.watch.publish, services.runtime.inflight)
+            hub.remote = relay
         app = build_app(services)
         shutdown = trio.Event()
 
@@ -246,6 +255,9 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
                      store.engine.url.render_as_string(hide_password=True))
             if tls is not None:
                 await nursery.start(tls.run)
+            await nursery.start(membership.run)
+            if relay is not None:
+                await nursery.start(relay.run)
             await nursery.start(run_reconcile, hub, config.ctrl.reconcile_interval)
             await nursery.start(RegistrySweep(
                 ctx, config.ctrl.reconcile_interval,

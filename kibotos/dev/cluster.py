@@ -30,6 +30,7 @@ from kibotos import atomicfile, config, errors
 from kibotos.cli import kibo_config
 from kibotos.dev import gateway as e2b_gateway
 from kibotos.dev import layout as lay
+from kibotos.dev.postgres import PostgresServer
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 from kibotos.dev.units import stop_vmm_units
 from kibotos.tls import local_ctrl
@@ -75,10 +76,16 @@ class DevCluster:
 
     # ------------------------------------------------------------------ services
 
-    def ctrl_service(self) -> Service:
-        cfg = self.layout.ctrl_config
-        return Service("ctrl", (script("kibotos"), "ctrl", "serve", "--config", str(cfg)),
-                       cfg, self.layout.ctrl_dir / "ctrl.log", self.layout.ctrl_dir / "ctrl.pid")
+    def ctrl_service(self, replica: int = 1) -> Service:
+        d = self.layout.replica_dir(replica)
+        cfg = d / "ctrl.toml"
+        name = "ctrl" if replica == 1 else f"ctrl-{replica}"
+        return Service(name, (script("kibotos"), "ctrl", "serve", "--config", str(cfg)),
+                       cfg, d / "ctrl.log", d / "ctrl.pid")
+
+    def ctrl_services(self) -> list[Service]:
+        """Every ctrl replica (one unless ``--ctrl-replicas``)."""
+        return [self.ctrl_service(n) for n in self.layout.replica_numbers()]
 
     def node_service(self, node_id: str) -> Service:
         d = self.layout.node_dir(node_id)
@@ -97,7 +104,7 @@ class DevCluster:
         return [svc for svc in both if svc.config.exists()]
 
     def services(self) -> list[Service]:
-        return [self.ctrl_service(), *(self.node_service(n) for n in self.node_ids()),
+        return [*self.ctrl_services(), *(self.node_service(n) for n in self.node_ids()),
                 *self.gateway_services()]
 
     def node_ids(self) -> list[str]:
@@ -114,6 +121,7 @@ class DevCluster:
            session_timeout: str | None = None, test_inputs: bool = False,
            node_env: Mapping[str, str] | None = None, vmm_backend: str | None = None,
            shared_default: bool = False, vmm_options: Mapping[str, Any] | None = None,
+           store: str = "sqlite", ctrl_replicas: int = 1,
            log: Callable[[str], None] = lambda _msg: None) -> None:
         """Start ctrl and `nodes` nodes and wait until every node is READY.
 
@@ -121,12 +129,21 @@ class DevCluster:
         `node_env` naming the test plugin module and its path; `vmm_options` its
         ``[vmm.<backend>]`` table); `shared_default` makes
         the shared pool every node's default pool, so new Workspaces can move.
+        `store` ``postgresql`` starts a PostgreSQL server under DIR/postgres for ctrl;
+        `ctrl_replicas` > 1 (PostgreSQL only) starts that many ctrl replicas, the nodes
+        spread over them and DIR/kibo.toml listing them all (docs/replicas.md).
 
         On failure everything started is stopped again and the files are kept for a
         look at the logs; the error names the failing process, its status and log tail.
         """
         if nodes < 1:
             raise errors.InvalidArgument(f"--nodes must be at least 1, got {nodes}")
+        if store not in ("sqlite", "postgresql"):
+            raise errors.InvalidArgument(f"--store must be sqlite or postgresql, got {store!r}")
+        if ctrl_replicas < 1 or (ctrl_replicas > 1 and store != "postgresql"):
+            raise errors.InvalidArgument(
+                f"--ctrl-replicas {ctrl_replicas}: several replicas need --store postgresql"
+                if ctrl_replicas > 1 else "--ctrl-replicas must be at least 1")
         if self.running():
             raise ClusterError(f"a dev cluster is already running in {self.dir} "
                                f"({', '.join(self.running())}); stop it with "
@@ -138,17 +155,32 @@ class DevCluster:
         deadline = time.monotonic() + self.timeout
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
+            database_url = ""
+            if store == "postgresql":
+                server = PostgresServer(self.layout.postgres_dir)
+                log(f"starting PostgreSQL (log {server.log})")
+                server.start()
+                database_url = server.create_database("kibotos")
             lay.write_ctrl_config(self.layout, listen="127.0.0.1:0",
                                   reconcile_interval=reconcile_interval,
-                                  session_timeout=session_timeout)
+                                  session_timeout=session_timeout, database_url=database_url)
             log(f"starting ctrl (log {self.ctrl_service().log})")
             url = self.start_ctrl(deadline=deadline)
             self._pin_ctrl_port(url)
             log(f"ctrl is up at {url}; enrolling the operator into {self.layout.kibo_config}")
             self._enroll_operator(url)
+            urls = [url]
+            for replica in range(2, ctrl_replicas + 1):
+                lay.write_replica_config(self.layout, replica)
+                log(f"starting ctrl replica {replica} (log {self.ctrl_service(replica).log})")
+                urls.append(self.start_ctrl(deadline=deadline, replica=replica))
+                self._pin_ctrl_port(urls[-1], replica)
+            if len(urls) > 1:
+                self._list_replicas_for_kibo(urls)
             ids = [f"node-{i}" for i in range(1, nodes + 1)]
-            for node_id in ids:
-                lay.write_node_config(self.layout, node_id, ctrl_url=url, cpu=cpu,
+            for i, node_id in enumerate(ids):
+                lay.write_node_config(self.layout, node_id, ctrl_url=urls[i % len(urls)],
+                                      cpu=cpu,
                                       ctrl_ca_file=self.ctrl_ca_file(),
                                       memory=memory, shared_pool=shared_pool,
                                       test_inputs=test_inputs, vmm_backend=vmm_backend,
@@ -176,7 +208,9 @@ class DevCluster:
         for svc in nodes:
             self._stop_dataplane(svc)
             stopped += stop_vmm_units(svc.config, timeout=grace)
-        stopped += self._sup.stop([self.ctrl_service()], grace)
+        stopped += self._sup.stop(self.ctrl_services(), grace)
+        if self.layout.postgres_dir.is_dir():
+            PostgresServer(self.layout.postgres_dir).stop()
         return stopped
 
     def _stop_dataplane(self, svc: Service) -> list[str]:
@@ -211,6 +245,8 @@ class DevCluster:
             except (errors.KibotosError, httpx.HTTPError, KeyError, TypeError):
                 pass  # ctrl unreachable or not answering: status unknown
         out = [ProcessStatus("ctrl", ctrl_pid, None)]
+        out += [ProcessStatus(svc.name, self._sup.pid(svc), None)
+                for svc in self.ctrl_services()[1:]]
         for node_id in self.node_ids():
             pid = self._sup.pid(self.node_service(node_id))
             out.append(ProcessStatus(node_id, pid, statuses.get(node_id)))
@@ -261,17 +297,19 @@ class DevCluster:
         return kibo_config.load(self.layout.kibo_config).ctrl_url
 
     def start_ctrl(self, *, deadline: float | None = None,
-                   env: Mapping[str, str] | None = None) -> str:
-        """Start ctrl and wait for its listen address and ``/v1/health``; return its URL."""
+                   env: Mapping[str, str] | None = None, replica: int = 1) -> str:
+        """Start ctrl (replica `replica`) and wait for its listen address and
+        ``/v1/health``; return its URL."""
         deadline = deadline or time.monotonic() + self.timeout
-        svc = self.ctrl_service()
+        svc = self.ctrl_service(replica)
         if self._sup.pid(svc) is not None:
-            raise ClusterError(f"ctrl of {self.dir} is already running")
-        self.layout.listen_address_file.unlink(missing_ok=True)
+            raise ClusterError(f"{svc.name} of {self.dir} is already running")
+        address_file = self._listen_address_file(replica)
+        address_file.unlink(missing_ok=True)
         self._sup.start(svc, env)
         address = self._wait(
-            lambda: self._read_listen_address(svc), deadline,
-            lambda: f"ctrl wrote no {self.layout.listen_address_file}", svc)
+            lambda: self._read_listen_address(address_file), deadline,
+            lambda: f"{svc.name} wrote no {address_file}", svc)
         ctrl_config = config.load(config.CtrlConfig, svc.config)
         url = local_ctrl.ctrl_url(ctrl_config, address)
 
@@ -288,6 +326,18 @@ class DevCluster:
     def stop_ctrl(self, grace: float = DEFAULT_GRACE) -> None:
         self._sup.stop([self.ctrl_service()], grace)
 
+    def _listen_address_file(self, replica: int) -> Path:
+        if replica == 1:
+            return self.layout.listen_address_file
+        return self.layout.replica_dir(replica) / "state" / self.layout.listen_address_file.name
+
+    def _list_replicas_for_kibo(self, urls: list[str]) -> None:
+        """Make DIR/kibo.toml's ``ctrl_url`` the list of every replica's URL."""
+        path = self.layout.kibo_config
+        listed = "ctrl_url = [" + ", ".join(f'"{u}"' for u in urls) + "]"
+        text = re.sub(r"(?m)^ctrl_url = .*$", lambda _m: listed, path.read_text(), count=1)
+        atomicfile.write_bytes(path, text.encode(), mode=0o600)
+
     def restart_ctrl(self, *, wait_nodes: bool = True) -> None:
         """Stop ctrl (SIGTERM) and start it again on the same address; by default wait
         until every running node has a live control session again."""
@@ -299,19 +349,20 @@ class DevCluster:
                 if self._sup.pid(self.node_service(node_id)) is not None:
                     self._wait_one(node_id, None, deadline)
 
-    def _read_listen_address(self, svc: Service) -> str | None:
+    def _read_listen_address(self, address_file: Path) -> str | None:
         try:
-            text = self.layout.listen_address_file.read_text().strip()
+            text = address_file.read_text().strip()
         except FileNotFoundError:
             return None
         return text or None
 
-    def _pin_ctrl_port(self, url: str) -> None:
+    def _pin_ctrl_port(self, url: str, replica: int = 1) -> None:
         """Rewrite ctrl.toml with the port ctrl bound, so a restart keeps the address."""
-        with open(self.layout.ctrl_config, "rb") as f:
+        path = self.ctrl_service(replica).config
+        with open(path, "rb") as f:
             doc = tomllib.load(f)
         doc["ctrl"]["listen"] = url.split("://", 1)[1].rstrip("/")
-        lay.write_config(self.layout.ctrl_config, config.CtrlConfig, doc, lay.CTRL_HEADER)
+        lay.write_config(path, config.CtrlConfig, doc, lay.CTRL_HEADER)
 
     def _enroll_operator(self, url: str) -> None:
         grant = self._run([script("kibotos"), "ctrl", "grant", "--config",

@@ -4,6 +4,8 @@
 
     DIR/kibo.toml                     the operator's CLI config (written by `kibo enroll`)
     DIR/ctrl/ctrl.toml ctrl.log ctrl.pid state/
+    DIR/ctrl-<n>/ …                   with `--ctrl-replicas N`: replicas 2 … N, alike
+    DIR/postgres/ DIR/artifacts/      with `--store postgresql`: the shared store, blobs
     DIR/nodes/<id>/node.toml node.log node.pid grant root/ pool/
     DIR/nodes/<id>/clock-skew proc/   test inputs, only with `test_inputs`
     DIR/shared-pool/                  with `--shared-pool`: one pool all nodes attach
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import socket
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,18 @@ class Layout:
     #: Written by ``kibotos ctrl serve`` once it has bound its socket.
     listen_address_file = Below("ctrl_state", "listen-address")
     shared_pool = Below("root", "shared-pool")
+    #: The PostgreSQL server of ``--store postgresql``.
+    postgres_dir = Below("root", "postgres")
+
+    def replica_dir(self, replica: int) -> Path:
+        """ctrl replica 1 is DIR/ctrl; the others (``--ctrl-replicas``) DIR/ctrl-<n>."""
+        return self.ctrl_dir if replica == 1 else self.root / f"ctrl-{replica}"
+
+    def replica_numbers(self) -> list[int]:
+        """1, then the other replicas this cluster has (by their configs)."""
+        others = [int(p.name.removeprefix("ctrl-")) for p in self.root.glob("ctrl-*")
+                  if p.name.removeprefix("ctrl-").isdigit() and (p / "ctrl.toml").is_file()]
+        return [1, *sorted(others)]
 
     def node_dir(self, node_id: str) -> Path:
         return self.root / "nodes" / node_id
@@ -135,8 +150,12 @@ def free_port() -> int:
 
 
 def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | None,
-                      session_timeout: str | None) -> None:
+                      session_timeout: str | None, database_url: str = "") -> None:
     section: dict[str, Any] = {"listen": listen, "state_dir": layout.ctrl_state}
+    if database_url:
+        # Replicas share the store and the artifact directory (docs/replicas.md).
+        section["database_url"] = database_url
+        section["artifact_dir"] = layout.root / "artifacts"
     if reconcile_interval:
         section["reconcile_interval"] = reconcile_interval
     if session_timeout:
@@ -302,3 +321,19 @@ def write_meminfo(proc_root: Path, *, total_bytes: int, available_bytes: int) ->
             out.append(line)
     out.extend(f"{k}:{v:>16} kB" for k, v in values.items() if k not in seen)
     atomicfile.write_bytes(path, ("\n".join(out) + "\n").encode())
+
+
+def write_replica_config(layout: Layout, replica: int) -> Path:
+    """ctrl replica `replica`'s config: replica 1's with a port of its own and a state
+    directory holding copies of replica 1's shared keys (run after replica 1 started,
+    which makes them)."""
+    from kibotos.ctrl.replica import copy_shared_keys
+
+    with open(layout.ctrl_config, "rb") as f:
+        doc = tomllib.load(f)
+    state = layout.replica_dir(replica) / "state"
+    copy_shared_keys(layout.ctrl_state, state)
+    doc["ctrl"].update(listen="127.0.0.1:0", state_dir=str(state))
+    path = layout.replica_dir(replica) / "ctrl.toml"
+    write_config(path, config.CtrlConfig, doc, CTRL_HEADER)
+    return path

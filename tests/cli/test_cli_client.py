@@ -101,3 +101,46 @@ def test_success_without_result_is_internal(kibo, fake_ctrl):
     result = kibo("node", "get", "node-a")
     assert result.exit_code == 1
     assert "no result" in result.stderr
+
+
+def _refusing_url() -> str:
+    """A loopback URL nothing listens on (the port was free a moment ago)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_several_ctrl_urls_move_on_at_a_connection_failure(tmp_path, fake_ctrl):
+    dead = _refusing_url()
+    fake_ctrl.route("GET", "/v1/nodes/node-a", (200, {"result": node()}))
+    fake_ctrl.route("POST", "/v1/nodes/node-a/drain", (200, {"result": node()}))
+    path = tmp_path / "kibo.toml"
+    path.write_text(f'ctrl_url = ["{dead}", "{fake_ctrl.url}"]\n')
+    result = invoke(path, "node", "get", "node-a")
+    assert result.exit_code == 0, result.stderr
+    # The write that reached the answering replica went there once, with the command
+    # ID it would carry to any replica.
+    with Client([dead, fake_ctrl.url], None) as client:
+        client.post("/v1/nodes/node-a/drain", {"command_id": "drain-1"})
+        assert client.base_url == fake_ctrl.url
+        client.get("/v1/nodes/node-a")  # goes to the replica that answered last
+    assert [r.body.get("command_id") for r in fake_ctrl.sent("POST")] == ["drain-1"]
+    assert len(fake_ctrl.sent("GET")) == 2
+
+
+def test_every_ctrl_url_failing_is_unavailable_naming_them(tmp_path):
+    first, second = _refusing_url(), _refusing_url()
+    path = tmp_path / "kibo.toml"
+    path.write_text(f'ctrl_url = ["{first}", "{second}"]\n')
+    result = invoke(path, "node", "list")
+    assert result.exit_code == 17
+    assert f"cannot reach ctrl at any of {first}, {second}" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["[]", "[1]", "7", '["https://a:1", 2]'])
+def test_ctrl_url_must_be_a_string_or_a_list_of_them(tmp_path, value):
+    path = tmp_path / "kibo.toml"
+    path.write_text(f"ctrl_url = {value}\n")
+    result = invoke(path, "node", "list")
+    assert result.exit_code == 10
+    assert "ctrl_url: Input should be a valid string or a non-empty list" in result.stderr

@@ -30,8 +30,14 @@ def vm_test_cache(tools: Sequence[str], what: str, root_for: str) -> Path:
 
 def remove_short_links_into(directory: Path) -> None:
     """The dev cluster keeps short /tmp links to storage roots whose socket paths would
-    be too long (kibotos.dev.layout); a test's cluster directory goes away with the test,
-    so its links go too."""
+    be too long (kibotos.dev.layout), and, as root, its PostgreSQL server's files under
+    /tmp; a test's cluster directory goes away with the test, so they go too."""
     for link in Path("/tmp").glob("kibotos-dev-*"):
         if link.is_symlink() and Path(os.readlink(link)).is_relative_to(directory):
             link.unlink(missing_ok=True)
+    # The other way round: a PostgreSQL server run as root keeps its files under /tmp,
+    # linked from the cluster directory (kibotos.dev.postgres).
+    for link in directory.glob("**/postgres"):
+        target = Path(os.readlink(link)) if link.is_symlink() else None
+        if target is not None and target.name.startswith("kibotos-pg-"):
+            shutil.rmtree(target, ignore_errors=True)

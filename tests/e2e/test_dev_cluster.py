@@ -146,7 +146,9 @@ def test_status_of_a_directory_without_a_cluster(tmp_path):
 def test_bad_options_are_refused_before_anything_is_written(tmp_path):
     d = tmp_path / "c"
     for args, code in ((("--nodes", "0"), 2), (("--timeout", "soon"), 2),
-                       (("--memory", "lots"), 10), (("--cpu", "-1"), 10)):
+                       (("--memory", "lots"), 10), (("--cpu", "-1"), 10),
+                       (("--store", "mysql"), 2), (("--ctrl-replicas", "0"), 2),
+                       (("--ctrl-replicas", "2"), 10)):
         proc = _kibotos("dev", "cluster", "up", "--dir", str(d), *args)
         assert proc.returncode == code, (args, proc.stderr)
         assert not d.exists() or not any(d.iterdir()), args

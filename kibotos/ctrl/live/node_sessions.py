@@ -157,8 +157,13 @@ class NodeSession:
 
     async def call(self, args: Args, timeout: float) -> dict[str, Any]:
         """Send the command whose arguments `args` are and wait for its result."""
+        return await self.call_wire(args.KIND, args.to_wire(), timeout)
+
+    async def call_wire(self, kind: str, args: dict[str, Any], timeout: float
+                        ) -> dict[str, Any]:
+        """`call` with the command as it travels (another replica relayed it)."""
         waiter = await self.request(
-            lambda i: Command(id=i, kind=args.KIND, args=args.to_wire()), timeout)
+            lambda i: Command(id=i, kind=kind, args=args), timeout)
         assert waiter.value is not None
         result = parse(CommandResult, waiter.value)
         if not result.ok:
@@ -312,14 +317,32 @@ class SessionObserver(Protocol):
     async def session_ended(self, node_id: str) -> None: ...
 
 
+class RemoteSessions(Protocol):
+    """The sessions other ctrl replicas hold (`kibotos.ctrl.relay.CommandRelay`)."""
+
+    def is_alive_elsewhere(self, node_id: str) -> bool:
+        """Whether another live replica holds the node's live session (as last read)."""
+
+    async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
+        """Have the replica holding the node's session send the command."""
+
+    async def close(self, node_id: str, reason: CloseReason) -> None:
+        """Have the replica holding the node's session close it."""
+
+
 class SessionHub:
-    """The live sessions of this process, by node ID (one per node)."""
+    """The live sessions of this process, by node ID (one per node); commands for a
+    node whose session another replica holds go through `remote`."""
 
     def __init__(self, store: Store, settings: CtrlSection,
                  now: Callable[[], datetime]) -> None:
         self.store = store
         self.settings = settings
         self.now = now
+        #: The ctrl replica this hub's sessions are recorded under (several replicas
+        #: on PostgreSQL, `kibotos.ctrl.replica`); None for a lone ctrl on SQLite.
+        self.replica_id: str | None = None
+        self.remote: RemoteSessions | None = None
         self._sessions: dict[str, NodeSession] = {}
         self.observers: list[SessionObserver] = []
         #: Sent in every welcome so the node's data plane can verify session
@@ -339,12 +362,15 @@ class SessionHub:
     # ------------------------------------------------------ SessionRegistry protocol
 
     def is_alive(self, node_id: str) -> bool:
-        return node_id in self._sessions
+        return node_id in self._sessions or (
+            self.remote is not None and self.remote.is_alive_elsewhere(node_id))
 
     async def close(self, node_id: str, reason: CloseReason) -> None:
         session = self._sessions.get(node_id)
         if session is not None:
             await session.close(reason)
+        elif self.remote is not None:
+            await self.remote.close(node_id, reason)
 
     def push_overcommit(self, node_id: str) -> None:
         session = self._sessions.get(node_id)
@@ -354,6 +380,8 @@ class SessionHub:
     async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         session = self._sessions.get(node_id)
         if session is None:
+            if self.remote is not None:
+                return await self.remote.call(node_id, args, timeout)
             raise Unavailable(f"node {node_id} has no live control session")
         return await session.call(args, timeout)
 
@@ -388,7 +416,7 @@ class SessionHub:
         session_id = ids.new_id("ses")
         verdict = await self.store.write(partial(
             ss.evaluate_hello, identity_id=caller.identity_id, hello=hello,
-            session_id=session_id, now=self.now()))
+            session_id=session_id, now=self.now(), replica_id=self.replica_id))
         if not verdict.accepted:
             log.info("node %s incarnation %d rejected: %s (%s)", hello.node_id,
                      hello.incarnation, verdict.reason, verdict.message)

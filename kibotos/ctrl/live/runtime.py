@@ -57,6 +57,10 @@ class Runtime:
         #: The services' resumptions (Workspace stops and deletes, Volumes, object
         #: operations), in the order they were added; run by every `sweep`.
         self._sweepers: list[Sweeper] = []
+        #: Whether this ctrl may resume pending work now: with several replicas on
+        #: PostgreSQL only the lease holder does (`kibotos.ctrl.replica`), so two
+        #: replicas never resume the same operation; a lone ctrl always may.
+        self.holds_lease: Callable[[], bool] = lambda: True
         self._node_changed = trio.Event()
         self._loading: list[list[Change]] | None = None
 
@@ -143,7 +147,10 @@ class Runtime:
         self._sweepers.append(sweeper)
 
     async def sweep(self) -> None:
-        """Resume every pending operation that has no task (each sweeper's part)."""
+        """Resume every pending operation that has no task (each sweeper's part); only
+        on the lease holder."""
+        if not self.holds_lease():
+            return
         for sweeper in self._sweepers:
             await sweeper()
 

@@ -54,6 +54,12 @@ class StoreWatch:
         self._token = None
         self._pending.clear()
 
+    def publish(self, batch: list[Change]) -> None:
+        """Hand changes committed elsewhere (another ctrl replica's, read back from the
+        store: `kibotos.ctrl.relay`) to the subscribers, after what is pending here."""
+        self.drain()
+        self._deliver(batch)
+
     def drain(self) -> None:
         """Hand every committed snapshot to the subscribers (trio thread only)."""
         if not self._pending:
@@ -61,6 +67,9 @@ class StoreWatch:
         batch: list[Change] = []
         while self._pending:
             batch.append(self._pending.popleft())
+        self._deliver(batch)
+
+    def _deliver(self, batch: list[Change]) -> None:
         for fn in self._subscribers:
             try:
                 fn(batch)

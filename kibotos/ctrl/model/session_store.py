@@ -55,10 +55,11 @@ def _apply_report(node: Node, report: ReportFields, now: datetime) -> None:
 
 
 def evaluate_hello(session: Session, identity_id: str, hello: Hello, session_id: str,
-                   now: datetime) -> Verdict:
+                   now: datetime, replica_id: str | None = None) -> Verdict:
     """Accept or reject a node's hello.  Order matters: an isolated incarnation is told
     so first (the node must destroy its Instances even if it was also retired or
-    revoked since), then retirement, revocation, and stale incarnations."""
+    revoked since), then retirement, revocation, and stale incarnations.  `replica_id`
+    names the ctrl replica that holds the session (None: a lone ctrl on SQLite)."""
     identity = session.get(Identity, identity_id)
     if identity is None or identity.node_id != hello.node_id:
         owner = identity.node_id if identity is not None else None
@@ -99,6 +100,7 @@ def evaluate_hello(session: Session, identity_id: str, hello: Hello, session_id:
     node.incarnation = inc
     node.session_id = session_id
     node.session_alive = True
+    node.session_replica = replica_id
     node.session_started_at = now
     node.session_ended_at = None
     node.release_version = hello.release_version

@@ -75,6 +75,8 @@ class Node(Base):
     incarnation: Mapped[int | None] = mapped_column(BigInteger)
     session_id: Mapped[str | None] = mapped_column(String(40))
     session_alive: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: The ctrl replica holding the session (`CtrlReplica`); ended when that one is gone.
+    session_replica: Mapped[str | None] = mapped_column(String(40))
     session_started_at: Mapped[datetime | None]
     session_ended_at: Mapped[datetime | None]
     release_version: Mapped[str | None] = mapped_column(String(64))
@@ -466,6 +468,53 @@ class ApiKey(Base):
     created_at: Mapped[datetime]
     created_by: Mapped[str | None] = mapped_column(String(40))
     revoked_at: Mapped[datetime | None]
+
+
+class CtrlReplica(Base):
+    """A running ctrl process sharing this store (docs/replicas.md).  Its heartbeat is
+    the database's clock; a row whose heartbeat is older than the session timeout is a
+    replica that is gone, whose node sessions are ended and whose row is deleted."""
+
+    __tablename__ = "ctrl_replicas"
+
+    replica_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    listen: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+
+
+class CtrlLease(Base):
+    """The singleton lease: which replica runs the singleton work until `expires_at`
+    (the database's clock).  `token` grows by one at every change of holder: the
+    fencing token that the holder's writes check, so a holder that stalled past its
+    expiry cannot write after another took over."""
+
+    __tablename__ = "ctrl_lease"
+
+    name: Mapped[str] = mapped_column(String(40), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(40))
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime | None]
+
+
+class RelayedCommand(Base):
+    """A node command sent through a replica that does not hold the node's session,
+    waiting for the replica that does (`kibotos.ctrl.store.relay_queue`).  `state`:
+    ``queued`` → ``taken`` (the holder sent it) → ``done`` (`result` or `error` set).
+    The sender deletes the row once it has read the outcome or given up."""
+
+    __tablename__ = "relayed_commands"
+
+    relay_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(63))
+    replica_id: Mapped[str] = mapped_column(String(40), index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    args: Mapped[dict[str, Any]]
+    timeout_s: Mapped[float]
+    state: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any] | None]
+    error: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime]
 
 
 R = TypeVar("R", bound=Base)
