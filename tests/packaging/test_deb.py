@@ -2,7 +2,7 @@
 packaging/deb/build.sh (tests/packaging/conftest.py), then checked from the outside.
 
 * control fields and conffiles of each package (`dpkg-deb -f`, the control archive);
-* the file list of all five together: the three commands as links into the venv,
+* the file list of all six together: the three commands as links into the venv,
   every built-in plugin, the guest agent files the node's runtime installations need,
   every unit and slice of contrib/systemd (byte for byte), the example configs,
   nothing naming the build tree; each role's files in its own package;
