@@ -17,7 +17,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 #: The binary packages by role (debian/control).
 PACKAGES = ("kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli",
-            "kibotos-e2b-gateway")
+            "kibotos-e2b-gateway", "kibotos-exposure-gateway")
 
 
 @pytest.fixture(scope="session")

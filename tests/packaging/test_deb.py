@@ -2,7 +2,7 @@
 packaging/deb/build.sh (tests/packaging/conftest.py), then checked from the outside.
 
 * control fields and conffiles of each package (`dpkg-deb -f`, the control archive);
-* the file list of all five together: the three commands as links into the venv,
+* the file list of all six together: the three commands as links into the venv,
   every built-in plugin, the guest agent files the node's runtime installations need,
   every unit and slice of contrib/systemd (byte for byte), the example configs,
   nothing naming the build tree; each role's files in its own package;
@@ -112,7 +112,7 @@ def test_control_fields_and_conffiles(debs: dict[str, Path], control: dict[str, 
         assert _field(deb, "Package") == name
         assert _field(deb, "Version") == version
         assert _field(deb, "Architecture") == ("amd64" if name == "kibotos-common" else "all")
-        if name != "kibotos-e2b-gateway":  # the old single package had no gateway
+        if not name.endswith("-gateway"):  # the old single package had no gateway
             assert "kibotos" in _field(deb, "Conflicts").split(", "), name
         if name != "kibotos-common":
             assert f"kibotos-common (= {version})" in _field(deb, "Depends"), name
@@ -126,7 +126,8 @@ def test_control_fields_and_conffiles(debs: dict[str, Path], control: dict[str, 
     assert conffiles == {"kibotos-common": [], "kibotos-cli": [],
                          "kibotos-node": ["/etc/kibotos/node/config.toml"],
                          "kibotos-ctrl": ["/etc/kibotos/ctrl.toml"],
-                         "kibotos-e2b-gateway": ["/etc/kibotos/e2b-gateway.toml"]}
+                         "kibotos-e2b-gateway": ["/etc/kibotos/e2b-gateway.toml"],
+                         "kibotos-exposure-gateway": ["/etc/kibotos/exposure-gateway.toml"]}
     # kibotos-common breaks every other version of each role package (docs/packaging.md,
     # "Package ordering").
     breaks = _field(debs["kibotos-common"], "Breaks")
@@ -143,15 +144,17 @@ def test_each_role_package_holds_its_own_files(debs: dict[str, Path]) -> None:
                                  text=True, check=True).stdout
         return {line.split()[5].removeprefix(".") for line in listing.splitlines()
                 if not line.startswith("d")}
-    common, node, ctrl, cli, gateway = (files(n) for n in (
-        "kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli",
-        "kibotos-e2b-gateway"))
+    common, node, ctrl, cli = (files(n) for n in (
+        "kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli"))
+    gateways = [files(f"kibotos-{kind}-gateway") for kind in ("e2b", "exposure")]
     assert any(f.startswith("/usr/lib/kibotos/venv/") for f in common)
-    assert gateway == {"/lib/systemd/system/kibotos-e2b-gateway.service",
-                       "/etc/kibotos/e2b-gateway.toml",
-                       "/usr/share/doc/kibotos-e2b-gateway/changelog.gz",
-                       "/usr/share/doc/kibotos-e2b-gateway/copyright"}, gateway
-    for role in (node, ctrl, cli, gateway):
+    for kind, gateway in zip(("e2b", "exposure"), gateways, strict=True):
+        package = f"kibotos-{kind}-gateway"
+        assert gateway == {f"/lib/systemd/system/{package}.service",
+                           f"/etc/kibotos/{kind}-gateway.toml",
+                           f"/usr/share/doc/{package}/changelog.gz",
+                           f"/usr/share/doc/{package}/copyright"}, gateway
+    for role in (node, ctrl, cli, *gateways):
         assert not any(f.startswith("/usr/lib/kibotos/venv/") for f in role)
     assert "/usr/bin/kibotos" in common
     assert {"/usr/bin/kibotos-node", "/usr/lib/kibotos/node",
@@ -202,7 +205,7 @@ def test_units_slices_and_configs(root: Path) -> None:
     for name in shipped:
         assert ((root / "lib/systemd/system" / name).read_bytes()
                 == (REPO / "contrib/systemd" / name).read_bytes()), name
-    for conf in ("ctrl.toml", "e2b-gateway.toml"):
+    for conf in ("ctrl.toml", "e2b-gateway.toml", "exposure-gateway.toml"):
         assert (root / "etc/kibotos" / conf).read_bytes() == (
             REPO / "debian/conf" / conf).read_bytes(), conf
     assert (root / "etc/kibotos/node/config.toml").is_file()
@@ -309,6 +312,8 @@ assert kibotos.__file__.startswith({str(root / SITE)!r}), kibotos.__file__
 config.load(config.CtrlConfig, {str(root / "etc/kibotos/ctrl.toml")!r})
 from kibotos.gateway.e2b.config import GatewayConfig
 config.load(GatewayConfig, {str(root / "etc/kibotos/e2b-gateway.toml")!r})
+from kibotos.gateway.exposure.config import ExposureConfig
+config.load(ExposureConfig, {str(root / "etc/kibotos/exposure-gateway.toml")!r})
 node = config.load(config.NodeConfig, {str(root / "etc/kibotos/node/config.toml")!r})
 assert node.supervisor.backend == "systemd", node.supervisor
 names = installations.required_files()
@@ -382,7 +387,7 @@ def test_scripts_never_start_enable_or_stop_slices(control: dict[str, Path]) -> 
     assert "__pycache__" in scripts[("kibotos-common", "prerm")]
     stops = sorted(k for k, t in scripts.items() if "deb-systemd-invoke stop" in t)
     assert stops == [("kibotos-ctrl", "prerm"), ("kibotos-e2b-gateway", "prerm"),
-                     ("kibotos-node", "prerm")], stops
+                     ("kibotos-exposure-gateway", "prerm"), ("kibotos-node", "prerm")], stops
     # The spec's checks, with the installed binary.
     for operation in ("upgrade", "remove"):
         assert f"check {operation}" in prerm, operation

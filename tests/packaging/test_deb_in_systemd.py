@@ -1,7 +1,7 @@
 """The packages on a booted systemd, as an operator uses them: one Debian 12 nspawn
 container (tests/packaging/nspawn_container.py) for every step, in order.
 
-1. ``apt install ./*.deb`` of the five packages: nothing is enabled or started, the
+1. ``apt install ./*.deb`` of the six packages: nothing is enabled or started, the
    accounts exist (``kibotos-vmm`` in ``kvm``, ``kibotos-egress``).
 2. ctrl and one node configured from the shipped configs (a pool directory, the
    node's grant, an operator enrolled with ``kibo``), the units enabled: the node is
@@ -23,7 +23,7 @@ container (tests/packaging/nspawn_container.py) for every step, in order.
 5. ``apt remove kibotos-node`` while the Workspace runs and the Volume exists is refused
    by the check, and the node it stopped for the check runs again; after both are
    deleted the removal passes and no ``kibotos-dataplane-*`` or VMM unit remains.
-6. ``apt purge`` of all five leaves no file of the packages; the storage root, the pool,
+6. ``apt purge`` of all six leaves no file of the packages; the storage root, the pool,
    ctrl's store and the accounts stay (docs/uninstall.md).
 
 The three versions are the built packages repacked (``dpkg-deb -R``, the versions in
@@ -159,7 +159,8 @@ def test_install_configure_upgrade_remove_purge(container: Container) -> None:
     assert "kvm" in box.run(["id", "-nG", "kibotos-vmm"]).stdout.split()
     box.run(["getent", "passwd", "kibotos-egress"])
     box.run("test -d /usr/lib/kibotos/venv/lib/python3.11/site-packages/kibotos/__pycache__")
-    names = "kibotos-node kibotos-ctrl kibotos-cli kibotos-e2b-gateway kibotos-common"
+    names = ("kibotos-node kibotos-ctrl kibotos-cli kibotos-e2b-gateway "
+             "kibotos-exposure-gateway kibotos-common")
     box.run(f"dpkg -L {names} > /root/package-files")
 
     # 2. ctrl and the node from the shipped configs, enabled by the operator.

@@ -22,7 +22,8 @@ SCRIPTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "debian").iterdir()
 SCRIPTS += ["debian/build-venv.sh", "debian/completions.sh", "packaging/deb/build.sh"]
 #: The binary packages by role (docs/packaging.md), in debian/control's order.
 PACKAGES = ["kibotos-common", "kibotos-node", "kibotos-ctrl", "kibotos-cli",
-            "kibotos-e2b-gateway"]
+            "kibotos-e2b-gateway", "kibotos-exposure-gateway"]
+GATEWAYS = ["kibotos-e2b-gateway", "kibotos-exposure-gateway"]
 
 
 def _pins() -> dict[str, str]:
@@ -79,7 +80,7 @@ def test_every_unit_file_is_shipped_and_no_slice_is_handled_by_debhelper() -> No
     node = (REPO / "debian/kibotos-node.install").read_text()
     assert "contrib/systemd/*.slice lib/systemd/system/" in node
     services = {"kibotos-node": "kibotos-node.service", "kibotos-ctrl": "kibotos-ctrl.service",
-                "kibotos-e2b-gateway": "kibotos-e2b-gateway.service"}
+                **{gateway: f"{gateway}.service" for gateway in GATEWAYS}}
     for package, unit in services.items():
         install = (REPO / f"debian/{package}.install").read_text()
         assert f"contrib/systemd/{unit} lib/systemd/system/" in install, package
@@ -93,6 +94,19 @@ def test_every_unit_file_is_shipped_and_no_slice_is_handled_by_debhelper() -> No
         assert ".slice" not in call
         assert "--no-enable" in call
         assert "--no-start" in call
+
+
+def test_the_gateways_share_their_maintainer_scripts() -> None:
+    """One prerm and one postrm serve every gateway package (they read the package's
+    name from dpkg), and the postrm knows each gateway's credential file."""
+    postrm = (REPO / "debian/gateway.postrm").read_text()
+    for gateway in GATEWAYS:
+        for script in ("prerm", "postrm"):
+            link = REPO / f"debian/{gateway}.{script}"
+            assert link.is_symlink(), link
+            assert os.readlink(link) == f"gateway.{script}", link
+        kind = gateway.removeprefix("kibotos-").removesuffix("-gateway")
+        assert f"{gateway}) credential=/etc/kibotos/gateway-{kind}.credential" in postrm
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

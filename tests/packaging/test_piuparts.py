@@ -1,5 +1,5 @@
 """piuparts on the built packages (tests/packaging/conftest.py builds them once):
-install and purge of all five, and an upgrade from the previous release, each in a
+install and purge of all six, and an upgrade from the previous release, each in a
 fresh Debian 12 chroot with no systemd booted.
 
 piuparts records the chroot, installs, removes and purges, and fails on any file the

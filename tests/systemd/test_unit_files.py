@@ -62,6 +62,7 @@ def verify(root: Path, *units: str) -> subprocess.CompletedProcess[str]:
 def test_the_shipped_units_are_the_ones_this_test_knows():
     assert UNITS == ["kibotos-ctrl.service", "kibotos-dataplane.slice",
                      "kibotos-e2b-gateway.service", "kibotos-egress.slice",
+                     "kibotos-exposure-gateway.service",
                      "kibotos-node.service", "kibotos-vmm.slice", "kibotos.slice"]
 
 
@@ -108,27 +109,32 @@ def test_the_ctrl_service_runs_ctrl_serve():
     assert ctrl["Restart"] == ["on-failure"]
 
 
-def test_the_e2b_gateway_service_runs_unprivileged_with_the_shipped_config():
-    """Its own systemd-allocated user, no capabilities; the credential the shipped
-    configuration names is the one the unit hands over, the state directory the one
-    the configuration uses (debian/conf/e2b-gateway.toml)."""
+@pytest.mark.parametrize("kind", ["e2b", "exposure"])
+def test_the_gateway_services_run_unprivileged_with_the_shipped_config(kind: str) -> None:
+    """Each gateway's unit: its own systemd-allocated user, no capabilities; the
+    credential the shipped configuration names is the one the unit hands over, the state
+    directory the one the configuration uses (debian/conf/<kind>-gateway.toml)."""
     from kibotos import config
     from kibotos.gateway.e2b.config import GatewayConfig
+    from kibotos.gateway.exposure.config import ExposureConfig
 
-    unit = settings("kibotos-e2b-gateway.service")
+    package = f"kibotos-{kind}-gateway"
+    unit = settings(f"{package}.service")
     assert unit["ExecStart"] == [
-        "/usr/bin/kibotos gateway e2b serve --config /etc/kibotos/e2b-gateway.toml"]
+        f"/usr/bin/kibotos gateway {kind} serve --config /etc/kibotos/{kind}-gateway.toml"]
     assert unit["DynamicUser"] == ["yes"]
-    assert unit["User"] == ["kibotos-e2b-gateway"]
+    assert unit["User"] == [package]
     assert unit["CapabilityBoundingSet"] == [""]
     for key in ("NoNewPrivileges", "PrivateTmp", "PrivateDevices", "ProtectHome"):
         assert unit[key] == ["yes"], key
     assert unit["ProtectSystem"] == ["strict"]
-    shipped = config.load(GatewayConfig, ROOT / "debian/conf/e2b-gateway.toml")
+    path = ROOT / f"debian/conf/{kind}-gateway.toml"
+    shipped = (config.load(GatewayConfig, path) if kind == "e2b"
+               else config.load(ExposureConfig, path))
     name, _, source = unit["LoadCredential"][0].partition(":")
-    assert source == "/etc/kibotos/gateway-e2b.credential"
+    assert source == f"/etc/kibotos/gateway-{kind}.credential"
     assert shipped.ctrl.credential_file == Path(
-        "/run/credentials/kibotos-e2b-gateway.service") / name
+        f"/run/credentials/{package}.service") / name
     assert shipped.state_dir == Path("/var/lib") / unit["StateDirectory"][0]
     assert unit["StateDirectoryMode"] == ["0700"]
 

@@ -5,10 +5,10 @@ The metric families are read from kibotos's source (every ``Counter``, ``Gauge``
 f-strings such as ``f"kibotos_node_{name}"`` resolved from the literal tuples their
 loop walks), and the exposed sample names derived by type (a counter ``x`` is
 ``x_total``, a histogram ``x_bucket``, ``x_sum``, ``x_count``).  The reader is checked
-against the registries of ctrl, the data plane and the E2B gateway themselves, so
-that it cannot miss a family silently; the dashboard then has to cover ctrl, the
-nodes, the data plane and the gateway, and every name one of its queries uses must be
-one of those samples."""
+against the registries of ctrl, the data plane and both gateways themselves, so that
+it cannot miss a family silently; the dashboard then has to cover ctrl, the nodes,
+the data plane, the E2B gateway and the Exposure gateway, and every name one of its
+queries uses must be one of those samples."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from kibotos.ctrl.api.metrics import CtrlMetrics
 from kibotos.dataplane.metrics import DataplaneMetrics
 from kibotos.gateway.e2b.metrics import GatewayMetrics
+from kibotos.gateway.exposure.metrics import ExposureMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "contrib/grafana/kibotos.json"
@@ -101,7 +102,7 @@ def _registry_families(registry: CollectorRegistry) -> dict[str, str]:
 
 def test_the_source_reader_finds_every_family_the_registries_hold() -> None:
     found = families_in_source()
-    for metrics in (CtrlMetrics(), DataplaneMetrics(), GatewayMetrics()):
+    for metrics in (CtrlMetrics(), DataplaneMetrics(), GatewayMetrics(), ExposureMetrics()):
         for name, kind in _registry_families(metrics.registry).items():
             assert found.get(name) == kind, (name, kind, found.get(name))
     # Scrape-time families, f-strings resolved from their loops.
@@ -141,9 +142,9 @@ def test_every_metric_the_dashboard_queries_is_defined() -> None:
     used = {name for q in queries for name in METRIC.findall(q)}
     assert used, queries
     assert sorted(used - defined) == []
-    # ctrl, the nodes, their data planes and the E2B gateway all have panels.
+    # ctrl, the nodes, their data planes and both gateways all have panels.
     for prefix in ("kibotos_ctrl_", "kibotos_node_", "kibotos_dataplane_",
-                   "kibotos_gateway_e2b_"):
+                   "kibotos_gateway_e2b_", "kibotos_gateway_exposure_"):
         assert any(name.startswith(prefix) for name in used), prefix
 
 
@@ -163,7 +164,7 @@ def test_the_dashboard_is_well_formed() -> None:
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "node", "gateway"} <= variables
+    assert {"datasource", "node", "gateway", "exposure"} <= variables
     cells: set[tuple[int, int]] = set()
     for panel in panels:
         grid = panel["gridPos"]
