@@ -58,18 +58,18 @@ ENTRY_POINTS = ("kibotos.cli", "kibotos.dev")
 #: The data plane's control client: what the node imports to build, start, feed and
 #: scrape its data-plane process (kibotos/node/dataplane/).  Nothing else of the data plane.
 NODE_USES_OF_DATAPLANE = frozenset({
-    "kibotos.dataplane.build",  # the build identity, for adoption
-    "kibotos.dataplane.control",  # the control socket's client end
-    "kibotos.dataplane.listen_handover",  # a generation's socket: drain, its metrics
-    "kibotos.dataplane.metrics",  # summing counters over generations
-    "kibotos.dataplane.state",  # the state message the node hands over
+    "kibotos.dataplane.process.build",  # the build identity, for adoption
+    "kibotos.dataplane.process.control",  # the control socket's client end
+    "kibotos.dataplane.process.listen_handover",  # a generation's socket: drain, its metrics
+    "kibotos.dataplane.process.metrics",  # summing counters over generations
+    "kibotos.dataplane.process.state",  # the state message the node hands over
 })
 #: The data plane's client ends: what a gateway runs processes and moves files with.
 GATEWAY_USES_OF_DATAPLANE = frozenset({
-    "kibotos.dataplane.client",  # exec over a WebSocket
-    "kibotos.dataplane.exec_wire",  # the exec request's shape
-    "kibotos.dataplane.files_client",  # the file endpoints
-    "kibotos.dataplane.ports_client",  # port streams (the Exposure gateway)
+    "kibotos.dataplane.clients.client",  # exec over a WebSocket
+    "kibotos.dataplane.clients.exec_wire",  # the exec request's shape
+    "kibotos.dataplane.clients.files_client",  # the file endpoints
+    "kibotos.dataplane.clients.ports_client",  # port streams (the Exposure gateway)
 })
 SDK = "kibotos.sdk"
 SYNCHRONOUS = ("kibotos.ctrl.model", "kibotos.ctrl.pools", "kibotos.ctrl.wire")
@@ -402,7 +402,7 @@ def size_violations(root: Path) -> list[str]:
 
 def test_the_tree_is_what_the_rules_walk() -> None:
     tree = modules(ROOT)
-    assert {"kibotos.ctrl.serve", "kibotos.node.serve", "kibotos.dataplane.serve",
+    assert {"kibotos.ctrl.serve", "kibotos.node.serve", "kibotos.dataplane.process.serve",
             "kibotos.sdk", "kibotos_qemu.backend", "kibotos_direct.launch"} <= set(tree)
     assert len(list(imports(ROOT))) > 2000
 
@@ -464,10 +464,11 @@ def plant(root: Path, files: dict[str, str]) -> Path:
         "kibotos/ctrl/live/__init__.py": "",
         "kibotos/ctrl/live/service.py": "import trio\n\nfrom kibotos.ctrl.model import rules\n",
         "kibotos/node/__init__.py": "",
-        "kibotos/node/serve.py": "from kibotos.dataplane import control\n",
+        "kibotos/node/serve.py": "from kibotos.dataplane.process import control\n",
         "kibotos/dataplane/__init__.py": "",
-        "kibotos/dataplane/control.py": "",
-        "kibotos/dataplane/serve.py": "",
+        "kibotos/dataplane/process/__init__.py": "",
+        "kibotos/dataplane/process/control.py": "",
+        "kibotos/dataplane/process/serve.py": "",
         "plugins/acme/pyproject.toml": '[project]\nname = "kibotos-builtin-acme"\n'
                                        'dependencies = ["kibotos"]\n',
         "plugins/acme/kibotos_acme/__init__.py": "from kibotos.sdk import errors\n",
@@ -494,8 +495,8 @@ def test_the_planted_base_breaks_no_rule(tmp_path: Path) -> None:
     ("kibotos/node/peek.py", "if TYPE_CHECKING:\n    from kibotos.ctrl.live.service import X\n",
      "kibotos/node/peek.py:2 imports kibotos.ctrl.live.service (kibotos.node never imports "
      "kibotos.ctrl)"),
-    ("kibotos/node/peek.py", "def f():\n    from kibotos.dataplane.serve import main\n",
-     "kibotos/node/peek.py:2 imports kibotos.dataplane.serve (kibotos.node never imports "
+    ("kibotos/node/peek.py", "def f():\n    from kibotos.dataplane.process.serve import main\n",
+     "kibotos/node/peek.py:2 imports kibotos.dataplane.process.serve (kibotos.node never imports "
      "kibotos.dataplane)"),
     ("kibotos/dataplane/peek.py", "import kibotos.node.serve\n",
      "kibotos/dataplane/peek.py:1 imports kibotos.node.serve (kibotos.dataplane never "
