@@ -62,14 +62,14 @@ import trio  # noqa: E402
 
 from bench.benchlib import percentile  # noqa: E402
 from kibotos.credentials import SigningKey  # noqa: E402
-from kibotos.dataplane.client import open_exec  # noqa: E402
-from kibotos.dataplane.control import control_call, control_path  # noqa: E402
-from kibotos.dataplane.exec_wire import ExecRequest  # noqa: E402
-from kibotos.dataplane.files_api import DOWNLOAD_WINDOW, UPLOAD_WINDOW  # noqa: E402
-from kibotos.dataplane.files_client import FilesClient  # noqa: E402
-from kibotos.dataplane.ports_client import open_port  # noqa: E402
-from kibotos.dataplane.ports_session import PORT_WINDOW  # noqa: E402
-from kibotos.dataplane.state import Target, state_message  # noqa: E402
+from kibotos.dataplane.clients.client import open_exec  # noqa: E402
+from kibotos.dataplane.clients.exec_wire import ExecRequest  # noqa: E402
+from kibotos.dataplane.clients.files_client import FilesClient  # noqa: E402
+from kibotos.dataplane.clients.ports_client import open_port  # noqa: E402
+from kibotos.dataplane.endpoints.files_api import DOWNLOAD_WINDOW, UPLOAD_WINDOW  # noqa: E402
+from kibotos.dataplane.endpoints.ports_session import PORT_WINDOW  # noqa: E402
+from kibotos.dataplane.process.control import control_call, control_path  # noqa: E402
+from kibotos.dataplane.process.state import Target, state_message  # noqa: E402
 from kibotos.guest import (  # noqa: E402
     AGENT_PATH,
     ExitStatus,

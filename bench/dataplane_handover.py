@@ -38,10 +38,10 @@ from dp_harness import Node, free_port, hand_over, running, running_agent  # noq
 
 from kibotos._version import __version__  # noqa: E402
 from kibotos.credentials import SigningKey  # noqa: E402
-from kibotos.dataplane.client import Output, Started, open_exec  # noqa: E402
-from kibotos.dataplane.exec_session import ExecRequest  # noqa: E402
-from kibotos.dataplane.files_client import FilesClient  # noqa: E402
-from kibotos.dataplane.state import Target  # noqa: E402
+from kibotos.dataplane.clients.client import Output, Started, open_exec  # noqa: E402
+from kibotos.dataplane.clients.files_client import FilesClient  # noqa: E402
+from kibotos.dataplane.endpoints.exec_session import ExecRequest  # noqa: E402
+from kibotos.dataplane.process.state import Target  # noqa: E402
 from kibotos.errors import KibotosError  # noqa: E402
 from kibotos.node.dataplane import supervisor as dps  # noqa: E402
 

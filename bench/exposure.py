@@ -47,7 +47,7 @@ from e2b import Sandbox  # noqa: E402
 from exposure_proc import PATTERN, gateway_pid, serve  # noqa: E402
 from gateway_proc import E2bSetup, e2b_cluster  # noqa: E402
 
-from kibotos.dataplane.ports_client import open_port  # noqa: E402
+from kibotos.dataplane.clients.ports_client import open_port  # noqa: E402
 
 Opener = Callable[[], Any]  # an async context manager of a trio stream
 

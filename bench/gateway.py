@@ -51,8 +51,8 @@ from conftest import NODE_ENV, _upload_tiny  # noqa: E402
 from e2b import Sandbox  # noqa: E402
 from gateway_proc import E2bSetup, e2b_cluster  # noqa: E402
 
-from kibotos.dataplane.client import open_exec  # noqa: E402
-from kibotos.dataplane.exec_wire import ExecRequest  # noqa: E402
+from kibotos.dataplane.clients.client import open_exec  # noqa: E402
+from kibotos.dataplane.clients.exec_wire import ExecRequest  # noqa: E402
 
 #: What commands.run("cmd") sends (e2b 2.63.0): a login shell.
 SDK_SHELL = ("/bin/bash", "-l", "-c")

@@ -46,7 +46,7 @@ def _write_tree(command: Any, name: str, parent: Any, directory: Path,
     """The page of `command` and, recursively, of its visible subcommands.
 
     click-man reads a group's subcommands from its ``commands`` attribute, which a
-    kibotos.cli.lazy_group.LazyGroup fills only on demand: each group's commands are
+    kibotos.cli.core.lazy_group.LazyGroup fills only on demand: each group's commands are
     resolved (``get_command`` for every name ``list_commands`` gives) before its page
     is rendered, so the page names all of them."""
     import click

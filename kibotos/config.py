@@ -2,7 +2,7 @@
 
 Unknown keys are errors (a typo must not silently become a default).  Loading never
 writes anything.  The operator CLI's ``kibo.toml`` is not here: it is
-`kibotos.cli.kibo_config`, without pydantic, so that ``kibo`` starts fast.
+`kibotos.cli.core.kibo_config`, without pydantic, so that ``kibo`` starts fast.
 """
 
 from __future__ import annotations

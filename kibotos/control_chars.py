@@ -8,7 +8,7 @@ import re
 
 #: C0 controls, DEL, C1 controls and the Unicode line and paragraph separators: what a
 #: terminal acts on instead of showing.  `Printable` refuses them at input; the CLI
-#: escapes them at output (`kibotos.cli.output.printable`), for records older than that.
+#: escapes them at output (`kibotos.cli.core.output.printable`), for records older than that.
 _CONTROLS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
 CONTROL_CHARACTERS = re.compile(f"[{_CONTROLS}]")
 #: Text with none of them, written in escapes that Python and ECMA-262 read alike: the

@@ -1,6 +1,6 @@
 """The local control socket of a node-run process: the part both of them share.
 
-The node talks to its data-plane process (`kibotos.dataplane.control`) and its egress
+The node talks to its data-plane process (`kibotos.dataplane.process.control`) and its egress
 processes (`kibotos.egress.wire`) the same way: JSON lines over a unix stream socket
 whose permissions say who may connect, each request one object with a string
 ``type``, each answer one line, ``{"ok": true, "result": {…}}`` or ``{"ok": false,

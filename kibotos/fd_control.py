@@ -2,7 +2,7 @@
 
 The node's egress process takes its listening sockets this way (`kibotos.egress.wire`),
 and a data-plane generation hands its listening socket to the next one
-(`kibotos.dataplane.listen_handover`): the same line protocol as every control socket
+(`kibotos.dataplane.process.listen_handover`): the same line protocol as every control socket
 of a node-run process (`kibotos.control_socket`), plus descriptors.  A line that
 carries some says how many in its ``"fds"`` field, and they travel in the same
 ``sendmsg`` as the line's first bytes.  Linux never lets one read span two messages

@@ -6,7 +6,7 @@ as the node.  A packaged build carries its source revision, which is exact:
 a digest of the Python sources the process runs: a developer who edits them and
 restarts the node gets a new process instead of silently keeping the old code, and an
 edit elsewhere in the tree does not replace it.  Each process names its own sources
-(`kibotos.dataplane.build`, `kibotos.egress.build`).
+(`kibotos.dataplane.process.build`, `kibotos.egress.build`).
 """
 
 from __future__ import annotations

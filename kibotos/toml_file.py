@@ -1,5 +1,5 @@
 """Reading a TOML configuration file with errors that name it, free of pydantic so that
-`kibo`'s own config (`kibotos.cli.kibo_config`, kept light for start-up time) and the
+`kibo`'s own config (`kibotos.cli.core.kibo_config`, kept light for start-up time) and the
 validated configs of `kibotos.config` read files the same way."""
 
 from __future__ import annotations

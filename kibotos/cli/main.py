@@ -1,7 +1,7 @@
 """The three console scripts: ``kibotos`` (roles), ``kibo`` (operator CLI) and
 ``kibotos-node`` (the node role's group).
 
-Groups are imported lazily (`kibotos.cli.lazy_group`) so ``kibo --help`` stays instant;
+Groups are imported lazily (`kibotos.cli.core.lazy_group`) so ``kibo --help`` stays instant;
 each group lives in its own module and exposes one click group object named in
 `_KIBO_GROUPS` or `_KIBOTOS_GROUPS`.  A command imports only
 what it uses (issue 14: each ``kibo`` command within 0.25 s; bench/cli.py measures it),
@@ -14,30 +14,30 @@ from __future__ import annotations
 import click
 
 from kibotos._version import __version__
-from kibotos.cli.lazy_group import LazyGroup
+from kibotos.cli.core.lazy_group import LazyGroup
 
 # command name -> "module:attribute" of a click command or group
 _KIBOTOS_GROUPS = {
-    "ctrl": "kibotos.cli.ctrl_cmds:ctrl_group",
-    "node": "kibotos.cli.node_role_cmds:node_role_group",
-    "dev": "kibotos.cli.dev_cmds:dev_group",
-    "dataplane": "kibotos.cli.dataplane_cmds:dataplane_group",
-    "egress": "kibotos.cli.egress_cmds:egress_group",
-    "plugins": "kibotos.cli.plugins_cmds:plugins_group",
-    "gateway": "kibotos.cli.gateway_cmds:gateway_group",
+    "ctrl": "kibotos.cli.roles.ctrl_cmds:ctrl_group",
+    "node": "kibotos.cli.roles.node_role_cmds:node_role_group",
+    "dev": "kibotos.cli.roles.dev_cmds:dev_group",
+    "dataplane": "kibotos.cli.roles.dataplane_cmds:dataplane_group",
+    "egress": "kibotos.cli.roles.egress_cmds:egress_group",
+    "plugins": "kibotos.cli.roles.plugins_cmds:plugins_group",
+    "gateway": "kibotos.cli.roles.gateway_cmds:gateway_group",
 }
 _KIBO_GROUPS = {
-    "enroll": "kibotos.cli.enrollment_cmds:enroll_command",
-    "enrollment": "kibotos.cli.enrollment_cmds:enrollment_group",
-    "node": "kibotos.cli.node_cmds:node_group",
-    "storage-pool": "kibotos.cli.pool_cmds:pool_group",
-    "template": "kibotos.cli.template_cmds:template_group",
-    "workspace": "kibotos.cli.workspace_cmds:workspace_group",
-    "volume": "kibotos.cli.volume_cmds:volume_group",
-    "transfer": "kibotos.cli.transfer_cmds:transfer_group",
-    "egress": "kibotos.cli.network_cmds:egress_group",
-    "resolver": "kibotos.cli.network_cmds:resolver_group",
-    "api-key": "kibotos.cli.api_key_cmds:api_key_group",
+    "enroll": "kibotos.cli.cluster.enrollment_cmds:enroll_command",
+    "enrollment": "kibotos.cli.cluster.enrollment_cmds:enrollment_group",
+    "node": "kibotos.cli.cluster.node_cmds:node_group",
+    "storage-pool": "kibotos.cli.cluster.pool_cmds:pool_group",
+    "template": "kibotos.cli.workspace.template_cmds:template_group",
+    "workspace": "kibotos.cli.workspace.workspace_cmds:workspace_group",
+    "volume": "kibotos.cli.workspace.volume_cmds:volume_group",
+    "transfer": "kibotos.cli.workspace.transfer_cmds:transfer_group",
+    "egress": "kibotos.cli.cluster.network_cmds:egress_group",
+    "resolver": "kibotos.cli.cluster.network_cmds:resolver_group",
+    "api-key": "kibotos.cli.cluster.api_key_cmds:api_key_group",
 }
 
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import httpx
 
 from kibotos import atomicfile, config, errors
-from kibotos.cli import kibo_config
+from kibotos.cli.core import kibo_config
 from kibotos.dev import gateway as e2b_gateway
 from kibotos.dev import layout as lay
 from kibotos.dev.postgres import PostgresServer

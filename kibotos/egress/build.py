@@ -1,6 +1,6 @@
 """What "the same build" means when the node finds an egress process running.
 
-As for the data plane (`kibotos.dataplane.build`): a packaged build is
+As for the data plane (`kibotos.dataplane.process.build`): a packaged build is
 ``<version>+<source revision>``; a checkout, whose revision is ``unknown``, is named by a
 digest of the sources the egress process runs, so an edit to them gives a new process
 at the next node start instead of silently keeping the old code.  The version before

@@ -4,7 +4,7 @@ descriptors (SCM_RIGHTS) beside a line, in both directions (`kibotos.fd_control`
 ``<socket dir>-egress/control-<generation>.sock`` (the directory 0700 and owned by
 ``kibotos-egress``, the socket 0600; one per generation, so the node reaches a draining
 generation beside the newest) is where the node talks to its egress process, as
-it talks to its data-plane process (`kibotos.dataplane.control`): each request is one
+it talks to its data-plane process (`kibotos.dataplane.process.control`): each request is one
 JSON object on one line, each answer one line, ``{"ok": true, "result": {…}}`` or
 ``{"ok": false, "error": {code, message}}``.  What is new here are descriptors, which
 `kibotos.fd_control` carries (the data plane's listening-socket handover uses it too).

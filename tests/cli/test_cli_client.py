@@ -10,7 +10,7 @@ import pytest
 from cli_invoke import invoke
 from cli_nodes import node
 
-from kibotos.cli.client import Client
+from kibotos.cli.core.client import Client
 from kibotos.errors import ERROR_CLASSES, Unavailable
 
 

@@ -14,7 +14,7 @@ import json
 import pytest
 from cli_nodes import node
 
-from kibotos.cli.output import printable
+from kibotos.cli.core.output import printable
 
 ESC = "\x1b[2J\x1b[31mred"
 FAKE_ROW = "evil\n| kgr-fake | operator | - | - | pending"

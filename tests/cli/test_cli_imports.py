@@ -84,7 +84,7 @@ def test_commands_import_nothing_heavy(tmp_path, kibo_toml, fake_ctrl, args):
     code, modules = imported(tmp_path, kibo_toml, *args)
     assert code == (17 if "exec" in args else 0)
     assert heavy(modules) == []
-    exec_path = {"kibotos.cli.exec_relay", "kibotos.dataplane.ws_client"}
+    exec_path = {"kibotos.cli.workspace.exec_relay", "kibotos.dataplane.clients.ws_client"}
     assert exec_path <= modules if "exec" in args else not exec_path & modules
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 from cli_nodes import node
 
-from kibotos.cli import node_cmds, output
+from kibotos.cli.cluster import node_cmds
+from kibotos.cli.core import output
 
 DRAIN = "/v1/nodes/node-a/drain"
 GET = "/v1/nodes/node-a"

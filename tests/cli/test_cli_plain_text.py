@@ -1,8 +1,8 @@
-"""The plain writer (`kibotos.cli.plain_text`) prints what rich prints, byte for byte.
+"""The plain writer (`kibotos.cli.core.plain_text`) prints what rich prints, byte for byte.
 
 ``kibo`` in a pipe writes its ASCII tables and sections itself so as not to import rich;
 these tests draw the same generated tables and sections both ways (rich through
-`kibotos.cli.output.rich_table` / `rich_sections`, the code a terminal still uses) and
+`kibotos.cli.core.output.rich_table` / `rich_sections`, the code a terminal still uses) and
 compare, and check that the plain writer hands back (None) what it does not lay out.
 """
 
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kibotos.cli import plain_text
-from kibotos.cli.output import Section, rich_sections, rich_table
+from kibotos.cli.core import plain_text
+from kibotos.cli.core.output import Section, rich_sections, rich_table
 
 # Printable ASCII with spaces (rich keeps them inside cells) and the characters the
 # renderers care about: the box's own ``|+-`` and the label's ``:``.

@@ -7,7 +7,7 @@ import json
 import pytest
 from cli_nodes import GIB, USAGE, node, offline, over
 
-from kibotos.cli import node_render
+from kibotos.cli.cluster import node_render
 from kibotos.ctrl.wire.base import NodeListOut, NodeOut
 
 

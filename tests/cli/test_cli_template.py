@@ -231,7 +231,7 @@ def test_build_from_a_recipe_is_cached(ctrl, operator, platform, tmp_path, monke
 
 
 def test_the_kibotos_base_recipe_loads(tmp_path):
-    from kibotos.cli.template_images import load_recipe
+    from kibotos.cli.workspace.template_images import load_recipe
 
     path = Path(__file__).parents[2] / "packaging" / "template" / "kibotos-base.toml"
     recipe = load_recipe(path, "kibotos-base", tmp_path)

@@ -1,4 +1,4 @@
-"""kibo's HTTP connection to ctrl (`kibotos.cli.http_transport`): the rules it kept from
+"""kibo's HTTP connection to ctrl (`kibotos.cli.core.http_transport`): the rules it kept from
 httpx when it stopped using it.
 
 * TLS: a ctrl URL ``https://`` is verified (certificate chain and host name) against
@@ -29,8 +29,8 @@ from cli_invoke import invoke
 from cli_nodes import node
 from cli_proxy import Proxy, self_signed
 
-from kibotos.cli.client import Client
-from kibotos.cli.http_transport import Target, proxy_for
+from kibotos.cli.core.client import Client
+from kibotos.cli.core.http_transport import Target, proxy_for
 from kibotos.errors import InvalidArgument, Unavailable
 
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY",
@@ -174,7 +174,7 @@ def test_only_http_proxies(monkeypatch):
 def test_a_connection_closed_while_idle_is_not_reused(fake_ctrl, monkeypatch):
     """After the server closed the kept-alive connection, the next request opens a new
     one at once: with retries off, a client that reused the dead one would fail."""
-    monkeypatch.setattr("kibotos.cli.client.RETRY_PAUSES", ())
+    monkeypatch.setattr("kibotos.cli.core.client.RETRY_PAUSES", ())
     fake_ctrl.route("GET", "/v1/nodes/node-a", (200, {"result": node()}))
     with Client(fake_ctrl.url, None) as client:
         client.get("/v1/nodes/node-a")

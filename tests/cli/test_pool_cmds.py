@@ -20,7 +20,7 @@ from click.testing import Result
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kibotos.cli.pool_cmds import pool_group
+from kibotos.cli.cluster.pool_cmds import pool_group
 from kibotos.testing.fake_node import open_sim_node
 from kibotos.testing.waiting import wait_until
 

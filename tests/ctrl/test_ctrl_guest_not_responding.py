@@ -13,7 +13,7 @@ from typing import Any
 from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
-from kibotos.cli.workspace_render import get_sections, guest_responding
+from kibotos.cli.workspace.workspace_render import get_sections, guest_responding
 from kibotos.testing.clock import ThreadAwareClock
 
 

@@ -16,7 +16,7 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, settled_volume, volume
 from ws_helpers import WsCtrl, events, open_ws_ctrl
 
-from kibotos.cli.enrollment_cmds import render_config
+from kibotos.cli.cluster.enrollment_cmds import render_config
 from kibotos.cli.main import kibo_cli
 from kibotos.ctrl.pools import handoffs
 from kibotos.ctrl.wire.volumes import VolumeOut

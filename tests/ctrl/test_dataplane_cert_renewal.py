@@ -23,9 +23,9 @@ from dp_harness import TIMEOUT, PlaneProcess, free_port, running_agent, target
 from tls_harness import echo, handshake_error, handshake_serial
 
 from kibotos.credentials import SigningKey
-from kibotos.dataplane.client import open_exec
-from kibotos.dataplane.control import control_call
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.clients.client import open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
+from kibotos.dataplane.process.control import control_call
 from kibotos.node.dataplane.certificate import (
     KEY_FILE,
     CertificateKeeper,

@@ -1,4 +1,4 @@
-"""``kibo workspace exec``'s relay (`kibotos.cli.exec_relay.relay`) as a process of its
+"""``kibo workspace exec``'s relay (`kibotos.cli.workspace.exec_relay.relay`) as a process of its
 own, wired to this process's stdin, stdout and stderr, for tests/dataplane/
 test_exec_blocking.py: what ctrl would hand over (the data plane's URL and a session
 credential) comes on the command line instead.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kibotos.cli.exec_relay import GlobalDeadline, relay
+from kibotos.cli.workspace.exec_relay import GlobalDeadline, relay
 from kibotos.errors import KibotosError
 
 

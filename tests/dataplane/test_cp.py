@@ -1,4 +1,4 @@
-"""``kibo workspace cp``'s copy (`kibotos.cli.cp_cmds.copy`) through a data plane on
+"""``kibo workspace cp``'s copy (`kibotos.cli.workspace.cp_cmds.copy`) through a data plane on
 loopback to the real guest agent: files and trees in both directions with cp's
 "into an existing directory, else as the name" rule, tar on stdin and stdout, and the
 refusals.  The command as a process, through ctrl, is in test_exec_e2e."""
@@ -16,7 +16,7 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, in_process_plane, running_agent, target
 
-from kibotos.cli.cp_cmds import Remote, copy, parse_side
+from kibotos.cli.workspace.cp_cmds import Remote, copy, parse_side
 from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
 
 WS = "ws-1"

@@ -20,10 +20,10 @@ from dp_harness import (
 )
 
 from kibotos.credentials import LIFETIME, SigningKey
-from kibotos.dataplane.client import ExecClient, Output, Started, open_exec
-from kibotos.dataplane.control import control_call
-from kibotos.dataplane.exec_session import ExecRequest
-from kibotos.dataplane.state import Target, state_message
+from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
+from kibotos.dataplane.process.control import control_call
+from kibotos.dataplane.process.state import Target, state_message
 from kibotos.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -313,7 +313,7 @@ async def test_state_handover_rules(tmp_path: Path) -> None:
 
 async def test_a_guest_that_does_not_start_the_process_in_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kibotos.dataplane import exec_session
+    from kibotos.dataplane.endpoints import exec_session
 
     monkeypatch.setattr(exec_session, "START_TIMEOUT", 1.0)
     with running_agent(tmp_path) as agent:
@@ -356,7 +356,7 @@ def _cmdline(pid: int) -> str:
 def test_a_target_with_a_vsock_port_round_trips_and_a_bad_port_is_refused(
         tmp_path: Path) -> None:
     from kibotos.credentials import SigningKey as Key
-    from kibotos.dataplane.state import parse_state
+    from kibotos.dataplane.process.state import parse_state
 
     key = Key.generate().public_key
     sock = tmp_path / "agent-dp.sock"

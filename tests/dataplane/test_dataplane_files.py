@@ -21,7 +21,7 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, Plane, in_process_plane, running_agent, target
 
-from kibotos.dataplane.files_client import FilesClient
+from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.errors import (
     FailedPrecondition,
     InvalidArgument,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kibotos.dataplane.metrics import DataplaneMetrics, MetricsSum, parse_samples
+from kibotos.dataplane.process.metrics import DataplaneMetrics, MetricsSum, parse_samples
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -14,9 +14,9 @@ import trio
 from dp_harness import TIMEOUT, in_process_plane, run_exec, running_agent, target
 from tls_harness import TestCA, echo, handshake_error, handshake_serial, serial_of, supply
 
-from kibotos.dataplane.client import open_exec
-from kibotos.dataplane.control import control_call
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.clients.client import open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
+from kibotos.dataplane.process.control import control_call
 from kibotos.errors import InvalidArgument, Unavailable
 from kibotos.tls.contexts import verification_error
 
@@ -29,7 +29,7 @@ async def test_no_certificate_fails_handshakes_and_the_supplied_one_serves_exec(
             status = await control_call(plane.control, {"type": "status"})
             assert (status["tls"], status["certificate_serial"]) == (True, None)
             await handshake_error(plane.listen, ca.client)
-            from kibotos.dataplane.files_client import FilesClient
+            from kibotos.dataplane.clients.files_client import FilesClient
             with pytest.raises(Unavailable, match=r"TLS handshake .* failed: .*no "
                                                   r"certificate yet"):
                 await FilesClient(plane.url, plane.credential(operations=("files",)),
@@ -145,9 +145,9 @@ async def test_every_client_reports_a_certificate_that_does_not_verify(
         tmp_path: Path) -> None:
     """exec (both clients), ports and files: `FailedPrecondition` naming the cluster CA,
     not a wait for an answer that never comes."""
-    from kibotos.dataplane import exec_blocking
-    from kibotos.dataplane.files_client import FilesClient
-    from kibotos.dataplane.ports_client import open_port
+    from kibotos.dataplane.clients import exec_blocking
+    from kibotos.dataplane.clients.files_client import FilesClient
+    from kibotos.dataplane.clients.ports_client import open_port
     from kibotos.errors import FailedPrecondition
 
     ca, other = TestCA(), TestCA()

@@ -1,5 +1,5 @@
-"""``kibo workspace exec``'s own client end: `kibotos.dataplane.exec_blocking` (a socket
-and wsproto) and the one-thread loop of `kibotos.cli.exec_relay`, against a real data
+"""``kibo workspace exec``'s own client end: `kibotos.dataplane.clients.exec_blocking` (a socket
+and wsproto) and the one-thread loop of `kibotos.cli.workspace.exec_relay`, against a real data
 plane (in this process) and the real guest agent on a unix socket.
 
 The relay runs as a process of its own (exec_relay_driver.py), so stdin, stdout,
@@ -21,8 +21,8 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, Plane, free_port, in_process_plane, running_agent, target
 
-from kibotos.dataplane import exec_blocking
-from kibotos.dataplane.exec_wire import ExecRequest, Output
+from kibotos.dataplane.clients import exec_blocking
+from kibotos.dataplane.clients.exec_wire import ExecRequest, Output
 from kibotos.errors import NotFound, Unauthenticated, Unavailable
 
 DRIVER = Path(__file__).with_name("exec_relay_driver.py")

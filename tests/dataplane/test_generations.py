@@ -1,6 +1,6 @@
 """The spec's table as the node reads it (`kibotos.node.dataplane.generations.decide`),
 row by row, and the check a new generation makes of the socket it is handed
-(`kibotos.dataplane.listen_handover.check_listener`): only a listening TCP socket on
+(`kibotos.dataplane.process.listen_handover.check_listener`): only a listening TCP socket on
 the configured address is ever served on."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from kibotos.dataplane.listen_handover import check_listener
+from kibotos.dataplane.process.listen_handover import check_listener
 from kibotos.errors import FailedPrecondition
 from kibotos.node.dataplane.generations import ADOPT, HAND_OVER, REBIND, RESTART, decide
 

@@ -10,8 +10,8 @@ from dp_harness import Node, hand_over, run_exec, running, running_agent, target
 from tls_harness import TestCA, echo, handshake_serial, serial_of, supply
 
 from kibotos._version import __version__
-from kibotos.dataplane.client import Started, open_exec
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.clients.client import Started, open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.node.dataplane import supervisor as dps
 
 

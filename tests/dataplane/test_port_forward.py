@@ -18,7 +18,7 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, Plane, in_process_plane, running_agent, target
 
-from kibotos.cli.port_forward_cmds import (
+from kibotos.cli.workspace.port_forward_cmds import (
     Forwarder,
     Mapping,
     SessionSource,

@@ -13,9 +13,9 @@ import trio
 from dp_harness import TIMEOUT, PlaneProcess, run_exec, running_agent, target
 
 from kibotos.credentials import SigningKey
-from kibotos.dataplane.client import Output, Started, open_exec
-from kibotos.dataplane.control import control_call
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.clients.client import Output, Started, open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
+from kibotos.dataplane.process.control import control_call
 from kibotos.errors import Unavailable
 
 

@@ -23,9 +23,9 @@ from dp_harness import (
     target,
 )
 
-from kibotos.dataplane.client import Output, Started, open_exec
-from kibotos.dataplane.control import control_call
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.clients.client import Output, Started, open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
+from kibotos.dataplane.process.control import control_call
 from kibotos.node.dataplane import supervisor as dps
 from kibotos.node.dataplane.supervisor import (
     NOT_CONFIRMED,

@@ -20,8 +20,8 @@ from dp_harness import Plane, in_process_plane, run_exec
 from tls_harness import TestCA, supply
 
 from kibotos.backends import UnitSpec
-from kibotos.dataplane.client import ExecClient
-from kibotos.dataplane.state import Target
+from kibotos.dataplane.clients.client import ExecClient
+from kibotos.dataplane.process.state import Target
 from kibotos.guest import open_guest_channel
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu]
@@ -97,7 +97,7 @@ async def _copy_in_and_out(plane: Plane, tmp_path: Path) -> None:
     ``sha256sum`` agrees."""
     import hashlib
 
-    from kibotos.cli.cp_cmds import Remote, copy
+    from kibotos.cli.workspace.cp_cmds import Remote, copy
 
     data = os.urandom(64 << 20)
     digest = hashlib.sha256(data).hexdigest()
@@ -123,10 +123,10 @@ async def _http_through_port_forward(plane: Plane) -> None:
 
     import httpx
 
-    from kibotos.cli.port_forward_cmds import Forwarder, Mapping, SessionSource
-    from kibotos.dataplane.client import open_exec
-    from kibotos.dataplane.exec_session import ExecRequest
-    from kibotos.dataplane.ports_client import open_port
+    from kibotos.cli.workspace.port_forward_cmds import Forwarder, Mapping, SessionSource
+    from kibotos.dataplane.clients.client import open_exec
+    from kibotos.dataplane.clients.ports_client import open_port
+    from kibotos.dataplane.endpoints.exec_session import ExecRequest
     from kibotos.errors import Unavailable
 
     def session() -> dict[str, object]:

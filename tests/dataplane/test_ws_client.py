@@ -1,4 +1,4 @@
-"""`kibotos.dataplane.ws_client` (kibo's own WebSocket client protocol) against wsproto's
+"""`kibotos.dataplane.clients.ws_client` (kibo's own WebSocket client protocol) against wsproto's
 server side, the implementation trio-websocket serves the data plane with: both are
 sans-I/O, so every byte one writes is fed to the other, and each check is what the
 other side made of it.  Frames wsproto cannot be made to send (masked, reserved bits,
@@ -25,7 +25,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from kibotos.dataplane.ws_client import (
+from kibotos.dataplane.clients.ws_client import (
     Accepted,
     Closed,
     HandshakeError,

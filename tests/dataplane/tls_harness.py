@@ -12,8 +12,8 @@ from typing import Any
 import trio
 from cryptography import x509
 
-from kibotos.dataplane.client import ExecClient, Output
-from kibotos.dataplane.control import control_call
+from kibotos.dataplane.clients.client import ExecClient, Output
+from kibotos.dataplane.process.control import control_call
 from kibotos.tls.ca import ClusterCA
 from kibotos.tls.contexts import client_context
 

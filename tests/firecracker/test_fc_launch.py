@@ -244,7 +244,7 @@ async def test_the_data_plane_reaches_the_guest_through_agent_dp_sock(agent_env:
     """As for every backend, the data plane's socket is ``agent-dp.sock`` in the
     Instance directory: here a link to Firecracker's vsock socket, reached with the
     ``CONNECT <dataplane_vsock_port>`` handshake (a `Target` with `vsock_port`)."""
-    from kibotos.dataplane.guests import GuestPool
+    from kibotos.dataplane.process.guests import GuestPool
 
     env = agent_env
     vmm = env.backend()

@@ -24,7 +24,7 @@ from upgrade_harness import left_node, node_at, snapshot
 
 from kibotos import atomicfile
 from kibotos.backends import UnitSpec
-from kibotos.cli.node_role_cmds import node_role_group
+from kibotos.cli.roles.node_role_cmds import node_role_group
 from kibotos.config import NodeConfig, parse
 from kibotos.node.checks import maintenance_check
 from kibotos.node.checks.check_report import Report

@@ -19,7 +19,7 @@ from test_node_metrics import KIBOTOS, grant
 
 from kibotos.config import CtrlConfig, load
 from kibotos.ctrl.serve import serve_ctrl
-from kibotos.dataplane.control import control_call, control_path
+from kibotos.dataplane.process.control import control_call, control_path
 from kibotos.failpoints import ENV
 from kibotos.node.dataplane.certificate import CERT_FILE
 

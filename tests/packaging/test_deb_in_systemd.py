@@ -46,7 +46,7 @@ import pytest
 from nspawn_container import Container, missing_tools, rootfs
 from repack import repack
 
-from kibotos.cli import template_images
+from kibotos.cli.workspace import template_images
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "packaging/template/kibotos-base.toml"

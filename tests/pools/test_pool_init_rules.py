@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kibotos.cli.node_role_cmds import node_role_group
+from kibotos.cli.roles.node_role_cmds import node_role_group
 from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.node.storage.pools.marker import (
     MARKER_NAME,

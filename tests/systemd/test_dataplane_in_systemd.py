@@ -29,8 +29,8 @@ from dp_harness import TIMEOUT, Plane, free_port, run_exec, running, running_age
 
 from kibotos._version import __version__
 from kibotos.credentials import SigningKey
-from kibotos.dataplane.client import Output, Started, open_exec
-from kibotos.dataplane.exec_session import ExecRequest
+from kibotos.dataplane.clients.client import Output, Started, open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.node.dataplane import supervisor as dps
 from kibotos.node.dataplane.supervisor import (
     DataplaneSupervisor,

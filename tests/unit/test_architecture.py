@@ -25,8 +25,9 @@ fails here and names the line, instead of eroding the layers unnoticed.
    standard-library-only and separate (tests/guest checks it), and its dispatcher imports
    its request handlers lazily by design.  A second test also counts the
    ``TYPE_CHECKING`` imports, with the known cycles listed.
-6. In `kibotos/ctrl` and `kibotos/node`: no module over 600 lines and no folder over 15
-   modules (``__init__.py`` not counted).
+6. Everywhere under `kibotos`: no module over 600 lines and no folder over 15 modules
+   (``__init__.py`` not counted), but for the folders of `CROWDED_ON_PURPOSE`, each with
+   its reason, so a folder that grows past 15 fails here until it is split.
 7. The layer order of docs/architecture.md ("Layout and layer order"), within ctrl
    (``wire``, ``store`` → ``model``, ``pools`` → ``live`` → ``api`` → ``serve``) and
    within the node (``host``, ``records`` → ``storage``, ``runtime`` → ``instances`` →
@@ -58,23 +59,32 @@ ENTRY_POINTS = ("kibotos.cli", "kibotos.dev")
 #: The data plane's control client: what the node imports to build, start, feed and
 #: scrape its data-plane process (kibotos/node/dataplane/).  Nothing else of the data plane.
 NODE_USES_OF_DATAPLANE = frozenset({
-    "kibotos.dataplane.build",  # the build identity, for adoption
-    "kibotos.dataplane.control",  # the control socket's client end
-    "kibotos.dataplane.listen_handover",  # a generation's socket: drain, its metrics
-    "kibotos.dataplane.metrics",  # summing counters over generations
-    "kibotos.dataplane.state",  # the state message the node hands over
+    "kibotos.dataplane.process.build",  # the build identity, for adoption
+    "kibotos.dataplane.process.control",  # the control socket's client end
+    "kibotos.dataplane.process.listen_handover",  # a generation's socket: drain, its metrics
+    "kibotos.dataplane.process.metrics",  # summing counters over generations
+    "kibotos.dataplane.process.state",  # the state message the node hands over
 })
 #: The data plane's client ends: what a gateway runs processes and moves files with.
 GATEWAY_USES_OF_DATAPLANE = frozenset({
-    "kibotos.dataplane.client",  # exec over a WebSocket
-    "kibotos.dataplane.exec_wire",  # the exec request's shape
-    "kibotos.dataplane.files_client",  # the file endpoints
-    "kibotos.dataplane.ports_client",  # port streams (the Exposure gateway)
+    "kibotos.dataplane.clients.client",  # exec over a WebSocket
+    "kibotos.dataplane.clients.exec_wire",  # the exec request's shape
+    "kibotos.dataplane.clients.files_client",  # the file endpoints
+    "kibotos.dataplane.clients.ports_client",  # port streams (the Exposure gateway)
 })
 SDK = "kibotos.sdk"
 SYNCHRONOUS = ("kibotos.ctrl.model", "kibotos.ctrl.pools", "kibotos.ctrl.wire")
 GUEST_AGENT = "kibotos.guest.kibotos_guest"
-SIZED = ("kibotos/ctrl", "kibotos/node")
+SIZED = "kibotos"
+#: Folders allowed more than `MAX_MODULES` modules (their modules still obey `MAX_LINES`).
+CROWDED_ON_PURPOSE = {
+    # The core modules every role and entry point shares (errors, ids, units, atomicfile,
+    # config, ...): the bottom layer, which a subfolder would only rename.
+    "kibotos",
+    # The guest agent is copied flat into the Template image and run from there
+    # (kibotos/platform, tests/guest/test_agent_package.py): one folder by design.
+    "kibotos/guest/kibotos_guest",
+}
 MAX_LINES = 600
 MAX_MODULES = 15
 
@@ -384,16 +394,16 @@ def layer_violations(root: Path) -> set[tuple[str, str]]:
 def size_violations(root: Path) -> list[str]:
     """Rule 6: small modules in small folders."""
     out = []
-    for base in SIZED:
-        counts: dict[Path, int] = defaultdict(int)
-        for path in sorted((root / base).rglob("*.py")):
-            lines = len(path.read_text().splitlines())
-            if lines > MAX_LINES:
-                out.append(f"{path.relative_to(root)} has {lines} lines (at most {MAX_LINES})")
-            if path.name != "__init__.py":
-                counts[path.parent] += 1
-        out += [f"{folder.relative_to(root)} has {n} modules (at most {MAX_MODULES})"
-                for folder, n in sorted(counts.items()) if n > MAX_MODULES]
+    counts: dict[Path, int] = defaultdict(int)
+    for path in sorted((root / SIZED).rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            out.append(f"{path.relative_to(root)} has {lines} lines (at most {MAX_LINES})")
+        if path.name != "__init__.py":
+            counts[path.parent] += 1
+    out += [f"{folder.relative_to(root)} has {n} modules (at most {MAX_MODULES})"
+            for folder, n in sorted(counts.items())
+            if n > MAX_MODULES and folder.relative_to(root).as_posix() not in CROWDED_ON_PURPOSE]
     return out
 
 
@@ -402,7 +412,7 @@ def size_violations(root: Path) -> list[str]:
 
 def test_the_tree_is_what_the_rules_walk() -> None:
     tree = modules(ROOT)
-    assert {"kibotos.ctrl.serve", "kibotos.node.serve", "kibotos.dataplane.serve",
+    assert {"kibotos.ctrl.serve", "kibotos.node.serve", "kibotos.dataplane.process.serve",
             "kibotos.sdk", "kibotos_qemu.backend", "kibotos_direct.launch"} <= set(tree)
     assert len(list(imports(ROOT))) > 2000
 
@@ -437,7 +447,7 @@ def test_type_checking_imports_add_only_the_known_cycles() -> None:
         "a known cycle is gone: delete it from KNOWN_TYPE_CHECKING_CYCLES")
 
 
-def test_ctrl_and_node_modules_and_folders_stay_small() -> None:
+def test_modules_and_folders_stay_small() -> None:
     assert size_violations(ROOT) == []
 
 
@@ -464,10 +474,11 @@ def plant(root: Path, files: dict[str, str]) -> Path:
         "kibotos/ctrl/live/__init__.py": "",
         "kibotos/ctrl/live/service.py": "import trio\n\nfrom kibotos.ctrl.model import rules\n",
         "kibotos/node/__init__.py": "",
-        "kibotos/node/serve.py": "from kibotos.dataplane import control\n",
+        "kibotos/node/serve.py": "from kibotos.dataplane.process import control\n",
         "kibotos/dataplane/__init__.py": "",
-        "kibotos/dataplane/control.py": "",
-        "kibotos/dataplane/serve.py": "",
+        "kibotos/dataplane/process/__init__.py": "",
+        "kibotos/dataplane/process/control.py": "",
+        "kibotos/dataplane/process/serve.py": "",
         "plugins/acme/pyproject.toml": '[project]\nname = "kibotos-builtin-acme"\n'
                                        'dependencies = ["kibotos"]\n',
         "plugins/acme/kibotos_acme/__init__.py": "from kibotos.sdk import errors\n",
@@ -494,8 +505,8 @@ def test_the_planted_base_breaks_no_rule(tmp_path: Path) -> None:
     ("kibotos/node/peek.py", "if TYPE_CHECKING:\n    from kibotos.ctrl.live.service import X\n",
      "kibotos/node/peek.py:2 imports kibotos.ctrl.live.service (kibotos.node never imports "
      "kibotos.ctrl)"),
-    ("kibotos/node/peek.py", "def f():\n    from kibotos.dataplane.serve import main\n",
-     "kibotos/node/peek.py:2 imports kibotos.dataplane.serve (kibotos.node never imports "
+    ("kibotos/node/peek.py", "def f():\n    from kibotos.dataplane.process.serve import main\n",
+     "kibotos/node/peek.py:2 imports kibotos.dataplane.process.serve (kibotos.node never imports "
      "kibotos.dataplane)"),
     ("kibotos/dataplane/peek.py", "import kibotos.node.serve\n",
      "kibotos/dataplane/peek.py:1 imports kibotos.node.serve (kibotos.dataplane never "
@@ -583,9 +594,22 @@ def test_a_planted_import_against_the_layer_order_is_reported(tmp_path: Path) ->
 
 
 def test_a_planted_long_module_and_a_crowded_folder_are_reported(tmp_path: Path) -> None:
-    crowded = {f"kibotos/node/crowd/m{i:02}.py": "" for i in range(MAX_MODULES + 1)}
-    root = plant(tmp_path, {**crowded, "kibotos/node/crowd/__init__.py": "",
-                            "kibotos/ctrl/long.py": "x = 1\n" * (MAX_LINES + 1),
-                            "kibotos/ctrl/ok.py": "x = 1\n" * MAX_LINES})
-    assert size_violations(root) == ["kibotos/ctrl/long.py has 601 lines (at most 600)",
-                                     "kibotos/node/crowd has 16 modules (at most 15)"]
+    crowd = [f"m{i:02}.py" for i in range(MAX_MODULES + 1)]
+    root = plant(tmp_path, {
+        **{f"kibotos/node/crowd/{m}": "" for m in crowd}, "kibotos/node/crowd/__init__.py": "",
+        # Outside ctrl and the node too, and at any depth.
+        **{f"kibotos/cli/crowd/{m}": "" for m in crowd},
+        **{f"kibotos/dataplane/endpoints/{m}": "" for m in crowd},
+        # A folder of the exception list may be crowded, but not hold a long module.
+        **{f"kibotos/guest/kibotos_guest/{m}": "" for m in crowd},
+        "kibotos/guest/kibotos_guest/long.py": "x = 1\n" * (MAX_LINES + 1),
+        # Exactly at the limits is fine.
+        **{f"kibotos/gateway/full/{m}": "" for m in crowd[:MAX_MODULES]},
+        "kibotos/ctrl/long.py": "x = 1\n" * (MAX_LINES + 1),
+        "kibotos/ctrl/ok.py": "x = 1\n" * MAX_LINES})
+    assert size_violations(root) == [
+        "kibotos/ctrl/long.py has 601 lines (at most 600)",
+        "kibotos/guest/kibotos_guest/long.py has 601 lines (at most 600)",
+        "kibotos/cli/crowd has 16 modules (at most 15)",
+        "kibotos/dataplane/endpoints has 16 modules (at most 15)",
+        "kibotos/node/crowd has 16 modules (at most 15)"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from kibotos.ctrl.api.metrics import CtrlMetrics
-from kibotos.dataplane.metrics import DataplaneMetrics
+from kibotos.dataplane.process.metrics import DataplaneMetrics
 from kibotos.gateway.e2b.metrics import GatewayMetrics
 from kibotos.gateway.exposure.metrics import ExposureMetrics
 

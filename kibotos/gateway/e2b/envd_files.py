@@ -1,5 +1,5 @@
 """envd's ``filesystem.Filesystem`` service and its REST ``/files``, over the data
-plane's file endpoints (`kibotos.dataplane.files_client`).
+plane's file endpoints (`kibotos.dataplane.clients.files_client`).
 
 ``GET /files?path=`` streams the file; ``POST /files?path=`` takes a
 ``multipart/form-data`` body (one part per file, the SDK's default for text and bytes)
@@ -24,7 +24,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from kibotos.dataplane.files_client import FilesClient
+from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.errors import AlreadyExists, InvalidArgument, KibotosError
 from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as pb
 from kibotos.guest.files import FileEntry

@@ -17,8 +17,8 @@ from typing import Any
 import trio
 from google.protobuf.message import Message
 
-from kibotos.dataplane.client import Output
-from kibotos.dataplane.exec_wire import ExecRequest
+from kibotos.dataplane.clients.client import Output
+from kibotos.dataplane.clients.exec_wire import ExecRequest
 from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.gateway.e2b.envd_pb import process_pb2 as pb
 from kibotos.gateway.e2b.processes import Event, Process, ProcessTable

@@ -24,7 +24,7 @@ from typing import Any
 import trio
 from google.protobuf.message import Message
 
-from kibotos.dataplane.files_client import FilesClient
+from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.errors import InvalidArgument, KibotosError, NotFound, ResourceExhausted, Unavailable
 from kibotos.gateway.e2b.connect_rpc import Unimplemented
 from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as pb

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from kibotos.dataplane.client import ExecClient, Output, Started, open_exec
-from kibotos.dataplane.exec_wire import ExecRequest
+from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
+from kibotos.dataplane.clients.exec_wire import ExecRequest
 from kibotos.errors import KibotosError, NotFound, Unavailable
 from kibotos.guest import ExitStatus
 

@@ -1,4 +1,4 @@
-"""The proxy's side towards a sandbox: one port stream (`kibotos.dataplane.ports_client`)
+"""The proxy's side towards a sandbox: one port stream (`kibotos.dataplane.clients.ports_client`)
 with an HTTP/1.1 client state machine (h11) on it, kept for the next request of the
 same client connection to the same sandbox port (keep-alive both ways).
 
@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 
 import h11
 
-from kibotos.dataplane.ports_client import PortConnection, open_port
+from kibotos.dataplane.clients.ports_client import PortConnection, open_port
 from kibotos.errors import KibotosError, NotFound, PermissionDenied, Unauthenticated, Unavailable
 from kibotos.gateway.exposure.access import SandboxAccess
 from kibotos.gateway.exposure.metrics import ExposureMetrics

@@ -12,7 +12,8 @@ renewal, and the hand-over to the running data-plane process (docs/dataplane.md,
 * The running data plane gets it over its control socket (`supply_once`): the node asks
   ``status`` every `CertificateTiming.check_interval` and sends the pair when the serial
   there is not its own, which covers a renewal, a new generation and an adopted one
-  alike.  The data plane loads it for new handshakes only (`kibotos.dataplane.tls_listener`).
+  alike.  The data plane loads it for new handshakes only
+  (`kibotos.dataplane.process.tls_listener`).
 
 A certificate that expired while the node was stopped is still what the data plane
 serves, so new handshakes fail until the node is back: it finds the saved certificate
@@ -36,7 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kibotos import atomicfile, failpoints
-from kibotos.dataplane.control import control_call
+from kibotos.dataplane.process.control import control_call
 from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.logs import EventLogger
 from kibotos.node.session.backoff import Backoff

@@ -10,7 +10,7 @@
 | another release line, or it cannot hand over     | `RESTART`     | dropped         |
 
 `HAND_OVER`: a new generation takes over the listening socket
-(`kibotos.dataplane.listen_handover`), then the old one drains.  `REBIND`: the new one
+(`kibotos.dataplane.process.listen_handover`), then the old one drains.  `REBIND`: the new one
 binds the new address, then the old one drains on the old.  `RESTART`: the old one is
 ended first (its 10 s drain), then the new one binds.  A process that does not say it
 can hand over (``handover`` in its status: builds before the handover existed) is

@@ -25,7 +25,7 @@ resending every `watch_interval` until the process confirms (the spec allows 15 
 ctrl's public key is kept in ``<storage.root>/state/session-signing-public-key``, so a
 restarted node can hand over state before ctrl answers.  When the process exits, a new
 generation starts within a few seconds (backing off while it keeps failing), and the
-counters it had are kept in the node's sum (`kibotos.dataplane.metrics.MetricsSum`).
+counters it had are kept in the node's sum (`kibotos.dataplane.process.metrics.MetricsSum`).
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ import trio
 from kibotos import atomicfile, failpoints
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
 from kibotos.credentials import parse_public_key
-from kibotos.dataplane import listen_handover
-from kibotos.dataplane.build import source_build_id
-from kibotos.dataplane.control import check_socket_path, control_call, control_path
-from kibotos.dataplane.metrics import MetricsSum
-from kibotos.dataplane.state import Target, state_message
+from kibotos.dataplane.process import listen_handover
+from kibotos.dataplane.process.build import source_build_id
+from kibotos.dataplane.process.control import check_socket_path, control_call, control_path
+from kibotos.dataplane.process.metrics import MetricsSum
+from kibotos.dataplane.process.state import Target, state_message
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.logs import EventLogger
 from kibotos.node.dataplane.generations import ADOPT, HAND_OVER, REBIND, Decision, decide

@@ -36,7 +36,7 @@ import trio
 
 from kibotos.backends import VmmBackend
 from kibotos.config import NodeConfig
-from kibotos.dataplane.state import Target
+from kibotos.dataplane.process.state import Target
 from kibotos.errors import InvalidArgument
 from kibotos.node.dataplane.certificate import CertificateKeeper, CtrlIssuer
 from kibotos.node.dataplane.supervisor import DataplaneSupervisor

@@ -1,0 +1,3 @@
+"""``kibo`` commands about what runs in the cluster: Workspaces, Volumes, Templates,
+Transfers, and reaching into a Workspace (exec, cp, port-forward).
+"""
