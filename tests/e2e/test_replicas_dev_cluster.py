@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kibotos import config
-from kibotos.cli import kibo_config
+from kibotos.cli.core import kibo_config
 from kibotos.dev import DevCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
