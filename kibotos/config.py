@@ -198,7 +198,8 @@ class NodeSection(_Strict):
     def _socket_dir(cls, v: Path) -> Path:
         if not v.is_absolute():
             raise ValueError(f"must be an absolute path, got {str(v)!r}")
-        # sun_path holds 107 bytes; the longest socket below it is dataplane/control.sock
+        # sun_path holds 107 bytes; the longest sockets below it are dataplane/control.sock
+        # and the data plane generations' dataplane/g<N>.sock (no longer, N < 1,000,000)
         if len(os.fsencode(v)) + len("/dataplane/control.sock") > 107:
             raise ValueError(f"{str(v)!r} is too long for the unix sockets under it "
                              "(at most 84 bytes)")

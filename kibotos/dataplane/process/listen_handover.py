@@ -7,7 +7,7 @@ connection is refused while the generations change, and connections the old one 
 are not touched.  The old one stops accepting only when the node tells it to
 (``drain``), after the new one serves; it then exits when its last connection ends.
 
-Each generation serves ``<socket_dir>/dataplane/generation-<N>.sock`` (the same
+Each generation serves ``<socket_dir>/dataplane/g<N>.sock`` (the same
 directory as the control socket, 0700; the socket 0600; peers checked by
 ``SO_PEERCRED``) for its whole life, so the node reaches a draining generation beside
 the one that holds ``control.sock``.  Requests (`kibotos.fd_control`, JSON lines with
@@ -53,7 +53,9 @@ from kibotos.logs import EventLogger
 log = EventLogger("kibotos.dataplane")
 
 WHO = "data-plane generation"
-GENERATION_SOCKET = "generation-{generation}.sock"
+#: No longer than ``control.sock`` (below generation 1,000,000), so the node's
+#: ``socket_dir`` length check (`kibotos.config`) holds for it too.
+GENERATION_SOCKET = "g{generation}.sock"
 AFTER_RECEIVE = "dataplane.handover.after-receive"
 AFTER_CONTROL = "dataplane.serve.after-control"
 #: Requests the generation socket passes on to the control handler unchanged: the
