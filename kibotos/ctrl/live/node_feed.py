@@ -23,6 +23,7 @@ destroyed).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -35,6 +36,9 @@ from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.protocol import Hello, InstanceState, InstanceSummary, Report
+
+# The name ctrl's Workspace logging has always had (operators filter on it).
+log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 
 #: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
 REPORT_GRACE_S = 30.0
@@ -105,6 +109,9 @@ class NodeFeed:
         key = frame.instance_id
         self._deferred.setdefault(key, []).insert(0, (node_id, frame))
         if key not in self._deferring:
+            log.info("node %s: Instance %s is not recorded yet; waiting up to %g s for a "
+                     "create on another replica to record it", node_id, key,
+                     FOREIGN_CREATE_WINDOW)
             self._deferring.add(key)
             self.runtime.spawn(self._apply_deferred, key, True)
 
