@@ -224,6 +224,7 @@ async def serve_ctrl(config: CtrlConfig, *, handle_signals: bool = True,
         tls = await trio.to_thread.run_sync(prepare_tls, config, ctx)
         services = build_services(ctx)
         services.runtime.holds_lease = membership.holds_lease
+        services.runtime.foreign_creates = membership.shared
         relay = None
         if membership.shared:
             # Commands for nodes whose session another replica holds, and the node

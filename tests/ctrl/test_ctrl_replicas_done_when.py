@@ -28,7 +28,7 @@ from ws_helpers import add_template
 
 from kibotos.ctrl.serve import open_store
 from kibotos.ctrl.store.db import Store
-from kibotos.ctrl.store.models import Allocation, CtrlReplica, Workspace
+from kibotos.ctrl.store.models import Allocation, Command, CtrlReplica, Workspace
 from kibotos.testing.fake_node import open_sim_node
 from kibotos.testing.sim_instances import SimInstances
 from kibotos.testing.waiting import wait_until
@@ -274,16 +274,22 @@ async def _check_no_duplicate_or_lost(cluster: Cluster) -> None:
     created = {o[3]["result"]["workspace_id"] for o in cluster.outcomes.values()
                if o[1] == "/v1/workspaces" and "result" in o[3]}
 
-    def read(session: Session) -> tuple[set[str], int]:
+    def read(session: Session) -> tuple[set[str], int, dict[str, str]]:
         ids = set(session.scalars(select(Workspace.workspace_id)))
         states = session.scalar(select(func.count()).select_from(Workspace)
                                 .where(Workspace.state != "DELETED"))
-        return ids, int(states or 0)
-    stored, not_deleted = await cluster.store.run(read)
+        # Which journaled command recorded each Workspace: names the command behind
+        # a Workspace the clients never saw.
+        journaled = {str((c.result or {}).get("workspace_id")): c.command_id
+                     for c in session.scalars(select(Command).where(
+                         Command.operation == "workspace.create"))}
+        return ids, int(states or 0), journaled
+    stored, not_deleted, journaled = await cluster.store.run(read)
     failed = {c: o[3] for c, o in cluster.outcomes.items()
               if o[1] == "/v1/workspaces" and "error" in o[3]}
     # every create once, none lost, none made twice
-    assert stored == created, (stored - created, created - stored, failed)
+    assert stored == created, (
+        {w: journaled.get(w) for w in stored - created}, created - stored, failed)
     assert not_deleted == 0   # and every one was deleted in the end
 
 

@@ -10,10 +10,20 @@ session's reader would block the very reader that must deliver that result.  A f
 that repeats the state last applied to its Instance is skipped.  A ``hello``'s list is
 authoritative for Instances recorded before the session started; a ``report``'s list
 is checked at most once per grace period per node, as a safety net behind the frames.
+
+With several ctrl replicas a create may be in flight on another replica (it placed the
+Instance through this replica's session, or through a replica that died and whose
+node reconnected here): the node then reports an Instance this replica has no record
+of yet.  Destroying it at once would leave the create's record, committed a moment
+later, pointing at nothing (a Workspace CREATING for ever).  Such a frame, or such an
+entry of a list, is set aside until the Instance is recorded or the longest such
+create can have taken (`FOREIGN_CREATE_WINDOW`), and only then applied (or the Instance
+destroyed).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -21,13 +31,24 @@ from functools import partial
 
 import trio
 
+from kibotos.ctrl.live.placement_loop import CREATE_TIMEOUT
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.model import instances as inst_mod
+from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.protocol import Hello, InstanceState, InstanceSummary, Report
+
+# The name ctrl's Workspace logging has always had (operators filter on it).
+log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 
 #: A report may predate a create that ctrl recorded since (see `instances.reconcile`).
 REPORT_GRACE_S = 30.0
 APPLIED_CACHE = 100_000
+#: How long an Instance a node reports may stay unrecorded while a create on another
+#: replica records it: the sender's wait for the relayed answer (the create timeout
+#: and the relay's margin of 5 s) and its commit, with room to spare.
+FOREIGN_CREATE_WINDOW = CREATE_TIMEOUT + 15.0
+#: How often a set-aside Instance's record is looked for.
+RECORD_POLL_INTERVAL = 0.2
 
 
 class NodeFeed:
@@ -68,19 +89,47 @@ class NodeFeed:
             return
         await self._apply_frame(node_id, frame)
 
-    async def _apply_deferred(self, key: str) -> None:
+    async def _apply_deferred(self, key: str, foreign: bool = False) -> None:
         try:
             pending = self.runtime.inflight.get(key)
             if pending is not None:
                 await pending.wait()
+            if foreign:
+                await self._until_recorded(key)
             while self._deferred.get(key):
                 node_id, frame = self._deferred[key].pop(0)
-                await self._apply_frame(node_id, frame)
+                await self._apply_frame(node_id, frame, set_aside_unknown=False)
         finally:
             self._deferred.pop(key, None)
             self._deferring.discard(key)
 
-    async def _apply_frame(self, node_id: str, frame: InstanceState) -> None:
+    def _set_aside(self, node_id: str, frame: InstanceState) -> None:
+        """Apply `frame` once its Instance is recorded (another replica's create in
+        flight) or `FOREIGN_CREATE_WINDOW` passed (the module docstring)."""
+        key = frame.instance_id
+        self._deferred.setdefault(key, []).insert(0, (node_id, frame))
+        if key not in self._deferring:
+            log.info("node %s: Instance %s is not recorded yet; waiting up to %g s for a "
+                     "create on another replica to record it", node_id, key,
+                     FOREIGN_CREATE_WINDOW)
+            self._deferring.add(key)
+            self.runtime.spawn(self._apply_deferred, key, True)
+
+    async def _until_recorded(self, instance_id: str) -> None:
+        with trio.move_on_after(FOREIGN_CREATE_WINDOW):
+            while not await self.runtime.store.run(partial(tx.instance_known,
+                                                           instance_id=instance_id)):
+                await trio.sleep(RECORD_POLL_INTERVAL)
+
+    def _unknown(self, followups: list[inst_mod.Followup]) -> set[str]:
+        """The Instances `followups` would destroy as unrecorded, when a create on
+        another replica may still record them."""
+        if not self.runtime.foreign_creates:
+            return set()
+        return {f.instance_id for f in followups if f.action == "destroy"}
+
+    async def _apply_frame(self, node_id: str, frame: InstanceState,
+                           set_aside_unknown: bool = True) -> None:
         seen = (frame.state.value, frame.reason)
         if frame.guest is None and frame.cleanup is None and frame.addresses is None and \
                 self._applied.get(frame.instance_id) == seen:
@@ -93,6 +142,9 @@ class NodeFeed:
             cleanup=frame.cleanup.to_wire() if frame.cleanup is not None else None,
             objects=[o.to_wire() for o in frame.objects] if frame.objects is not None
             else None, addresses=frame.addresses))
+        if set_aside_unknown and frame.instance_id in self._unknown(followups):
+            self._set_aside(node_id, frame)
+            return
         self.remember(frame.instance_id, seen)
         self.follow(followups)
 
@@ -115,4 +167,11 @@ class NodeFeed:
             inst_mod.reconcile, node_id=node_id,
             listed=[i.to_wire() for i in listed if i.instance_id not in skip],
             now=self.runtime.ctx.now(), listed_after=listed_after))
-        self.follow(followups)
+        unknown = self._unknown(followups)
+        for item in listed:
+            if item.instance_id in unknown:
+                self._set_aside(node_id, InstanceState(
+                    instance_id=item.instance_id, workspace_id=item.workspace_id,
+                    state=item.state, reason=item.reason, objects=item.objects))
+        self.follow([f for f in followups if not (f.action == "destroy"
+                                                 and f.instance_id in unknown)])

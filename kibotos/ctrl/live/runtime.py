@@ -61,6 +61,10 @@ class Runtime:
         #: PostgreSQL only the lease holder does (`kibotos.ctrl.replica`), so two
         #: replicas never resume the same operation; a lone ctrl always may.
         self.holds_lease: Callable[[], bool] = lambda: True
+        #: Whether other ctrl replicas place creates on this store (PostgreSQL): a
+        #: create in flight there is not in `inflight`, so an Instance a node reports
+        #: before its record may still be recorded (`NodeFeed`).
+        self.foreign_creates = False
         self._node_changed = trio.Event()
         self._loading: list[list[Change]] | None = None
 

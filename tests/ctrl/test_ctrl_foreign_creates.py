@@ -1,0 +1,53 @@
+"""With several ctrl replicas a create may be in flight on another replica while the
+node reports its Instance here (`kibotos.ctrl.live.node_feed`): an Instance this
+replica has no record of is then set aside, and destroyed only if no record appears
+within `FOREIGN_CREATE_WINDOW`.  One in-process ctrl plays the replica that has no
+record; the autojump clock lets the window pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+from ctrl_helpers import wait_until
+from ws_helpers import TEMPLATE_REF, open_ws_ctrl
+
+from kibotos.ctrl.live.node_feed import FOREIGN_CREATE_WINDOW
+from kibotos.testing.clock import ThreadAwareClock
+
+
+async def test_an_unrecorded_instance_waits_out_the_window_before_it_is_destroyed(
+        tmp_path: Path, autojump_clock: ThreadAwareClock) -> None:
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        ctrl.runtime.foreign_creates = True
+        await ctrl.connect("node-a")
+        kept = await ctrl.settled((await ctrl.create())["workspace_id"])
+        lost = await ctrl.settled((await ctrl.create())["workspace_id"])
+        await ctrl.disconnect("node-a")
+        sim = ctrl.sims["node-a"]
+        # While away the node lost one Instance and gained one this ctrl has no record
+        # of: another replica's create, perhaps, whose record is not committed yet.
+        del sim.instances[lost["instance_id"]]
+        stray = await sim.handle("instance.create", {
+            "instance_id": "inst-stray", "workspace_id": "ws-stray", "cpu_millis": 100,
+            "memory_bytes": 1 << 26, "template": TEMPLATE_REF,
+            "layer": {"pool_id": "node-a-local", "ref": "lay-stray",
+                      "capacity_bytes": 1 << 26, "epoch": 1, "create": True}})
+        assert stray == {"accepted": True}
+        connected_at = trio.current_time()
+        await ctrl.connect("node-a", sim=sim)
+
+        async def lost_failed() -> bool:
+            return (await ctrl.ws(lost["workspace_id"]))["state"] == "FAILED"
+
+        # The hello's list was applied (the lost Instance is gone) ...
+        await wait_until(lost_failed, "the lost Instance's Workspace FAILED")
+        # ... but the unrecorded one is kept while a create elsewhere may record it,
+        assert "inst-stray" not in sim.destroyed
+        await trio.sleep(FOREIGN_CREATE_WINDOW / 2)
+        assert "inst-stray" not in sim.destroyed
+        # and destroyed once none did: nothing is left on the node for ever.
+        await wait_until(lambda: "inst-stray" in sim.destroyed or None,
+                         "the stray Instance destroyed", timeout=4 * FOREIGN_CREATE_WINDOW)
+        assert trio.current_time() - connected_at >= FOREIGN_CREATE_WINDOW
+        assert (await ctrl.ws(kept["workspace_id"]))["state"] == "AVAILABLE"
