@@ -149,6 +149,46 @@ async def _copy_in_and_out(plane: Plane, tmp_path: Path) -> None:
     await run_exec(plane, ["rm", "-f", "/var/tmp/big.bin"])
 
 
+async def _tree_and_a_full_disk(plane: Plane, tmp_path: Path) -> None:
+    """A directory tree into the guest and back with its modes and a symlink kept; an
+    upload that does not fit (a 1 MiB tmpfs in the guest) fails as the guest's ENOSPC
+    and leaves nothing under the target name, nor any temporary file."""
+    from kibotos.cli.workspace.cp_cmds import Remote, copy
+    from kibotos.errors import ResourceExhausted
+
+    src = tmp_path / "project"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin/run").write_bytes(b"#!/bin/sh\necho hi\n")
+    os.chmod(src / "bin/run", 0o755)
+    os.chmod(src / "bin", 0o750)
+    os.symlink("bin/run", src / "run")
+    credential = plane.credential(operations=("files",))
+    await copy(plane.url, credential, str(src), Remote("ws-1", "/var/tmp"),
+               ssl_context=plane.client_tls)
+    seen = await run_exec(plane, ["sh", "-c", "cd /var/tmp/project && stat -c '%a %n' bin "
+                                  "bin/run && readlink run && sh run"])
+    assert seen.stdout == b"750 bin\n755 bin/run\nbin/run\nhi\n", seen
+    out = tmp_path / "out"
+    out.mkdir()
+    await copy(plane.url, credential, Remote("ws-1", "/var/tmp/project"), str(out),
+               ssl_context=plane.client_tls)
+    assert (out / "project/bin/run").stat().st_mode & 0o7777 == 0o755
+    assert (out / "project/bin").stat().st_mode & 0o7777 == 0o750
+    assert os.readlink(out / "project/run") == "bin/run"
+
+    mounted = await run_exec(plane, ["sh", "-c", "mkdir -p /mnt/small && mount -t tmpfs "
+                                     "-o size=1m tmpfs /mnt/small && echo old > "
+                                     "/mnt/small/big.bin"])
+    assert mounted.status.exit_code == 0, mounted
+    (tmp_path / "big.bin").write_bytes(os.urandom(4 << 20))
+    with pytest.raises(ResourceExhausted, match="no space left"):
+        await copy(plane.url, credential, str(tmp_path / "big.bin"),
+                   Remote("ws-1", "/mnt/small/big.bin"), ssl_context=plane.client_tls)
+    left = await run_exec(plane, ["sh", "-c", "ls -A /mnt/small; cat /mnt/small/big.bin; "
+                                  "umount /mnt/small"])
+    assert left.stdout == b"big.bin\nold\n", left
+
+
 async def _http_through_port_forward(plane: Plane) -> None:
     """``python3 -m http.server`` in the guest (started by exec through the data plane),
     and 50 concurrent HTTP requests to it through what ``kibo workspace port-forward``
@@ -249,6 +289,8 @@ async def test_exec_through_the_guests_second_port(images: tuple[Path, Path],
                 assert result.stdout == b"hi\nthrough org.kibotos.agent.1\n"
                 with trio.fail_after(BOOT_TIMEOUT * 2 + COPY_SIZE / (256 << 10)):
                     await _copy_in_and_out(plane, tmp_path)
+                with trio.fail_after(BOOT_TIMEOUT * 2):
+                    await _tree_and_a_full_disk(plane, tmp_path)
                 with trio.fail_after(BOOT_TIMEOUT * 2):
                     await _http_through_port_forward(plane)
                 # The node's session on the first port was not reset by the data plane's.
