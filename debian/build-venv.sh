@@ -101,6 +101,33 @@ find "$DEST$VENV/$SITE" -path '*.libs' -prune -o -type f -name '*.so' \
 # No byte code in the package (Debian's Python policy): postinst compiles it in place,
 # prerm removes it.
 
+# RECORD: pip hashed the console scripts with their first line naming DEST (a new
+# temporary directory every build) and the extension modules before they were
+# stripped; give the files as shipped their own hash and size, so RECORD is true and
+# two builds of one revision give the same package (reproducible builds).
+"$PY" - "$DEST$VENV/$SITE" <<'PYEOF'
+import base64, csv, hashlib, io, os, sys
+
+site = sys.argv[1]
+for entry in sorted(os.listdir(site)):
+    record = os.path.join(site, entry, "RECORD")
+    if not entry.endswith(".dist-info") or not os.path.isfile(record):
+        continue
+    with open(record, newline="") as f:
+        rows = list(csv.reader(f))
+    for i, row in enumerate(rows):
+        full = os.path.normpath(os.path.join(site, row[0]))
+        if len(row) == 3 and row[1] and os.path.isfile(full) and not os.path.islink(full):
+            with open(full, "rb") as f:
+                data = f.read()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows[i] = [row[0], "sha256=" + digest.decode(), str(len(data))]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    with open(record, "w", newline="") as f:
+        f.write(out.getvalue())
+PYEOF
+
 # Nothing may still name the staging directory.
 if leftovers=$(grep -rlF -- "$DEST" "$DEST$VENV"); then
     echo "build-venv: these files still name the build directory $DEST:" >&2
