@@ -103,7 +103,8 @@ find "$DEST$VENV/$SITE" -path '*.libs' -prune -o -type f -name '*.so' \
 
 # RECORD: pip hashed the console scripts with their first line naming DEST (a new
 # temporary directory every build) and the extension modules before they were
-# stripped; give the files as shipped their own hash and size, so RECORD is true and
+# stripped, and lists files removed above; give the files as shipped their own hash and
+# size and drop the rows of removed ones, so RECORD is true and
 # two builds of one revision give the same package (reproducible builds).
 "$PY" - "$DEST$VENV/$SITE" <<'PYEOF'
 import base64, csv, hashlib, io, os, sys
@@ -115,15 +116,20 @@ for entry in sorted(os.listdir(site)):
         continue
     with open(record, newline="") as f:
         rows = list(csv.reader(f))
-    for i, row in enumerate(rows):
+    kept = []
+    for row in rows:
         full = os.path.normpath(os.path.join(site, row[0]))
-        if len(row) == 3 and row[1] and os.path.isfile(full) and not os.path.islink(full):
-            with open(full, "rb") as f:
-                data = f.read()
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-            rows[i] = [row[0], "sha256=" + digest.decode(), str(len(data))]
+        if len(row) == 3 and row[1]:
+            if not os.path.lexists(full):
+                continue  # removed above (direct_url.json, pip, activate scripts)
+            if os.path.isfile(full) and not os.path.islink(full):
+                with open(full, "rb") as f:
+                    data = f.read()
+                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+                row = [row[0], "sha256=" + digest.rstrip(b"=").decode(), str(len(data))]
+        kept.append(row)
     out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows(rows)
+    csv.writer(out, lineterminator="\n").writerows(kept)
     with open(record, "w", newline="") as f:
         f.write(out.getvalue())
 PYEOF

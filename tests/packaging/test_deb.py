@@ -244,6 +244,33 @@ def test_nothing_names_the_build_tree(root: Path) -> None:
     assert proc.returncode == 1, proc.stdout
 
 
+def test_every_record_holds_the_shipped_files_hash(root: Path) -> None:
+    """Each installed distribution's RECORD names the hash and size of the file the
+    package ships (build-venv.sh rewrites them after it changes scripts and strips
+    modules): a true RECORD, and one that no longer varies with the build directory,
+    which kept two builds of one revision from being byte-identical."""
+    import base64
+    import csv
+    import hashlib
+
+    site = root / SITE
+    checked = 0
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        with open(record, newline="") as f:
+            for name, digest, size in (row for row in csv.reader(f) if len(row) == 3):
+                if not digest:
+                    continue  # RECORD itself
+                path = site / name
+                assert path.exists() or path.is_symlink(), f"{record}: {name} is not shipped"
+                if path.is_symlink():
+                    continue
+                data = path.read_bytes()
+                ours = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                assert (digest, size) == ("sha256=" + ours.decode(), str(len(data))), name
+                checked += 1
+    assert checked > 1000
+
+
 def test_lintian_is_clean(debs: dict[str, Path]) -> None:
     """Every tag lintian reports is overridden (debian/*.lintian-overrides say why),
     except the placeholder maintainer address, which the release sets."""
