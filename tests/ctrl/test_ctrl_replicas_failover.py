@@ -7,7 +7,11 @@ its node reconnects)."""
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +24,7 @@ from sqlalchemy.orm import Session
 from kibotos.ctrl.serve import open_store
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import CtrlReplica
-from kibotos.testing.fake_node import open_sim_node
+from kibotos.testing.fake_node import SimNode, open_sim_node
 from kibotos.testing.waiting import wait_until
 from kibotos.tls.local_ctrl import client_tls
 
@@ -66,31 +70,62 @@ async def _holder_among(store: Store, ids: dict[str, Replica]) -> tuple[str, int
     return await wait_until(probe, "one replica holds the lease", timeout=60)
 
 
+@asynccontextmanager
+async def _a_node_on_each(replicas: list[Replica], creds: dict[str, str]
+                          ) -> AsyncIterator[dict[str, SimNode]]:
+    """node-a's session on the first replica, node-b's on the second."""
+    tls = client_tls(replicas[0].config)
+    async with open_sim_node(replicas[0].url, creds["node-a"], "node-a", 1,
+                             ssl_context=tls) as on_a, \
+            open_sim_node(replicas[1].url, creds["node-b"], "node-b", 1,
+                          ssl_context=tls) as on_b:
+        yield {"node-a": on_a, "node-b": on_b}
+
+
+@dataclass(frozen=True)
+class Struck:
+    """The lease holder the test strikes, its node, and the other replica and node."""
+
+    holder_id: str
+    token: int
+    holder: Replica
+    holder_node: str
+    other_id: str
+    other: Replica
+    other_node: str
+
+
+async def _struck(store: Store, replicas: list[Replica],
+                  before: dict[str, dict[str, Any]]) -> Struck:
+    by_id = {str(before["node-a"]["replica"]): replicas[0],
+             str(before["node-b"]["replica"]): replicas[1]}
+    holder_id, token = await _holder_among(store, by_id)
+    (other_id, other), = ((k, v) for k, v in by_id.items() if k != holder_id)
+    holder_node, other_node = (("node-a", "node-b") if by_id[holder_id] is replicas[0]
+                               else ("node-b", "node-a"))
+    return Struck(holder_id, token, by_id[holder_id], holder_node, other_id, other,
+                  other_node)
+
+
 async def test_the_lease_and_the_sessions_move_when_the_holder_is_killed(
         tmp_path: Path, postgres_url: str) -> None:
     replicas = await _two_replicas(tmp_path, postgres_url)
     store = await open_store(replicas[0].config)
     try:
-        tls = client_tls(replicas[0].config)
         creds = await _node_credentials(replicas[0], store)
-        async with open_sim_node(replicas[0].url, creds["node-a"], "node-a", 1,
-                                 ssl_context=tls) as on_a, \
-                open_sim_node(replicas[1].url, creds["node-b"], "node-b", 1,
-                              ssl_context=tls) as on_b:
-            assert on_a.welcomed
-            assert on_b.welcomed
+        async with _a_node_on_each(replicas, creds) as sims:
+            assert sims["node-a"].welcomed
+            assert sims["node-b"].welcomed
             before = await sessions(store)
             assert before["node-a"]["alive"]
             assert before["node-b"]["alive"]
-            by_id = {before["node-a"]["replica"]: replicas[0],
-                     before["node-b"]["replica"]: replicas[1]}
-            assert len(by_id) == 2  # each session is recorded under its own replica
-            holder_id, token = await _holder_among(store, by_id)
-            victim = by_id[holder_id]
-            (survivor_id, survivor), = ((k, v) for k, v in by_id.items() if k != holder_id)
-            victim_node, survivor_node = (("node-a", "node-b") if victim is replicas[0]
-                                          else ("node-b", "node-a"))
-            victim_sim = on_a if victim_node == "node-a" else on_b
+            # Each session is recorded under its own replica.
+            assert before["node-a"]["replica"] != before["node-b"]["replica"]
+            struck = await _struck(store, replicas, before)
+            token, victim, victim_node = struck.token, struck.holder, struck.holder_node
+            survivor_id, survivor, survivor_node = (struck.other_id, struck.other,
+                                                    struck.other_node)
+            victim_sim = sims[victim_node]
 
             victim.proc.send_signal(signal.SIGKILL)
             killed_at = trio.current_time()
@@ -113,7 +148,7 @@ async def test_the_lease_and_the_sessions_move_when_the_holder_is_killed(
         # The node of the dead replica reconnects to the survivor (the test plays the
         # load balancer in front of the replicas).
         async with open_sim_node(survivor.url, creds[victim_node], victim_node, 1,
-                                 ssl_context=tls) as again:
+                                 ssl_context=client_tls(replicas[0].config)) as again:
             assert again.welcomed
             now = await sessions(store)
             assert now[victim_node]["alive"]
@@ -130,21 +165,14 @@ async def test_a_stopped_holder_never_acts_after_another_took_over(
     replicas = await _two_replicas(tmp_path, postgres_url)
     store = await open_store(replicas[0].config)
     try:
-        tls = client_tls(replicas[0].config)
         creds = await _node_credentials(replicas[0], store)
-        async with open_sim_node(replicas[0].url, creds["node-a"], "node-a", 1,
-                                 ssl_context=tls) as on_a, \
-                open_sim_node(replicas[1].url, creds["node-b"], "node-b", 1,
-                              ssl_context=tls) as on_b:
+        async with _a_node_on_each(replicas, creds) as sims:
             before = await sessions(store)
-            by_id = {before["node-a"]["replica"]: replicas[0],
-                     before["node-b"]["replica"]: replicas[1]}
-            holder_id, token = await _holder_among(store, by_id)
-            stopped = by_id[holder_id]
-            (other_id, _other), = ((k, v) for k, v in by_id.items() if k != holder_id)
-            stopped_node, other_node = (("node-a", "node-b") if stopped is replicas[0]
-                                        else ("node-b", "node-a"))
-            stopped_sim = on_a if stopped_node == "node-a" else on_b
+            struck = await _struck(store, replicas, before)
+            holder_id, token, stopped = struck.holder_id, struck.token, struck.holder
+            other_id, stopped_node, other_node = (struck.other_id, struck.holder_node,
+                                                  struck.other_node)
+            stopped_sim = sims[stopped_node]
 
             stopped.proc.send_signal(signal.SIGSTOP)
             try:
