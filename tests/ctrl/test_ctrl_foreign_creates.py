@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 from ctrl_helpers import wait_until
-from ws_helpers import TEMPLATE_REF, open_ws_ctrl
+from ws_helpers import away_with_one_lost_and_one_stray, open_ws_ctrl
 
 from kibotos.ctrl.live.node_feed import FOREIGN_CREATE_WINDOW
 from kibotos.testing.clock import ThreadAwareClock
@@ -21,19 +21,9 @@ async def test_an_unrecorded_instance_waits_out_the_window_before_it_is_destroye
     async with open_ws_ctrl(tmp_path) as ctrl:
         ctrl.runtime.foreign_creates = True
         await ctrl.connect("node-a")
-        kept = await ctrl.settled((await ctrl.create())["workspace_id"])
-        lost = await ctrl.settled((await ctrl.create())["workspace_id"])
-        await ctrl.disconnect("node-a")
-        sim = ctrl.sims["node-a"]
         # While away the node lost one Instance and gained one this ctrl has no record
         # of: another replica's create, perhaps, whose record is not committed yet.
-        del sim.instances[lost["instance_id"]]
-        stray = await sim.handle("instance.create", {
-            "instance_id": "inst-stray", "workspace_id": "ws-stray", "cpu_millis": 100,
-            "memory_bytes": 1 << 26, "template": TEMPLATE_REF,
-            "layer": {"pool_id": "node-a-local", "ref": "lay-stray",
-                      "capacity_bytes": 1 << 26, "epoch": 1, "create": True}})
-        assert stray == {"accepted": True}
+        kept, lost, sim = await away_with_one_lost_and_one_stray(ctrl)
         connected_at = trio.current_time()
         await ctrl.connect("node-a", sim=sim)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ctrl_helpers import wait_until
-from ws_helpers import TEMPLATE_REF, WsCtrl, open_ws_ctrl
+from ws_helpers import WsCtrl, away_with_one_lost_and_one_stray, open_ws_ctrl
 
 from kibotos.ctrl.wire.workspaces import CleanupStatusOut
 from kibotos.testing.clock import ThreadAwareClock
@@ -190,18 +190,8 @@ async def test_reconnect_reconciles_the_instance_list(tmp_path: Path,
         autojump_clock: ThreadAwareClock) -> None:
     async with open_ws_ctrl(tmp_path) as ctrl:
         await ctrl.connect("node-a")
-        kept = await ctrl.settled((await ctrl.create())["workspace_id"])
-        lost = await ctrl.settled((await ctrl.create())["workspace_id"])
-        await ctrl.disconnect("node-a")
-        sim = ctrl.sims["node-a"]
         # While away the node lost one Instance and gained one ctrl never recorded.
-        del sim.instances[lost["instance_id"]]
-        stray = await sim.handle("instance.create", {
-            "instance_id": "inst-stray", "workspace_id": "ws-stray", "cpu_millis": 100,
-            "memory_bytes": 1 << 26, "template": TEMPLATE_REF,
-            "layer": {"pool_id": "node-a-local", "ref": "lay-stray",
-                      "capacity_bytes": 1 << 26, "epoch": 1, "create": True}})
-        assert stray == {"accepted": True}
+        kept, lost, sim = await away_with_one_lost_and_one_stray(ctrl)
         await ctrl.connect("node-a", sim=sim)
 
         async def reconciled() -> bool:

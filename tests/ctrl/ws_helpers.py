@@ -210,6 +210,26 @@ async def open_ws_ctrl(tmp_path: Path, *, policy: str = "binpack", in_process: b
         store.close()
 
 
+async def away_with_one_lost_and_one_stray(ctrl: WsCtrl, node_id: str = "node-a"
+                                           ) -> tuple[dict[str, Any], dict[str, Any],
+                                                      SimInstances]:
+    """Two Workspaces on `node_id`, then the node away: while away it lost the second's
+    Instance and gained ``inst-stray``, which ctrl has no record of.  Returns the kept
+    and the lost Workspace and the node's simulated Instances, to reconnect with."""
+    kept = await ctrl.settled((await ctrl.create())["workspace_id"])
+    lost = await ctrl.settled((await ctrl.create())["workspace_id"])
+    await ctrl.disconnect(node_id)
+    sim = ctrl.sims[node_id]
+    del sim.instances[lost["instance_id"]]
+    stray = await sim.handle("instance.create", {
+        "instance_id": "inst-stray", "workspace_id": "ws-stray", "cpu_millis": 100,
+        "memory_bytes": 1 << 26, "template": TEMPLATE_REF,
+        "layer": {"pool_id": f"{node_id}-local", "ref": "lay-stray",
+                  "capacity_bytes": 1 << 26, "epoch": 1, "create": True}})
+    assert stray == {"accepted": True}
+    return kept, lost, sim
+
+
 async def events(ctrl: WsCtrl, subject: str) -> list[dict[str, Any]]:
     from sqlalchemy import select
 
