@@ -16,7 +16,9 @@ when it overflows (``IN_Q_OVERFLOW``, ``fs.inotify.max_queued_events``) the stre
 carries ``{"type": "overflow"}`` and goes on.  Directories created or moved in below a
 recursive watch are watched as they appear; what a new directory already holds when
 its watch is set (made in the moment between) is reported as created (and written, a
-file with content), so nothing is missed (a duplicate is possible, a gap is not).
+file with content), so nothing is missed; an entry both found so and then reported by
+the kernel (made after the watch was set, before the listing reached it) is created
+once: the later event is dropped when the name is still the inode the listing saw.
 When the watched directory itself is removed or unmounted the stream ends normally
 (EOF, then ``transfer_end``).
 
@@ -64,6 +66,8 @@ READ_SIZE = 64 * 1024
 #: `uploads`' temporary files (``.NAME.kibotos-XXXXXXXX.tmp``).
 _TEMPORARY = re.compile(r"\..*\.kibotos-[0-9a-f]{8}\.tmp", re.DOTALL)
 MAX_PENDING_MOVES = 1024
+#: Entries found by listing a new directory whose own create may still come (`_Inotify.found`).
+MAX_FOUND = 65536
 
 
 class _Inotify:
@@ -79,6 +83,8 @@ class _Inotify:
         if self.fd < 0:
             raise self._error("inotify_init1")
         self.dirs: dict[int, str] = {}  # watch descriptor -> directory relative to the top
+        #: Names reported from a listing (relative -> inode), until the kernel's event.
+        self.found: dict[str, int] = {}
 
     def _error(self, call: str) -> AgentError:
         err = self._get_errno()
@@ -118,8 +124,22 @@ class _Inotify:
                     written = False  # gone again: its remove is reported
                 if written:
                     found.append(_line(name, "write"))
+                if len(self.found) >= MAX_FOUND:
+                    self.found.clear()  # their creates came before the watch: never due
+                self.found[name] = child.inode()
             if child.is_dir(follow_symlinks=False):
                 self.add_tree(child.path, name, found)
+
+    def reported_already(self, relative: str, real: str) -> bool:
+        """Whether the kernel's create of `relative` is one a listing reported: the
+        name is still (or no longer) the inode the listing found."""
+        inode = self.found.pop(relative, None)
+        if inode is None:
+            return False
+        try:
+            return os.lstat(real).st_ino == inode
+        except OSError:
+            return True  # gone again: the listing's create stands, its remove follows
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -192,6 +212,11 @@ def _lines(watch: _Inotify, data: bytes, recursive: bool, real: str, moved: set[
                 moved.add(cookie)
             continue
         kind = next((k for bits, k in KINDS if mask & bits), None)
+        if kind == "create" and watch.found and \
+                watch.reported_already(relative, os.path.join(real, relative)):
+            continue  # listed (and, a directory, watched) when its parent appeared
+        if kind in ("remove", "rename"):
+            watch.found.pop(relative, None)
         if kind is not None:
             lines.append(_line(relative, kind))
         if mask & IN_MOVED_TO and cookie in moved:
