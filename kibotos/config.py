@@ -399,6 +399,11 @@ class TestingSection(_Strict):
     #: ends of the Instance veths, the host table and the uplink are there.  Tests make
     #: one, so the real host's network is never changed; absent: the node's own.
     network_host_netns: Path | None = None
+    #: The interpreter the egress process runs (default: the node's own), for a node
+    #: whose interpreter the egress account cannot reach (a pyenv under /root), and the
+    #: environment it adds (``PYTHONPATH`` to the checkout and its packages).
+    egress_python: Path | None = None
+    egress_environment: dict[str, str] = Field(default_factory=dict)
 
 
 class NodeConfig(_Strict):

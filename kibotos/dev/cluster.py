@@ -33,6 +33,7 @@ from kibotos.dev import layout as lay
 from kibotos.dev.postgres import PostgresServer
 from kibotos.dev.procs import DEFAULT_GRACE, START_MARK, Service, Supervisor, tail
 from kibotos.dev.units import stop_vmm_units
+from kibotos.egress.wire import socket_dir_of
 from kibotos.tls import local_ctrl
 from kibotos.tls.contexts import client_context
 
@@ -122,6 +123,8 @@ class DevCluster:
            node_env: Mapping[str, str] | None = None, vmm_backend: str | None = None,
            shared_default: bool = False, vmm_options: Mapping[str, Any] | None = None,
            store: str = "sqlite", ctrl_replicas: int = 1,
+           network: Mapping[str, Any] | None = None,
+           node_testing: Mapping[str, Any] | None = None,
            log: Callable[[str], None] = lambda _msg: None) -> None:
         """Start ctrl and `nodes` nodes and wait until every node is READY.
 
@@ -132,6 +135,10 @@ class DevCluster:
         `store` ``postgresql`` starts a PostgreSQL server under DIR/postgres for ctrl;
         `ctrl_replicas` > 1 (PostgreSQL only) starts that many ctrl replicas, the nodes
         spread over them and DIR/kibo.toml listing them all (docs/replicas.md).
+        `network` is every node's ``[network]`` table (docs/network.md), so Workspaces
+        get a network and may name Egresses; `node_testing` adds keys to the nodes'
+        ``[testing]`` (tests: ``network_host_netns``, a namespace standing in for the
+        host's, and ``egress_python``; docs/dev.md).
 
         On failure everything started is stopped again and the files are kept for a
         look at the logs; the error names the failing process, its status and log tail.
@@ -185,7 +192,8 @@ class DevCluster:
                                       memory=memory, shared_pool=shared_pool,
                                       test_inputs=test_inputs, vmm_backend=vmm_backend,
                                       shared_default=shared_default,
-                                      vmm_options=vmm_options)
+                                      vmm_options=vmm_options, network=network,
+                                      testing=node_testing)
                 token = self._node_grant(node_id)
                 atomicfile.write_bytes(self.layout.node_dir(node_id) / "grant",
                                        token.encode() + b"\n", mode=0o600)
@@ -207,6 +215,7 @@ class DevCluster:
         stopped += self._sup.stop(nodes, grace)
         for svc in nodes:
             self._stop_dataplane(svc)
+            self._stop_egress(svc)
             stopped += stop_vmm_units(svc.config, timeout=grace)
         stopped += self._sup.stop(self.ctrl_services(), grace)
         if self.layout.postgres_dir.is_dir():
@@ -230,6 +239,26 @@ class DevCluster:
             shutil.rmtree(sockets, ignore_errors=True)
         return [line.removeprefix("stopped ") for line in done.stdout.splitlines()
                 if line.startswith("stopped ")]
+
+    def _stop_egress(self, svc: Service) -> None:
+        """``kibotos egress stop`` for a node with ``[network]``: its egress processes
+        (units that outlive a node, like the VMMs) end, and their socket directory
+        goes."""
+        if not svc.config.exists():
+            return
+        node = config.load(config.NodeConfig, svc.config)
+        if node.network is None:
+            return
+        done = subprocess.run([script("kibotos"), "egress", "stop", "--config",
+                               str(svc.config), "--timeout", "5"],
+                              capture_output=True, text=True, timeout=self.timeout,
+                              check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"stopping the egress processes of {svc.name} failed: "
+                               f"{done.stderr.strip()[-300:]}")
+        egress_dir = socket_dir_of(node.node.socket_dir)
+        if egress_dir.name.startswith(lay.SHORT_SOCKET_DIR_PREFIX):
+            shutil.rmtree(egress_dir, ignore_errors=True)
 
     def status(self) -> list[ProcessStatus]:
         """Each process: its PID if it runs, and the node status from ctrl if reachable."""

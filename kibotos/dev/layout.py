@@ -170,7 +170,11 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
 def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,
                       shared_pool: bool, test_inputs: bool, ctrl_ca_file: Path | None = None,
                       vmm_backend: str | None = None, shared_default: bool = False,
-                      vmm_options: Mapping[str, Any] | None = None) -> None:
+                      vmm_options: Mapping[str, Any] | None = None,
+                      network: Mapping[str, Any] | None = None,
+                      testing: Mapping[str, Any] | None = None) -> None:
+    """`network` is the node's ``[network]`` table as an operator writes it
+    (docs/network.md), `testing` keys of its ``[testing]`` (docs/dev.md)."""
     d = layout.node_dir(node_id)
     pools: list[dict[str, Any]] = [
         {"id": node_id, "path": d / "pool", "default": not shared_default, "shared": False},
@@ -185,7 +189,9 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
             "ctrl_ca_file": ctrl_ca_file,
             "enrollment_grant_file": d / "grant",
             "dataplane_listen": f"127.0.0.1:{free_port()}",
-            "socket_dir": socket_dir(d),
+            # With [network] the egress account must reach ``<socket_dir>-egress``
+            # beside it, which a DIR of 0700 hides: the short one, in /tmp.
+            "socket_dir": socket_dir(d, short=network is not None),
         },
         "storage": {"root": storage_root(d), "pool": pools},
         "resources": {"cpu": _number(cpu), "memory": memory},
@@ -200,9 +206,13 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
             options = {"user": "root", **options}
         if options:  # ``[vmm.<backend>]``: e.g. the test VMM's ``write_records``
             doc["vmm"][vmm_backend] = options
+    if network is not None:
+        doc["network"] = dict(network)
     if test_inputs:
         doc["host"] = {"proc_root": layout.proc_root(node_id)}
         doc["testing"] = {"clock_skew_file": layout.clock_skew_file(node_id)}
+    if testing:
+        doc["testing"] = {**doc.get("testing", {}), **testing}
     path = layout.node_config(node_id)
     config.parse(config.NodeConfig, doc, str(path))  # bad input: nothing written
     for p in pools:
@@ -224,15 +234,16 @@ def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, 
 SHORT_SOCKET_DIR_PREFIX = "kibotos-dev-"
 
 
-def socket_dir(node_dir: Path) -> Path:
+def socket_dir(node_dir: Path, *, short: bool = False) -> Path:
     """``<node dir>/run``, or a short directory under /tmp named by it when that path is
-    too long for the unix sockets under it (sun_path holds 107 bytes)."""
+    too long for the unix sockets under it (sun_path holds 107 bytes) or `short` asks
+    for it."""
     import hashlib
     import os
     import tempfile
 
     preferred = node_dir.absolute() / "run"
-    if len(os.fsencode(preferred)) + len("/dataplane/control.sock") <= 107:
+    if not short and len(os.fsencode(preferred)) + len("/dataplane/control.sock") <= 107:
         return preferred
     digest = hashlib.sha256(os.fsencode(preferred)).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"{SHORT_SOCKET_DIR_PREFIX}{digest}"

@@ -205,7 +205,10 @@ def _egress(config: NodeConfig, manager: InstanceManager,
     if not isinstance(manager, VmInstanceManager) or manager.launcher.network is None:
         return None
     step = manager.launcher.network
-    egress = NodeEgress.for_node(config, step, credential=credential)
+    python = config.testing.egress_python
+    egress = NodeEgress.for_node(config, step, credential=credential,
+                                 python=None if python is None else str(python),
+                                 environment=config.testing.egress_environment)
     step.egress = egress
     return egress
 

@@ -80,9 +80,16 @@ def test_create_bodies_are_strict_and_unsupported_options_are_named() -> None:
             NewSandbox.model_validate(body)
     asked = NewSandbox.model_validate({
         "templateID": "base", "mcp": {}, "volumeMounts": [{"name": "v", "path": "/v"}],
-        "autoPauseMemory": True, "network": {"egressProxy": {}, "allowOut": ["1.2.3.4/32"]}})
+        "autoPauseMemory": True, "network": {
+            "egressProxy": {"address": "socks.test:1080", "tls": True},
+            "allowOut": ["1.2.3.4/32"], "rules": {}}})
     assert asked.unsupported() == ["autoPauseMemory (memory snapshots)", "mcp",
-                                   "volumeMounts", "network.egressProxy"]
+                                   "volumeMounts", "network.rules",
+                                   "network.egressProxy.tls (TLS to the SOCKS5 server)"]
+    proxied = {"templateID": "base", "network": {"egressProxy": {"address": "s.test:1080"}}}
+    assert NewSandbox.model_validate(proxied).unsupported() == []
+    with pytest.raises(ValidationError):  # a proxy needs its address
+        NewSandbox.model_validate({"templateID": "base", "network": {"egressProxy": {}}})
 
 
 def _config(tmp_path: Path, **extra: Any) -> GatewayConfig:

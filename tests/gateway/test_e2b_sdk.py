@@ -314,6 +314,30 @@ def test_network_options_become_the_workspace_policy(e2b: E2bSetup) -> None:
                for ws in listed["workspaces"])
 
 
+def _egresses(e2b: E2bSetup) -> list[str]:
+    return [e["name"] for e in e2b.cluster.api("GET", "/v1/egresses")["egresses"]]
+
+
+def test_an_egress_proxy_is_an_egress_of_its_own_that_goes_with_its_sandbox(
+        sandbox: Sandbox, e2b: E2bSetup) -> None:
+    """``egress_proxy`` becomes an Egress in ctrl (its password sealed there); when ctrl
+    cannot place or switch the Workspace (this node has no [network]) the Egress is
+    deleted again, and a bad address is refused naming the option.  The proxy's traffic
+    itself: test_e2b_sdk_qemu.py."""
+    proxy = {"address": "198.18.1.2:1080", "username": "alice", "password": "s3cret"}
+    before = _egresses(e2b)
+    with pytest.raises(ServiceBusyException, match="no network on the node"):
+        Sandbox.create("base", network={"egress_proxy": proxy}, **e2b.opts())
+    with pytest.raises(SandboxException, match="409: .*cannot enforce this policy .no network on the node"):
+        sandbox.update_network({"egress_proxy": proxy})
+    with pytest.raises(SandboxException, match="400: network.egressProxy: .*no port"):
+        Sandbox.create("base", network={"egress_proxy": {"address": "nowhere"}},
+                       **e2b.opts())
+    with pytest.raises(SandboxException, match="400: .*network.egressProxy.tls"):
+        sandbox.update_network({"egress_proxy": {**proxy, "tls": True}})
+    assert _egresses(e2b) == before
+
+
 def test_envd_is_also_routed_by_host_name(sandbox: Sandbox, e2b: E2bSetup) -> None:
     """``49983-<sandbox>.<domain>``, what the SDK uses without E2B_SANDBOX_URL."""
     connected = httpx.post(f"{e2b.gateway.api_url}/v2/sandboxes/{sandbox.sandbox_id}/connect",

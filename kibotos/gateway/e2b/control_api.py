@@ -6,7 +6,8 @@ Routes (E2B's OpenAPI document): ``POST /sandboxes`` and ``/v2/sandboxes`` (201)
 ``GET /sandboxes`` and ``/v2/sandboxes`` (metadata filter, state, ``limit``,
 ``nextToken`` → ``X-Next-Token``), ``GET /sandboxes/{id}``, ``DELETE /sandboxes/{id}``
 (204), ``POST /sandboxes/{id}/timeout`` (204), ``POST /sandboxes/{id}/connect`` and
-``/v2/…/connect`` (200 running, 201 resumed), ``POST /sandboxes/{id}/pause`` (204).
+``/v2/…/connect`` (200 running, 201 resumed), ``POST /sandboxes/{id}/pause`` (204),
+``PUT /sandboxes/{id}/network`` (204).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kibotos.gateway.e2b.sandboxes import PAUSED_STATES, RUNNING_STATES, TEAM_LA
 from kibotos.gateway.e2b.service import SandboxService
 from kibotos.gateway.e2b.wire import (
     ConnectBody,
+    NetworkUpdate,
     NewSandbox,
     PauseBody,
     TimeoutBody,
@@ -155,6 +157,10 @@ def build_control_app(service: SandboxService) -> Starlette:
         await service.pause(team, sid(request), body.memory)
         return Response(status_code=204)
 
+    async def update_network(request: Request, team: Team) -> Response:
+        await service.update_network(team, sid(request), await _body(request, NetworkUpdate))
+        return Response(status_code=204)
+
     async def health(request: Request) -> Response:
         return JSONResponse({"message": "ok"})
 
@@ -183,6 +189,7 @@ def build_control_app(service: SandboxService) -> Starlette:
         Route(f"{one}/connect", authed(connect), methods=["POST"]),
         Route(f"/v2{one}/connect", authed(connect), methods=["POST"]),
         Route(f"{one}/pause", authed(pause), methods=["POST"]),
+        Route(f"{one}/network", authed(update_network), methods=["PUT"]),
     ]
     handlers: dict[Any, Any] = {HTTPException: on_http_error, Exception: on_unexpected}
     return Starlette(routes=routes, exception_handlers=handlers)

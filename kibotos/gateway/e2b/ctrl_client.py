@@ -80,6 +80,15 @@ class CtrlClient(CtrlHttp):
         return dict(await self.call("POST", workspace_path(workspace_id, action), body=body,
                                     write=True))
 
+    # ---------------------------------------------------------------- egresses
+
+    async def create_egress(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/egresses``; `body` holds the password, which ctrl seals."""
+        return dict(await self.call("POST", "/v1/egresses", body=body, write=True))
+
+    async def delete_egress(self, name: str) -> None:
+        await self.call("DELETE", f"/v1/egresses/{name}", body={}, write=True)
+
     # ---------------------------------------------------------------- data plane
 
     async def session(self, workspace_id: str) -> DataplaneSession:

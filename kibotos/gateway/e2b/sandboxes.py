@@ -86,6 +86,8 @@ class SandboxRecord:
     auto_resume: bool = False
     #: The traffic access token; None: the sandbox's traffic is public.
     traffic_token: str | None = None
+    #: The Egress made for its ``egressProxy`` (deleted after the Workspace); None: none.
+    egress: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **asdict(self)}

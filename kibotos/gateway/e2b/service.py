@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -35,7 +36,7 @@ from kibotos.gateway.e2b.sandboxes import (
     sandbox_id,
     workspace_id,
 )
-from kibotos.gateway.e2b.wire import NewSandbox
+from kibotos.gateway.e2b.wire import EgressProxy, NetworkUpdate, NewSandbox
 
 log = logging.getLogger("kibotos.gateway.e2b")
 
@@ -144,20 +145,27 @@ class SandboxService:
             "cpu_millis": self.config.sandbox.cpu_millis,
             "memory_bytes": self.config.sandbox.memory_bytes,
             "layer_size_bytes": self.config.sandbox.layer_size_bytes}
-        network = _network(body)
+        proxy = body.network.egressProxy if body.network else None
+        egress = None if proxy is None else await self._create_egress(proxy)
+        network = _network(body, egress)
         if network is not None:
             request["network"] = network
         traffic_token = None if body.public_traffic() else new_traffic_token()
         if traffic_token is not None:
             request["labels"][TRAFFIC_LABEL] = traffic_digest(traffic_token)
-        ws = await self.ctrl.create_workspace(request)
+        try:
+            ws = await self.ctrl.create_workspace(request)
+        except KibotosError:
+            if egress is not None:
+                await self._delete_egress(egress)
+            raise
         sid = sandbox_id(ws["workspace_id"])
         record = SandboxRecord(
             sandbox_id=sid, team=team.team, template_id=body.templateID,
             metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
             end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
             auto_resume=bool(body.autoResume and body.autoResume.enabled),
-            traffic_token=traffic_token)
+            traffic_token=traffic_token, egress=egress)
         await self._put(record)
         log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)
         try:
@@ -215,8 +223,66 @@ class SandboxService:
                     raise FailedPrecondition(f"sandbox {sid} is still {ws['state']}")
                 ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
             if ws["state"] in ("STOPPED", "FAILED"):
-                await self.ctrl.act(ws["workspace_id"], "delete")
+                ws = await self.ctrl.act(ws["workspace_id"], "delete")
+            record = self.records.get(sid)
+            if record is not None and record.egress is not None:
+                # ctrl keeps an Egress while a Workspace that is not DELETED names it
+                while ws["state"] != "DELETED":
+                    if time.monotonic() > deadline:
+                        raise FailedPrecondition(f"sandbox {sid} is still {ws['state']}")
+                    ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
+        record = self.records.get(sid)
+        if record is not None and record.egress is not None:
+            await self._delete_egress(record.egress)
         await trio.to_thread.run_sync(self.records.drop, sid)
+
+    async def update_network(self, team: Team, sid: str, body: NetworkUpdate) -> None:
+        """Replace the sandbox's egress configuration while it runs (ctrl's
+        set-network: in force when it returns, connections kept).  A new
+        ``egressProxy`` is a new Egress; the one it replaces is deleted once the
+        Workspace no longer names it."""
+        missing = body.unsupported()
+        if missing:
+            raise InvalidArgument(f"not supported by this kibotos gateway: "
+                                  f"{', '.join(missing)}")
+        ws = await self.find(team, sid)
+        record = self.records.get(sid) or SandboxRecord(sid, team.team, "")
+        egress = None if body.egressProxy is None \
+            else await self._create_egress(body.egressProxy)
+        policy = _policy(body.allow_internet_access, body.allowOut, body.denyOut, egress)
+        try:
+            await self.ctrl.act(ws["workspace_id"], "set-network", network=policy)
+        except KibotosError:
+            if egress is not None:
+                await self._delete_egress(egress)
+            raise
+        old, record.egress = record.egress, egress
+        await self._put(record)
+        if old is not None:
+            await self._delete_egress(old)
+
+    # ------------------------------------------------------------------ egress proxies
+
+    async def _create_egress(self, proxy: EgressProxy) -> str:
+        """The sandbox's own Egress (``e2b-`` and random hex) for its `egressProxy`:
+        ctrl checks the address and seals the password; the node steers the guest's
+        TCP through it and fails closed.  A refusal names the option."""
+        name = f"e2b-{secrets.token_hex(8)}"
+        body: dict[str, Any] = {"name": name, "address": proxy.address}
+        if proxy.username is not None:
+            body["username"] = proxy.username
+        if proxy.password is not None:
+            body["password"] = proxy.password
+        try:
+            await self.ctrl.create_egress(body)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"network.egressProxy: {exc.message}") from None
+        log.info("egress %s created for a sandbox's egressProxy", name)
+        return name
+
+    async def _delete_egress(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            await self.ctrl.delete_egress(name)
 
     # ------------------------------------------------------------------ lifetimes
 
@@ -264,14 +330,25 @@ class SandboxService:
         await self._put(record)
 
 
-def _network(body: NewSandbox) -> dict[str, Any] | None:
+def _network(body: NewSandbox, egress: str | None) -> dict[str, Any] | None:
     """The network policy asked for, or None (the deployment's default)."""
     net = body.network
     allow = net.allowOut if net else None
     deny = net.denyOut if net else None
-    if body.allow_internet_access is None and allow is None and deny is None:
+    if body.allow_internet_access is None and allow is None and deny is None \
+            and egress is None:
         return None
-    policy: dict[str, Any] = {"public_egress": body.allow_internet_access is not False}
+    return _policy(body.allow_internet_access, allow, deny, egress)
+
+
+def _policy(internet: bool | None, allow: list[str] | None, deny: list[str] | None,
+            egress: str | None) -> dict[str, Any]:
+    """A Workspace network policy of E2B's options.  With an `egress` the guest's TCP
+    goes through it (after ``allow_out``/``deny_out``, as E2B's proxy), its other
+    traffic follows ``allow_internet_access``."""
+    policy: dict[str, Any] = {"public_egress": internet is not False}
+    if egress is not None:
+        policy["egress"] = egress
     if allow is not None:
         policy["allow_out"] = list(allow)
     if deny is not None:

@@ -34,13 +34,23 @@ class AutoResume(BaseModel):
     enabled: StrictBool = False
 
 
+class EgressProxy(BaseModel):
+    """A SOCKS5 server the sandbox's TCP goes through: a kibotos Egress of its own."""
+
+    model_config = _CONFIG
+    address: StrictStr
+    username: StrictStr | None = None
+    password: StrictStr | None = None
+    tls: Any = None
+
+
 class Network(BaseModel):
     model_config = _CONFIG
     allowOut: list[StrictStr] | None = None
     denyOut: list[StrictStr] | None = None
     allowPublicTraffic: StrictBool | None = None
     maskRequestHost: StrictStr | None = None
-    egressProxy: dict[str, Any] | None = None
+    egressProxy: EgressProxy | None = None
     rules: Any = None
     httpsPorts: Any = None
 
@@ -71,15 +81,36 @@ class NewSandbox(BaseModel):
             out.append("volumeMounts")
         net = self.network
         if net is not None:
-            out += [f"network.{name}" for name in ("maskRequestHost", "egressProxy",
-                                                   "rules", "httpsPorts")
+            out += [f"network.{name}" for name in ("maskRequestHost", "rules", "httpsPorts")
                     if getattr(net, name) is not None]
+            if net.egressProxy is not None and net.egressProxy.tls:
+                out.append("network.egressProxy.tls (TLS to the SOCKS5 server)")
         return out
 
     def public_traffic(self) -> bool:
         """Whether anyone may reach the sandbox's ports through the Exposure gateway
         (E2B's default), or only a client with its traffic access token."""
         return self.network is None or self.network.allowPublicTraffic is not False
+
+
+class NetworkUpdate(BaseModel):
+    """``PUT /sandboxes/{id}/network``: the whole egress configuration, replaced (what
+    is left out is cleared, as E2B does)."""
+
+    model_config = _CONFIG
+    allowOut: list[StrictStr] | None = None
+    denyOut: list[StrictStr] | None = None
+    dnsServers: list[StrictStr] | None = None
+    egressProxy: EgressProxy | None = None
+    rules: Any = None
+    allow_internet_access: StrictBool | None = None
+
+    def unsupported(self) -> list[str]:
+        out = [f"network.{name}" for name in ("dnsServers", "rules")
+               if getattr(self, name) is not None]
+        if self.egressProxy is not None and self.egressProxy.tls:
+            out.append("network.egressProxy.tls (TLS to the SOCKS5 server)")
+        return out
 
 
 class TimeoutBody(BaseModel):
