@@ -328,12 +328,13 @@ def test_an_egress_proxy_is_an_egress_of_its_own_that_goes_with_its_sandbox(
     before = _egresses(e2b)
     with pytest.raises(ServiceBusyException, match="no network on the node"):
         Sandbox.create("base", network={"egress_proxy": proxy}, **e2b.opts())
-    with pytest.raises(SandboxException, match="409: .*cannot enforce this policy .no network on the node"):
+    with pytest.raises(SandboxException,
+                       match=r"409: .*cannot enforce this policy \(no network on the node"):
         sandbox.update_network({"egress_proxy": proxy})
-    with pytest.raises(SandboxException, match="400: network.egressProxy: .*no port"):
+    with pytest.raises(SandboxException, match=r"400: network\.egressProxy: .*no port"):
         Sandbox.create("base", network={"egress_proxy": {"address": "nowhere"}},
                        **e2b.opts())
-    with pytest.raises(SandboxException, match="400: .*network.egressProxy.tls"):
+    with pytest.raises(SandboxException, match=r"400: .*network\.egressProxy\.tls"):
         sandbox.update_network({"egress_proxy": {**proxy, "tls": True}})
     assert _egresses(e2b) == before
 

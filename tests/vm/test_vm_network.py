@@ -50,6 +50,8 @@ import trio
 from vm_node_harness import VM_SETTINGS, qemu_config, qemu_config_text, template_blobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "network"))
+from guest_fetch import FETCH, FETCH_DEF
 from node_network_harness import (
     CORP_REVISIONS,
     NETWORK,
@@ -87,45 +89,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 HERE = Path(__file__).resolve().parent
 DEADLINE = 600
 
-#: In the guest: `fetch` of ``host:port`` over HTTP (``failed: …`` when it cannot be),
-#: of a name alone its IPv4 address; names resolved by the guest's own resolver (its
-#: /etc/resolv.conf).
-FETCH_DEF = r"""
-import errno, json, os, socket, sys, time
-def fetch(target):
-    if ":" not in target:
-        try:
-            return socket.gethostbyname(target)
-        except socket.gaierror as exc:
-            return "failed: resolve " + str(exc)
-    host, port = target.rsplit(":", 1)
-    try:
-        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), int(port),
-                                                      type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        return "failed: resolve " + str(exc)
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(3)
-    try:
-        s.connect(address)
-        s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
-        data = b""
-        while True:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    except socket.timeout:
-        return "failed: timeout"
-    except OSError as exc:
-        return "failed: " + errno.errorcode.get(exc.errno or 0, str(exc))
-    finally:
-        s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return body.decode() if head.startswith(b"HTTP/") else "failed: no answer"
-"""
-#: Each argument fetched; one JSON object of the answers.
-FETCH = FETCH_DEF + "print(json.dumps({t: fetch(t) for t in sys.argv[1:]}))\n"
 #: Each argument ``target=answer`` fetched every 0.2 s until /run/probe.stop exists,
 #: for at most 10 minutes; each change of outcome appended as a line to /run/probe.out:
 #: ``ok`` when every target gave its answer, else what the first that did not gave.
