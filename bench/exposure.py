@@ -47,7 +47,9 @@ from e2b import Sandbox  # noqa: E402
 from exposure_proc import PATTERN, gateway_pid, serve  # noqa: E402
 from gateway_proc import E2bSetup, e2b_cluster  # noqa: E402
 
+from kibotos.cli.core import kibo_config  # noqa: E402
 from kibotos.dataplane.clients.ports_client import open_port  # noqa: E402
+from kibotos.tls.contexts import client_context  # noqa: E402
 
 Opener = Callable[[], Any]  # an async context manager of a trio stream
 
@@ -98,9 +100,13 @@ async def measure(setup: E2bSetup, sbx: Sandbox, port: int, runs: int,
         async with stream:
             yield stream
 
+    # the data plane's certificate is from the cluster CA, as the gateway verifies it
+    tls = client_context(kibo_config.load(setup.cluster.layout.kibo_config).cluster_ca)
+
     @asynccontextmanager
     async def direct() -> AsyncIterator[trio.abc.Stream]:
-        async with open_port(session["dataplane_url"], session["credential"], port) as conn:
+        async with open_port(session["dataplane_url"], session["credential"], port,
+                             ssl_context=tls) as conn:
             yield conn
 
     ways: dict[str, Opener] = {"gateway": via_gateway, "direct": direct}

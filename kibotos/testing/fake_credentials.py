@@ -1,7 +1,9 @@
 """ctrl's egress credentials endpoint as a small HTTP server on loopback, for the node's
 tests: ``GET /v1/egresses/{name}/credentials?revision=N`` with the node's bearer
-credential answers ``{name, revision, username, password}`` (the shape of ctrl's
-endpoint, built on its own branch), 401 without the credential, 404 for a revision it
+credential answers ``{"result": {name, revision, address, username, password}}``, as
+ctrl does (its envelope, which an earlier fake left out: the node read ctrl's real
+answer as malformed, first seen by tests/gateway/test_e2b_sdk_qemu.py), 401 without
+the credential, 404 for a revision it
 does not have, in ctrl's error body.  It counts the requests, so a test can show that a
 restarted node did not ask.
 
@@ -27,12 +29,14 @@ _PATH = re.compile(r"/v1/egresses/([^/]+)/credentials")
 class FakeCredentials:
     def __init__(self, node_credential: str,
                  revisions: dict[tuple[str, int], tuple[str | None, str | None]], *,
-                 lifetime: float = 300.0) -> None:
+                 lifetime: float = 300.0, address: str = "socks.test:1080") -> None:
         self.node_credential = node_credential
+        self.address = address
         self.revisions = dict(revisions)
         self.requests: list[tuple[str, int | None]] = []
         self.lifetime = lifetime
-        self.answer_override: Any = None  # a test's malformed answer, sent as JSON
+        #: A test's malformed answer, sent as JSON as ctrl's ``result``.
+        self.answer_override: Any = None
         self._stopped = threading.Event()
         fake = self
 
@@ -69,10 +73,12 @@ class FakeCredentials:
                 "code": "not_found", "message": f"egress {name} has no revision "
                                                 f"{revision_text}"}})
         if self.answer_override is not None:
-            return self._send(handler, 200, self.answer_override)
+            return self._send(handler, 200, {"result": self.answer_override})
         username, password = self.revisions[(name, revision)]
-        return self._send(handler, 200, {"name": name, "revision": revision,
-                                         "username": username, "password": password})
+        # ctrl's envelope and fields (EgressCredentialsOut), the address included
+        return self._send(handler, 200, {"result": {
+            "name": name, "revision": revision, "address": self.address,
+            "username": username, "password": password}})
 
     @staticmethod
     def _send(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:

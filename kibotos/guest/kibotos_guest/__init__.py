@@ -31,7 +31,7 @@ This file stays small: the host imports `framing` through it.
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-AGENT_VERSION = "0.5.1"
+AGENT_VERSION = "0.5.2"
 DEFAULT_PORT_NAME = "org.kibotos.agent.0"
 CAPABILITIES = (
     "configure.dns", "configure.env", "configure.hostname", "configure.network",

@@ -134,7 +134,12 @@ class CredentialClient:
         except ValueError:
             raise Unavailable(f"{what}: ctrl answered with something that is not JSON") \
                 from None
-        return parse_credential(body, name, revision, "ctrl")
+        if not isinstance(body, dict) or "result" not in body:
+            raise InvalidArgument(f"{what}: ctrl's answer has no 'result'")
+        answer = body["result"]
+        if isinstance(answer, dict):  # the address is the policy's, already known
+            answer = {k: v for k, v in answer.items() if k != "address"}
+        return parse_credential(answer, name, revision, "ctrl")
 
 
 class CredentialStore:
