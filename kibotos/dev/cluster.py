@@ -227,18 +227,24 @@ class DevCluster:
         their names."""
         if not svc.config.exists():
             return []
-        done = subprocess.run([script("kibotos"), "dataplane", "stop", "--config",
+        stdout = self._stop_units(svc, "dataplane", "the data plane")
+        sockets = config.load(config.NodeConfig, svc.config).node.socket_dir
+        if sockets.name.startswith(lay.SHORT_SOCKET_DIR_PREFIX):  # outside DIR: ours to clear
+            shutil.rmtree(sockets, ignore_errors=True)
+        return [line.removeprefix("stopped ") for line in stdout.splitlines()
+                if line.startswith("stopped ")]
+
+    def _stop_units(self, svc: Service, role: str, what: str) -> str:
+        """``kibotos ROLE stop`` for one node (units that outlive it, as VMMs do);
+        its output."""
+        done = subprocess.run([script("kibotos"), role, "stop", "--config",
                                str(svc.config), "--timeout", "5"],
                               capture_output=True, text=True, timeout=self.timeout,
                               check=False)
         if done.returncode != 0:
-            raise ClusterError(f"stopping the data plane of {svc.name} failed: "
+            raise ClusterError(f"stopping {what} of {svc.name} failed: "
                                f"{done.stderr.strip()[-300:]}")
-        sockets = config.load(config.NodeConfig, svc.config).node.socket_dir
-        if sockets.name.startswith(lay.SHORT_SOCKET_DIR_PREFIX):  # outside DIR: ours to clear
-            shutil.rmtree(sockets, ignore_errors=True)
-        return [line.removeprefix("stopped ") for line in done.stdout.splitlines()
-                if line.startswith("stopped ")]
+        return done.stdout
 
     def _stop_egress(self, svc: Service) -> None:
         """``kibotos egress stop`` for a node with ``[network]``: its egress processes
@@ -249,13 +255,7 @@ class DevCluster:
         node = config.load(config.NodeConfig, svc.config)
         if node.network is None:
             return
-        done = subprocess.run([script("kibotos"), "egress", "stop", "--config",
-                               str(svc.config), "--timeout", "5"],
-                              capture_output=True, text=True, timeout=self.timeout,
-                              check=False)
-        if done.returncode != 0:
-            raise ClusterError(f"stopping the egress processes of {svc.name} failed: "
-                               f"{done.stderr.strip()[-300:]}")
+        self._stop_units(svc, "egress", "the egress processes")
         egress_dir = socket_dir_of(node.node.socket_dir)
         if egress_dir.name.startswith(lay.SHORT_SOCKET_DIR_PREFIX):
             shutil.rmtree(egress_dir, ignore_errors=True)
