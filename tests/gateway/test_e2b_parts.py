@@ -86,6 +86,12 @@ def test_create_bodies_are_strict_and_unsupported_options_are_named() -> None:
     assert asked.unsupported() == ["autoPauseMemory (memory snapshots)", "mcp",
                                    "volumeMounts", "network.rules",
                                    "network.egressProxy.tls (TLS to the SOCKS5 server)"]
+    resuming = NewSandbox.model_validate({"templateID": "base", "autoPause": True,
+                                          "autoResume": {"enabled": True}}).unsupported()
+    assert len(resuming) == 1
+    assert resuming[0].startswith("autoResume (waking a paused sandbox on traffic")
+    assert NewSandbox.model_validate({"templateID": "base", "autoPause": True,
+                                      "autoResume": {"enabled": False}}).unsupported() == []
     proxied = {"templateID": "base", "network": {"egressProxy": {"address": "s.test:1080"}}}
     assert NewSandbox.model_validate(proxied).unsupported() == []
     with pytest.raises(ValidationError):  # a proxy needs its address

@@ -83,6 +83,8 @@ class SandboxRecord:
     end_at: float | None = None
     #: ``kill`` (delete the Workspace) or ``pause`` (stop it, the layer kept).
     on_timeout: str = "kill"
+    #: Always False: ``autoResume`` is refused (`NewSandbox.unsupported`); kept so
+    #: records written before that still load.
     auto_resume: bool = False
     #: The traffic access token; None: the sandbox's traffic is public.
     traffic_token: str | None = None

@@ -164,7 +164,6 @@ class SandboxService:
             sandbox_id=sid, team=team.team, template_id=body.templateID,
             metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
             end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
-            auto_resume=bool(body.autoResume and body.autoResume.enabled),
             traffic_token=traffic_token, egress=egress)
         await self._put(record)
         log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)

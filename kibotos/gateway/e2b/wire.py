@@ -75,6 +75,12 @@ class NewSandbox(BaseModel):
         out = []
         if self.autoPauseMemory:
             out.append("autoPauseMemory (memory snapshots)")
+        if self.autoResume is not None and self.autoResume.enabled:
+            # E2B's own rule for a filesystem-only pause, the only kind kibotos has:
+            # waking on traffic needs a memory snapshot to restore in place.
+            out.append("autoResume (waking a paused sandbox on traffic needs a memory "
+                       "snapshot; a kibotos pause keeps the filesystem only: resume it "
+                       "with connect())")
         if self.mcp is not None:
             out.append("mcp")
         if self.volumeMounts:
