@@ -344,6 +344,12 @@ def test_an_egress_proxy_is_an_egress_of_its_own_that_goes_with_its_sandbox(
     with pytest.raises(SandboxException, match=r"400: network\.egressProxy: .*no port"):
         Sandbox.create("base", network={"egress_proxy": {"address": "nowhere"}},
                        **e2b.opts())
+    too_long = "pw" * 200  # refused by ctrl, which never repeats a password
+    with pytest.raises(SandboxException, match=r"400: network\.egressProxy: .*password") \
+            as refused:
+        Sandbox.create("base", network={"egress_proxy": {**proxy, "password": too_long}},
+                       **e2b.opts())
+    assert "pwpwpw" not in str(refused.value)
     with pytest.raises(SandboxException, match=r"400: .*network\.egressProxy\.tls"):
         sandbox.update_network({"egress_proxy": {**proxy, "tls": True}})
     assert _egresses(e2b) == before
