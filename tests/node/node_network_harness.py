@@ -36,6 +36,7 @@ from egressbed import (  # noqa: E402
     serve_upstream,
     socks_server,
 )
+from guest_fetch import FETCH_DEF  # noqa: E402
 from instance_harness import Node, node_config, registries  # noqa: E402
 from netbed import DNS_NAMES, LIFETIME, Stopper, World  # noqa: E402
 
@@ -141,28 +142,8 @@ def launch_network(instance_dir: Path) -> dict[str, Any] | None:
 #: Runs in the guest: ``fetch ADDRESS`` prints what the HTTP server at ADDRESS answers
 #: (or ``failed: <errno>``); ``resolve NAME`` asks the nameserver of the guest's
 #: resolv.conf (under the test VMM's guest root, ``$ROOT``) for NAME.
-GUEST_TOOL = r"""
-import errno, os, socket, struct, sys
-def fetch(address, port=80, timeout=3.0):
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect((address, port))
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        data = b""
-        while True:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    except socket.timeout:
-        return "failed: timeout"
-    except OSError as exc:
-        return "failed: " + errno.errorcode.get(exc.errno or 0, str(exc))
-    finally:
-        s.close()
-    return data.split(b"\r\n\r\n", 1)[1].decode()
+GUEST_TOOL = FETCH_DEF + r"""
+import struct
 def resolve(name, resolv):
     server = [l.split()[1] for l in open(resolv) if l.startswith("nameserver")][0]
     qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
@@ -175,8 +156,8 @@ def resolve(name, resolv):
         return "none"
     return socket.inet_ntoa(reply[-4:])
 kind, arg = sys.argv[1], sys.argv[2]
-if kind == "fetch":
-    print(fetch(arg))
+if kind == "fetch":  # an address: its HTTP server on port 80
+    print(fetch(("[%s]:80" if ":" in arg else "%s:80") % arg))
 else:
     print(resolve(arg, sys.argv[3]))
 """
