@@ -212,28 +212,33 @@ class SandboxService:
 
     async def _delete(self, sid: str) -> None:
         """Kill: stop at once (ctrl deletes only a stopped Workspace), then delete."""
+        record = self.records.get(sid)
+        egress = record.egress if record is not None else None
         with contextlib.suppress(NotFound):  # gone already: what a kill wants
             ws = await self.ctrl.workspace(workspace_id(sid))
             if ws["state"] in RUNNING_STATES:
                 ws = await self.ctrl.act(ws["workspace_id"], "stop", force=True)
             deadline = time.monotonic() + READY_TIMEOUT
-            while ws["state"] not in ("STOPPED", "FAILED", "DELETING", "DELETED"):
-                if time.monotonic() > deadline:
-                    raise FailedPrecondition(f"sandbox {sid} is still {ws['state']}")
-                ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
+            ws = await self._wait_until(sid, ws, ("STOPPED", "FAILED", "DELETING", "DELETED"),
+                                        deadline)
             if ws["state"] in ("STOPPED", "FAILED"):
                 ws = await self.ctrl.act(ws["workspace_id"], "delete")
-            record = self.records.get(sid)
-            if record is not None and record.egress is not None:
+            if egress is not None:
                 # ctrl keeps an Egress while a Workspace that is not DELETED names it
-                while ws["state"] != "DELETED":
-                    if time.monotonic() > deadline:
-                        raise FailedPrecondition(f"sandbox {sid} is still {ws['state']}")
-                    ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
-        record = self.records.get(sid)
-        if record is not None and record.egress is not None:
-            await self._delete_egress(record.egress)
+                await self._wait_until(sid, ws, ("DELETED",), deadline)
+        if egress is not None:
+            await self._delete_egress(egress)
         await trio.to_thread.run_sync(self.records.drop, sid)
+
+    async def _wait_until(self, sid: str, ws: dict[str, Any], states: tuple[str, ...],
+                          deadline: float) -> dict[str, Any]:
+        """`ws` as ctrl gives it once in one of `states` (long-polled), or a
+        FailedPrecondition naming the state it is still in at `deadline`."""
+        while ws["state"] not in states:
+            if time.monotonic() > deadline:
+                raise FailedPrecondition(f"sandbox {sid} is still {ws['state']}")
+            ws = await self.ctrl.workspace(ws["workspace_id"], wait_s=30)
+        return ws
 
     async def update_network(self, team: Team, sid: str, body: NetworkUpdate) -> None:
         """Replace the sandbox's egress configuration while it runs (ctrl's
