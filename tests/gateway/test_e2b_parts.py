@@ -23,7 +23,6 @@ from kibotos import config as config_mod
 from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.connect_rpc import END_STREAM, envelope, server_stream, unary
-from kibotos.gateway.e2b.envd_pb import process_pb2 as pb
 from kibotos.gateway.e2b.sandboxes import (
     AccessTokens,
     Records,
@@ -31,6 +30,7 @@ from kibotos.gateway.e2b.sandboxes import (
     sandbox_id,
     workspace_id,
 )
+from kibotos.gateway.e2b.third_party.envd import process_pb2 as pb
 from kibotos.gateway.e2b.wire import NewSandbox
 
 SID = "01m8t2krfny6fp0sctgh9wk6aa"

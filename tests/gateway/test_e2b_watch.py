@@ -18,7 +18,7 @@ import trio
 from kibotos.errors import NotFound, ResourceExhausted
 from kibotos.gateway.e2b import envd_watch
 from kibotos.gateway.e2b.ctrl_client import DataplaneSession
-from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as pb
+from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb
 from kibotos.testing.waiting import wait_until
 
 SID = "01m8t2krfny6fp0sctgh9wk6aa"

@@ -3,7 +3,7 @@ Starlette, for envd's services: unary calls and server streams, in the JSON and 
 binary protobuf encodings, without compression.
 
 Messages are Google's ``protobuf`` classes generated from envd's ``.proto`` files
-(`envd_pb`); their JSON form is `google.protobuf.json_format`'s proto3 JSON, which is
+(`third_party/envd`); their JSON form is `google.protobuf.json_format`'s proto3 JSON, which is
 what the Connect JSON codec is.  What is left here is the protocol itself: the content
 types, a stream's envelopes (one flag byte, a 4-byte big-endian length, the message;
 flag 0x02 marks the end-of-stream message, which carries the error if there is one)

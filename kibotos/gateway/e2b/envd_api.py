@@ -25,13 +25,13 @@ from kibotos.errors import KibotosError, NotFound, Unauthenticated
 from kibotos.gateway.e2b import envd_files
 from kibotos.gateway.e2b.connect_rpc import Unimplemented, server_stream, unary, unary_error
 from kibotos.gateway.e2b.ctrl_client import DataplaneSession
-from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as fs_pb
-from kibotos.gateway.e2b.envd_pb import process_pb2 as proc_pb
 from kibotos.gateway.e2b.envd_process import DEFAULT_KEEPALIVE, ProcessService
 from kibotos.gateway.e2b.envd_watch import WatcherTable, WatchService
 from kibotos.gateway.e2b.processes import ProcessTable
 from kibotos.gateway.e2b.sandboxes import workspace_id
 from kibotos.gateway.e2b.service import SandboxService
+from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as fs_pb
+from kibotos.gateway.e2b.third_party.envd import process_pb2 as proc_pb
 
 ENVD_PORT = "49983"
 _HOST = re.compile(r"(\d{1,5})-([0-9a-z]{26})\.")

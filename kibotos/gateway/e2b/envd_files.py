@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.errors import AlreadyExists, InvalidArgument, KibotosError
-from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as pb
+from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb
 from kibotos.guest.files import FileEntry
 
 CHUNK = 256 * 1024

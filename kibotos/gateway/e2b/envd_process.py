@@ -20,8 +20,8 @@ from google.protobuf.message import Message
 from kibotos.dataplane.clients.client import Output
 from kibotos.dataplane.clients.exec_wire import ExecRequest
 from kibotos.errors import InvalidArgument, KibotosError
-from kibotos.gateway.e2b.envd_pb import process_pb2 as pb
 from kibotos.gateway.e2b.processes import Event, Process, ProcessTable
+from kibotos.gateway.e2b.third_party.envd import process_pb2 as pb
 from kibotos.guest import ExitStatus
 
 #: Keepalive events when a stream is quiet this long (envd's default; clients ask

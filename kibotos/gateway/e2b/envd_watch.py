@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.errors import InvalidArgument, KibotosError, NotFound, ResourceExhausted, Unavailable
 from kibotos.gateway.e2b.connect_rpc import Unimplemented
-from kibotos.gateway.e2b.envd_pb import filesystem_pb2 as pb
+from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb
 
 log = logging.getLogger("kibotos.gateway.e2b")
 
