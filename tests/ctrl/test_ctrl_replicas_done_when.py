@@ -111,14 +111,20 @@ async def _client(cluster: Cluster, index: int) -> None:
             continue
         ws_id = created["result"]["workspace_id"]
         cluster.creates_done += 1
-        state = await cluster.settle(index, ws_id, {"AVAILABLE", "FAILED"})
-        if state == "AVAILABLE":
-            await cluster.command(index, f"/v1/workspaces/{ws_id}/stop",
-                                  {"command_id": f"stop-{index}-{k}"})
-            await cluster.settle(index, ws_id, {"STOPPED", "FAILED"})
-        await cluster.command(index, f"/v1/workspaces/{ws_id}/delete",
-                              {"command_id": f"delete-{index}-{k}"})
-        await cluster.settle(index, ws_id, {"DELETED"})
+        await _stop_and_delete(cluster, index, ws_id, f"{index}-{k}")
+
+
+async def _stop_and_delete(cluster: Cluster, index: int, ws_id: str, tag: str) -> None:
+    """Settle, stop when AVAILABLE (a delete takes only a stopped or failed Workspace),
+    delete, and wait for DELETED, each command with its own ID (`tag` makes them)."""
+    state = await cluster.settle(index, ws_id, {"AVAILABLE", "FAILED"})
+    if state == "AVAILABLE":
+        await cluster.command(index, f"/v1/workspaces/{ws_id}/stop",
+                              {"command_id": f"stop-{tag}"})
+        await cluster.settle(index, ws_id, {"STOPPED", "FAILED"})
+    await cluster.command(index, f"/v1/workspaces/{ws_id}/delete",
+                          {"command_id": f"delete-{tag}"})
+    await cluster.settle(index, ws_id, {"DELETED"})
 
 
 async def _node(cluster: Cluster, node_id: str, credential: str, home: int,
@@ -290,10 +296,7 @@ async def _check_replays(cluster: Cluster, survivors: list[Replica]) -> None:
         if fresh is not None and path == "/v1/workspaces":
             cluster.outcomes[command_id] = ("POST", path, body, fresh)
             ws_id = fresh["result"]["workspace_id"]
-            await cluster.settle(0, ws_id, {"AVAILABLE", "FAILED"})
-            await cluster.command(0, f"/v1/workspaces/{ws_id}/delete",
-                                  {"command_id": f"delete-after-replay-{command_id}"})
-            await cluster.settle(0, ws_id, {"DELETED"})
+            await _stop_and_delete(cluster, 0, ws_id, f"after-replay-{command_id}")
 
 
 async def _check_no_duplicate_or_lost(cluster: Cluster) -> None:
