@@ -37,7 +37,7 @@ test-fast: venv
 # grpcio-tools, a dev dependency); the generated modules are committed.
 ENVD_PB := kibotos/gateway/e2b/third_party/envd
 envd-protos: venv
-	cd $(ENVD_PB) && ../../../../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. \
+	cd $(ENVD_PB) && $(abspath $(BIN))/python -m grpc_tools.protoc -I. --python_out=. \
 		--pyi_out=. process.proto filesystem.proto
 
 # The E2B JavaScript SDK for tests/gateway/test_e2b_js_sdk.py, installed by npm into the
