@@ -87,11 +87,17 @@ def test_create_bodies_are_strict_and_unsupported_options_are_named() -> None:
                                    "volumeMounts", "network.rules",
                                    "network.egressProxy.tls (TLS to the SOCKS5 server)"]
     resuming = NewSandbox.model_validate({"templateID": "base", "autoPause": True,
-                                          "autoResume": {"enabled": True}}).unsupported()
-    assert len(resuming) == 1
-    assert resuming[0].startswith("autoResume (waking a paused sandbox on traffic")
+                                          "autoResume": {"enabled": True}})
+    assert resuming.unsupported() == []
+    assert resuming.auto_resumes() is True
     assert NewSandbox.model_validate({"templateID": "base", "autoPause": True,
-                                      "autoResume": {"enabled": False}}).unsupported() == []
+                                      "autoResume": {"enabled": False}}).auto_resumes() is False
+    assert NewSandbox.model_validate({"templateID": "base"}).auto_resumes() is False
+    for refused, why in (({"autoResume": {"enabled": True}}, "needs autoPause"),
+                         ({"autoResume": {"enabled": True}, "autoPause": True,
+                           "autoPauseMemory": False}, "autoPauseMemory false")):
+        with pytest.raises(InvalidArgument, match=why):
+            NewSandbox.model_validate({"templateID": "base", **refused}).auto_resumes()
     proxied = {"templateID": "base", "network": {"egressProxy": {"address": "s.test:1080"}}}
     assert NewSandbox.model_validate(proxied).unsupported() == []
     with pytest.raises(ValidationError):  # a proxy needs its address

@@ -257,16 +257,6 @@ def test_an_expired_timeout_pauses_with_on_timeout_pause(e2b: E2bSetup) -> None:
         sbx.kill()
 
 
-def test_auto_resume_is_refused_as_e2b_refuses_it_for_a_filesystem_pause(
-        e2b: E2bSetup) -> None:
-    """A kibotos pause keeps the filesystem only; E2B's SDK itself refuses
-    auto_resume with such a pause (nothing to restore in place for the request that
-    would wake it), and the gateway refuses it too rather than never resuming."""
-    with pytest.raises(SandboxException, match=r"400: .*autoResume .*connect\(\)"):
-        Sandbox.create("base", timeout=60, **e2b.opts(),
-                       lifecycle={"on_timeout": "pause", "auto_resume": True})
-
-
 def test_metrics_count_both_apis(sandbox: Sandbox, e2b: E2bSetup) -> None:
     sandbox.commands.run("true")
     text = httpx.get(f"{e2b.gateway.api_url}/metrics").text

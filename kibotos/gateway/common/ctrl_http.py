@@ -101,6 +101,13 @@ class CtrlHttp:
         return dict(await self.call("GET", workspace_path(workspace_id), params=params,
                                     timeout=REQUEST_TIMEOUT + (wait_s or 0)))
 
+    async def act(self, workspace_id: str, action: str, **body: Any) -> dict[str, Any]:
+        """``start``, ``stop`` (``force=True`` allowed), ``delete`` or ``set-network``;
+        the Workspace's cached session credentials are dropped first."""
+        self.forget_session(workspace_id)
+        return dict(await self.call("POST", workspace_path(workspace_id, action), body=body,
+                                    write=True))
+
     async def dataplane_session(self, workspace_id: str, operations: Sequence[str]
                                 ) -> DataplaneSession:
         """A data-plane URL and a credential granting `operations` on the Workspace."""

@@ -8,6 +8,8 @@ reach a sandbox lives there, not in one gateway's state directory.
   ``allow_public_traffic: false``; its value is `traffic_digest` of the sandbox's
   traffic access token.  A digest of a 256-bit token tells nothing about the token, so
   showing it in a Workspace get or list leaks no secret.
+* `AUTO_RESUME_LABEL`: ``true`` when the sandbox was created with ``autoResume``:
+  traffic to it while it is paused, through either gateway, starts it again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hmac
 
 TEAM_LABEL = "e2b.team"
 TRAFFIC_LABEL = "e2b.traffic-token-sha256"
+AUTO_RESUME_LABEL = "e2b.auto-resume"
 #: The header a client sends the traffic access token in (E2B's name).
 TRAFFIC_HEADER = "e2b-traffic-access-token"
 
@@ -37,3 +40,8 @@ def traffic_allowed(labels: dict[str, str], presented: str | None) -> bool:
         return True
     return presented is not None and hmac.compare_digest(
         traffic_digest(presented).encode(), expected.encode())
+
+
+def auto_resumes(labels: dict[str, str]) -> bool:
+    """Whether traffic to the sandbox while it is paused should wake it."""
+    return labels.get(AUTO_RESUME_LABEL) == "true"

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from kibotos.errors import Unauthenticated
-from kibotos.gateway.common.ctrl_http import CtrlHttp, DataplaneSession, workspace_path
+from kibotos.gateway.common.ctrl_http import CtrlHttp, DataplaneSession
 
 __all__ = ["KEY_TTL", "CtrlClient", "DataplaneSession", "Team"]
 
@@ -73,12 +73,6 @@ class CtrlClient(CtrlHttp):
         if page_token:
             params["page_token"] = page_token
         return dict(await self.call("GET", "/v1/workspaces", params=params))
-
-    async def act(self, workspace_id: str, action: str, **body: Any) -> dict[str, Any]:
-        """``start``, ``stop`` (``force=True`` allowed) or ``delete``."""
-        self.forget_session(workspace_id)
-        return dict(await self.call("POST", workspace_path(workspace_id, action), body=body,
-                                    write=True))
 
     # ---------------------------------------------------------------- egresses
 

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kibotos.errors import KibotosError, NotFound, Unauthenticated
+from kibotos.errors import FailedPrecondition, KibotosError, NotFound, Unauthenticated
 from kibotos.gateway.e2b import envd_files
 from kibotos.gateway.e2b.connect_rpc import Unimplemented, server_stream, unary, unary_error
 from kibotos.gateway.e2b.ctrl_client import DataplaneSession
@@ -47,7 +47,15 @@ class SandboxCall:
     service: SandboxService
 
     async def session(self) -> DataplaneSession:
-        return await self.service.ctrl.session(workspace_id(self.sandbox_id))
+        """The data-plane session of an AVAILABLE sandbox; a paused one created with
+        ``autoResume`` is woken first (the call waits for the boot)."""
+        ws_id = workspace_id(self.sandbox_id)
+        try:
+            return await self.service.ctrl.session(ws_id)
+        except FailedPrecondition:
+            if not await self.service.wake_if_paused(self.sandbox_id):
+                raise
+        return await self.service.ctrl.session(ws_id)
 
 
 def _sandbox_of(request: Request) -> str:

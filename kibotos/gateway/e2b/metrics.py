@@ -39,6 +39,10 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "kibotos_gateway_e2b_http_requests_in_flight", "Requests being answered now, "
             "streams included", ["api"], registry=r)
+        self.resumes = Counter(
+            "kibotos_gateway_e2b_sandbox_resumes", "Wakes of paused autoResume sandboxes "
+            "by envd calls, by outcome (started: this gateway started it; joined: a "
+            "start under way was waited on; failed)", ["outcome"], registry=r)
         self.bytes = Counter(
             "kibotos_gateway_e2b_http_body_bytes", "Body bytes, by API and direction "
             "(in: from clients, out: to them)", ["api", "direction"], registry=r)

@@ -83,13 +83,16 @@ class SandboxRecord:
     end_at: float | None = None
     #: ``kill`` (delete the Workspace) or ``pause`` (stop it, the layer kept).
     on_timeout: str = "kill"
-    #: Always False: ``autoResume`` is refused (`NewSandbox.unsupported`); kept so
-    #: records written before that still load.
+    #: ``autoResume``: traffic wakes it when paused (its Workspace also carries
+    #: `sandbox_labels.AUTO_RESUME_LABEL`, which the Exposure gateway reads).
     auto_resume: bool = False
     #: The traffic access token; None: the sandbox's traffic is public.
     traffic_token: str | None = None
     #: The Egress made for its ``egressProxy`` (deleted after the Workspace); None: none.
     egress: str | None = None
+    #: The lifetime (seconds) it was created or last connected with: what a sandbox
+    #: woken by traffic is given again.  None: records of before autoResume.
+    timeout_s: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **asdict(self)}

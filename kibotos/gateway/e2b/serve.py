@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
+from kibotos.gateway.common.resume import Resumer
 from kibotos.gateway.common.serving import hypercorn_config, stop_on_signals, write_address
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.control_api import build_control_app
@@ -52,13 +53,15 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
     files, records, tokens = await trio.to_thread.run_sync(_prepare, config)
     ctrl = CtrlClient(config.ctrl.url, config.read_credential(), verify=config.ctrl.tls(),
                       dataplane_verify=config.ctrl.dataplane_tls())
-    service = SandboxService(config, ctrl, records, tokens)
+    metrics = GatewayMetrics()
+    resumer = Resumer(ctrl, on_outcome=lambda outcome: metrics.resumes.labels(outcome).inc())
+    service = SandboxService(config, ctrl, records, tokens, resumer)
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+            await nursery.start(resumer.run)
             processes, watchers = ProcessTable(nursery), WatcherTable(nursery)
-            metrics = GatewayMetrics()
             control = build_control_app(service)
             control.add_route("/metrics", metrics.endpoint, methods=["GET"])
             apps: list[tuple[ASGIApp, str]] = [

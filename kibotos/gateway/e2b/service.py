@@ -20,7 +20,13 @@ from typing import Any
 import trio
 
 from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, NotFound
-from kibotos.gateway.common.sandbox_labels import TRAFFIC_LABEL, traffic_digest
+from kibotos.gateway.common.resume import WAKEABLE, Resumer
+from kibotos.gateway.common.sandbox_labels import (
+    AUTO_RESUME_LABEL,
+    TRAFFIC_LABEL,
+    auto_resumes,
+    traffic_digest,
+)
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.ctrl_client import CtrlClient, Team
 from kibotos.gateway.e2b.sandboxes import (
@@ -42,6 +48,9 @@ log = logging.getLogger("kibotos.gateway.e2b")
 
 #: How often the reaper looks for sandboxes whose lifetime is over.
 REAP_INTERVAL = 1.0
+#: How often the reaper looks for auto-resume sandboxes woken by traffic (through
+#: either gateway) that have no lifetime running yet, to give them a fresh one.
+RENEW_INTERVAL = 5.0
 #: How long a create or connect waits for the Workspace to be AVAILABLE.
 READY_TIMEOUT = 600.0
 _NEVER = "9999-12-31T23:59:59Z"
@@ -56,11 +65,12 @@ def _iso(unix: float | None) -> str:
 
 class SandboxService:
     def __init__(self, config: GatewayConfig, ctrl: CtrlClient, records: Records,
-                 tokens: AccessTokens) -> None:
+                 tokens: AccessTokens, resumer: Resumer) -> None:
         self.config = config
         self.ctrl = ctrl
         self.records = records
         self.tokens = tokens
+        self.resumer = resumer
 
     # ------------------------------------------------------------------ finding
 
@@ -117,7 +127,8 @@ class SandboxService:
                 "memoryMB": res["memory_bytes"] >> 20,
                 "diskSizeMB": (ws["layer"]["size_bytes"] or 0) >> 20,
                 "state": e2b_state(ws["state"]),
-                "metadata": dict(record.metadata) if record else {}}
+                "metadata": dict(record.metadata) if record else {},
+                **_lifecycle_json(ws, record)}
 
     # ------------------------------------------------------------------ writes
 
@@ -125,19 +136,23 @@ class SandboxService:
         """Write a record (fsync and rename) off the event loop."""
         await trio.to_thread.run_sync(self.records.put, record)
 
-    def _end_at(self, timeout: int | None) -> float:
+    def _seconds(self, timeout: int | None) -> int:
         seconds = self.config.sandbox.default_timeout_s if timeout is None else timeout
         cap = self.config.sandbox.max_timeout_s
         if cap and seconds > cap:
             raise InvalidArgument(f"timeout {seconds}s is longer than this gateway allows "
                                   f"({cap}s)")
-        return time.time() + seconds
+        return int(seconds)
+
+    def _end_at(self, timeout: int | None) -> float:
+        return time.time() + self._seconds(timeout)
 
     async def create(self, team: Team, body: NewSandbox) -> dict[str, Any]:
         missing = body.unsupported()
         if missing:
             raise InvalidArgument(f"not supported by this kibotos gateway: "
                                   f"{', '.join(missing)}")
+        auto_resume = body.auto_resumes()
         end_at = self._end_at(body.timeout)
         request: dict[str, Any] = {
             "template": self.config.template_for(body.templateID),
@@ -153,6 +168,8 @@ class SandboxService:
         traffic_token = None if body.public_traffic() else new_traffic_token()
         if traffic_token is not None:
             request["labels"][TRAFFIC_LABEL] = traffic_digest(traffic_token)
+        if auto_resume:
+            request["labels"][AUTO_RESUME_LABEL] = "true"
         try:
             ws = await self.ctrl.create_workspace(request)
         except KibotosError:
@@ -164,7 +181,8 @@ class SandboxService:
             sandbox_id=sid, team=team.team, template_id=body.templateID,
             metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
             end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
-            traffic_token=traffic_token, egress=egress)
+            auto_resume=auto_resume, traffic_token=traffic_token, egress=egress,
+            timeout_s=self._seconds(body.timeout))
         await self._put(record)
         log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)
         try:
@@ -181,7 +199,7 @@ class SandboxService:
         if record is not None:
             end_at = self._end_at(timeout)
             if record.end_at is None or record.end_at < end_at:
-                record.end_at = end_at
+                record.end_at, record.timeout_s = end_at, self._seconds(timeout)
                 await self._put(record)
         resumed = ws["state"] in PAUSED_STATES
         if ws["state"] == "STOPPING":
@@ -194,7 +212,7 @@ class SandboxService:
     async def set_timeout(self, team: Team, sid: str, timeout: int) -> None:
         await self.find(team, sid)
         record = self.records.get(sid) or SandboxRecord(sid, team.team, "")
-        record.end_at = self._end_at(timeout)
+        record.end_at, record.timeout_s = self._end_at(timeout), self._seconds(timeout)
         await self._put(record)
 
     async def pause(self, team: Team, sid: str, memory: bool | None) -> None:
@@ -205,6 +223,34 @@ class SandboxService:
         if ws["state"] not in RUNNING_STATES:
             return
         await self.ctrl.act(ws["workspace_id"], "stop")
+        record = self.records.get(sid)
+        if record is not None and record.end_at is not None:
+            # a paused sandbox's lifetime is not running: a connect (or, with
+            # autoResume, a wake) gives it a new one, and an old end must not pause
+            # or kill it again right after it is woken
+            record.end_at = None
+            await self._put(record)
+
+    async def wake_if_paused(self, sid: str) -> bool:
+        """Start the sandbox if it is paused and was created with ``autoResume``, and
+        wait until it is AVAILABLE (one wake however many calls ask); False if it
+        is not a sandbox to wake.  The caller has checked its access already."""
+        ws = await self.ctrl.workspace(workspace_id(sid))
+        if not auto_resumes(ws.get("labels") or {}) or ws["state"] not in WAKEABLE:
+            return False
+        await self.resumer.wake(ws["workspace_id"])
+        await self._renew(sid)
+        return True
+
+    async def _renew(self, sid: str) -> None:
+        """A woken sandbox's fresh lifetime: the timeout it was last given."""
+        record = self.records.get(sid)
+        if record is None or record.end_at is not None:
+            return
+        record.end_at = self._end_at(record.timeout_s)
+        await self._put(record)
+        log.info("sandbox %s: woken, its lifetime is %gs again", sid,
+                 record.end_at - time.time())
 
     async def kill(self, team: Team, sid: str) -> None:
         await self.find(team, sid)
@@ -306,6 +352,7 @@ class SandboxService:
                 busy.discard(record.sandbox_id)
 
         async with trio.open_nursery() as nursery:
+            next_renew = time.monotonic() + RENEW_INTERVAL
             while True:
                 await trio.sleep(REAP_INTERVAL)
                 now = time.time()
@@ -315,6 +362,33 @@ class SandboxService:
                         continue
                     busy.add(record.sandbox_id)
                     nursery.start_soon(expire, record)
+                if time.monotonic() >= next_renew:
+                    next_renew = time.monotonic() + RENEW_INTERVAL
+                    try:
+                        await self._renew_woken(busy)
+                    except KibotosError as exc:
+                        log.warning("auto-resume sandboxes: cannot list them: %s",
+                                    exc.message)
+
+    async def _renew_woken(self, busy: set[str]) -> None:
+        """Give a fresh lifetime to every auto-resume sandbox that runs without one:
+        woken by traffic through the Exposure gateway (or another process), which
+        keeps no records.  One list call, whatever the number of sandboxes."""
+        waiting = {r.sandbox_id for r in self.records.all()
+                   if r.auto_resume and r.end_at is None and r.sandbox_id not in busy}
+        token: str | None = None
+        while waiting:
+            page = await self.ctrl.workspaces(
+                labels={AUTO_RESUME_LABEL: "true"}, states=list(RUNNING_STATES),
+                page_size=500, page_token=token)
+            for ws in page.get("workspaces", []):
+                sid = sandbox_id(ws["workspace_id"])
+                if sid in waiting and sid not in busy:
+                    waiting.discard(sid)
+                    await self._renew(sid)
+            token = page.get("next_page_token")
+            if not token:
+                break
 
     async def _expire(self, record: SandboxRecord) -> None:
         sid = record.sandbox_id
@@ -332,6 +406,17 @@ class SandboxService:
             await self.ctrl.act(ws["workspace_id"], "stop")
         record.end_at = None
         await self._put(record)
+
+
+def _lifecycle_json(ws: dict[str, Any], record: SandboxRecord | None) -> dict[str, Any]:
+    """E2B's ``lifecycle`` and, for a paused sandbox whose pause is done, its
+    ``pauseMode``: always ``filesystem`` (a kibotos pause keeps the layer, not memory)."""
+    out: dict[str, Any] = {"lifecycle": {
+        "onTimeout": record.on_timeout if record else "kill",
+        "autoResume": auto_resumes(ws.get("labels") or {})}}
+    if ws["state"] == "STOPPED":
+        out["pauseMode"] = "filesystem"
+    return out
 
 
 def _network(body: NewSandbox, egress: str | None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.responses import JSONResponse
 
-from kibotos.errors import KibotosError
+from kibotos.errors import InvalidArgument, KibotosError
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 #: How long E2B lets one call ask for (seconds); kibotos adds its own cap from config.
@@ -75,12 +75,6 @@ class NewSandbox(BaseModel):
         out = []
         if self.autoPauseMemory:
             out.append("autoPauseMemory (memory snapshots)")
-        if self.autoResume is not None and self.autoResume.enabled:
-            # E2B's own rule for a filesystem-only pause, the only kind kibotos has:
-            # waking on traffic needs a memory snapshot to restore in place.
-            out.append("autoResume (waking a paused sandbox on traffic needs a memory "
-                       "snapshot; a kibotos pause keeps the filesystem only: resume it "
-                       "with connect())")
         if self.mcp is not None:
             out.append("mcp")
         if self.volumeMounts:
@@ -92,6 +86,26 @@ class NewSandbox(BaseModel):
             if net.egressProxy is not None and net.egressProxy.tls:
                 out.append("network.egressProxy.tls (TLS to the SOCKS5 server)")
         return out
+
+    def auto_resumes(self) -> bool:
+        """Whether traffic should wake the sandbox when paused; `InvalidArgument` for
+        the combinations E2B refuses too.  A kibotos pause keeps the filesystem
+        only, so a wake is a cold boot from the kept layer (docs/gateways.md,
+        "autoResume"): the request that woke it waits for the boot, and processes of
+        before the pause are gone.  ``autoPauseMemory: false`` asks for exactly that
+        pause, but E2B refuses it with ``autoResume`` (its wakes restore memory in
+        place), so the gateway does too: a client written against E2B sees the same
+        answer here as there."""
+        if self.autoResume is None or not self.autoResume.enabled:
+            return False
+        if not self.autoPause:
+            raise InvalidArgument("autoResume needs autoPause: only a sandbox paused at "
+                                  "its timeout (on_timeout \"pause\") can be resumed")
+        if self.autoPauseMemory is False:
+            raise InvalidArgument("autoResume cannot be combined with autoPauseMemory "
+                                  "false (a filesystem-only pause): resume such a "
+                                  "sandbox with connect()")
+        return True
 
     def public_traffic(self) -> bool:
         """Whether anyone may reach the sandbox's ports through the Exposure gateway

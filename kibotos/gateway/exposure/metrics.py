@@ -33,6 +33,10 @@ class ExposureMetrics:
         self.streams = Gauge(
             "kibotos_gateway_exposure_open_streams", "Port streams to sandboxes open now "
             "(kept-alive and upgraded connections included)", registry=r)
+        self.resumes = Counter(
+            "kibotos_gateway_exposure_sandbox_resumes", "Wakes of paused autoResume "
+            "sandboxes by requests, by outcome (started: this gateway started it; "
+            "joined: a start under way was waited on; failed)", ["outcome"], registry=r)
         self.bytes = Counter(
             "kibotos_gateway_exposure_bytes", "Bytes relayed, by direction (to_sandbox, "
             "from_sandbox), HTTP heads and bodies and upgraded streams alike",

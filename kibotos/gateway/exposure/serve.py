@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from kibotos.gateway.common.ctrl_http import CtrlHttp
+from kibotos.gateway.common.resume import Resumer
 from kibotos.gateway.common.serving import hypercorn_config, stop_on_signals, write_address
 from kibotos.gateway.exposure.access import SandboxAccess
 from kibotos.gateway.exposure.config import ExposureConfig
@@ -99,7 +100,9 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
     ctrl = CtrlHttp(config.ctrl.url, config.read_credential(),
                     user_agent="kibotos-gateway-exposure", command_prefix="gwexp",
                     verify=config.ctrl.tls(), dataplane_verify=config.ctrl.dataplane_tls())
-    access, metrics = SandboxAccess(ctrl), ExposureMetrics()
+    metrics = ExposureMetrics()
+    resumer = Resumer(ctrl, on_outcome=lambda outcome: metrics.resumes.labels(outcome).inc())
+    access = SandboxAccess(ctrl, resumer)
     tls = config.tls.context() if config.tls is not None else None
     open_connections = 0
 
@@ -132,6 +135,7 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+            await nursery.start(resumer.run)
             host, port = _host_port(config.listen)
             listeners: list[trio.SocketListener] = await nursery.start(
                 functools.partial(trio.serve_tcp, handle, port, host=host))
