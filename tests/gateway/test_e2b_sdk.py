@@ -314,6 +314,37 @@ def test_network_options_become_the_workspace_policy(e2b: E2bSetup) -> None:
                for ws in listed["workspaces"])
 
 
+def test_dns_servers_are_checked_and_shown(e2b: E2bSetup) -> None:
+    """``dns_servers``: at most 10 IPv4 addresses, at create and in ``update_network``;
+    E2B applies them only beside a domain in ``allow_out``, which kibotos refuses, so
+    they open nothing (and alone ask for no policy: this node, with no [network],
+    places the sandbox)."""
+    sbx = Sandbox.create("base", network={"dns_servers": ["1.1.1.1", "9.9.9.9"],
+                                          "allow_public_traffic": False}, **e2b.opts())
+    try:
+        assert sbx.get_info().network == {"dns_servers": ["1.1.1.1", "9.9.9.9"],
+                                          "allow_public_traffic": False}
+        ws = e2b.cluster.api("GET", f"/v1/workspaces/ws-{sbx.sandbox_id}")
+        assert ws["network"]["policy"] is None
+        headers = {"X-API-Key": e2b.key}
+        for bad, why in ((["::1"], "'::1' is not an IPv4 address"),
+                         (["1.1.1.1 "], "is not an IPv4 address"),
+                         (["١.١.١.١"], "is not an IPv4 address"),
+                         ([f"10.0.0.{i}" for i in range(11)], "at most 10"),
+                         ([1], "valid string")):
+            for method, path, body in (
+                    ("POST", "/v2/sandboxes", {"templateID": "base",
+                                               "network": {"dnsServers": bad}}),
+                    ("PUT", f"/sandboxes/{sbx.sandbox_id}/network", {"dnsServers": bad})):
+                answer = httpx.request(method, e2b.gateway.api_url + path, json=body,
+                                       headers=headers, timeout=60)
+                assert answer.status_code == 400, answer.text
+                assert why in answer.json()["message"], answer.text
+                assert "dnsServers" in answer.json()["message"]
+    finally:
+        sbx.kill()
+
+
 def _egresses(e2b: E2bSetup) -> list[str]:
     return [e["name"] for e in e2b.cluster.api("GET", "/v1/egresses")["egresses"]]
 

@@ -105,6 +105,8 @@ def _network_cases(sbx: Sandbox, internet: World, setup: E2bSetup) -> None:
         listed = setup.cluster.api("GET", f"/v1/egresses/{egress}")
         assert listed["username"] == "alice"
         assert "s3cret" not in json.dumps(listed)
+        shown = sbx.get_info().network  # the proxy as asked, never its password
+        assert shown == {"egress_proxy": {"address": proxy["address"], "username": "alice"}}
 
         sbx.update_network({"allow_internet_access": True,
                             "egress_proxy": {**proxy, "password": "n0t-s3cret-7c1"}})

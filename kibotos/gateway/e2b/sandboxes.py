@@ -93,6 +93,10 @@ class SandboxRecord:
     #: The lifetime (seconds) it was created or last connected with: what a sandbox
     #: woken by traffic is given again.  None: records of before autoResume.
     timeout_s: int | None = None
+    #: E2B's ``network`` as last asked (`wire.network_info`: no password), and
+    #: ``allow_internet_access``; what a get shows.  None: not asked.
+    network: dict[str, Any] | None = None
+    allow_internet_access: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **asdict(self)}

@@ -42,7 +42,7 @@ from kibotos.gateway.e2b.sandboxes import (
     sandbox_id,
     workspace_id,
 )
-from kibotos.gateway.e2b.wire import EgressProxy, NetworkUpdate, NewSandbox
+from kibotos.gateway.e2b.wire import EgressProxy, NetworkUpdate, NewSandbox, network_info
 
 log = logging.getLogger("kibotos.gateway.e2b")
 
@@ -128,7 +128,7 @@ class SandboxService:
                 "diskSizeMB": (ws["layer"]["size_bytes"] or 0) >> 20,
                 "state": e2b_state(ws["state"]),
                 "metadata": dict(record.metadata) if record else {},
-                **_lifecycle_json(ws, record)}
+                **_lifecycle_json(ws, record), **_network_json(record)}
 
     # ------------------------------------------------------------------ writes
 
@@ -182,7 +182,8 @@ class SandboxService:
             metadata=dict(body.metadata or {}), env_vars=dict(body.envVars or {}),
             end_at=end_at, on_timeout="pause" if body.autoPause else "kill",
             auto_resume=auto_resume, traffic_token=traffic_token, egress=egress,
-            timeout_s=self._seconds(body.timeout))
+            timeout_s=self._seconds(body.timeout), network=_asked_network(body),
+            allow_internet_access=body.allow_internet_access)
         await self._put(record)
         log.info("sandbox %s created for key %s (team %s)", sid, team.key_id, team.team)
         try:
@@ -307,6 +308,10 @@ class SandboxService:
                 await self._delete_egress(egress)
             raise
         old, record.egress = record.egress, egress
+        public = (record.network or {}).get("allowPublicTraffic")
+        record.network = network_info(body.allowOut, body.denyOut, body.dnsServers, public,
+                                      body.egressProxy)
+        record.allow_internet_access = body.allow_internet_access
         await self._put(record)
         if old is not None:
             await self._delete_egress(old)
@@ -406,6 +411,25 @@ class SandboxService:
             await self.ctrl.act(ws["workspace_id"], "stop")
         record.end_at = None
         await self._put(record)
+
+
+def _asked_network(body: NewSandbox) -> dict[str, Any] | None:
+    net = body.network
+    if net is None:
+        return None
+    return network_info(net.allowOut, net.denyOut, net.dnsServers, net.allowPublicTraffic,
+                        net.egressProxy)
+
+
+def _network_json(record: SandboxRecord | None) -> dict[str, Any]:
+    """E2B's ``network`` and ``allow_internet_access`` of a detail, when they were
+    asked for (the record keeps them as asked; no password)."""
+    out: dict[str, Any] = {}
+    if record is not None and record.network is not None:
+        out["network"] = dict(record.network)
+    if record is not None and record.allow_internet_access is not None:
+        out["allow_internet_access"] = record.allow_internet_access
+    return out
 
 
 def _lifecycle_json(ws: dict[str, Any], record: SandboxRecord | None) -> dict[str, Any]:

@@ -9,9 +9,19 @@ as E2B spells it).
 
 from __future__ import annotations
 
-from typing import Any
+import ipaddress
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 from starlette.responses import JSONResponse
 
 from kibotos.errors import InvalidArgument, KibotosError
@@ -27,6 +37,28 @@ STATUS = {"invalid_argument": 400, "unauthenticated": 401, "permission_denied": 
           "not_found": 404, "already_exists": 409, "aborted": 409,
           "failed_precondition": 409, "resource_exhausted": 503, "internal": 500,
           "unavailable": 503, "deadline_exceeded": 504}
+
+
+#: At most this many ``dnsServers`` (E2B's limit).
+MAX_DNS_SERVERS = 10
+
+
+def _ipv4_addresses(servers: list[str]) -> list[str]:
+    for server in servers:
+        try:
+            if not server.isascii():
+                raise ValueError
+            ipaddress.IPv4Address(server)
+        except ValueError:
+            raise ValueError(f"{server!r} is not an IPv4 address") from None
+    return servers
+
+
+#: E2B's ``dnsServers``: the DNS servers a sandbox may reach when ``allowOut`` names a
+#: domain.  kibotos takes CIDRs only in ``allowOut`` (domains are refused), so the
+#: list is checked and shown, and never widens a policy (docs/gateways.md).
+DnsServers = Annotated[list[StrictStr], Field(max_length=MAX_DNS_SERVERS),
+                       AfterValidator(_ipv4_addresses)]
 
 
 class AutoResume(BaseModel):
@@ -49,6 +81,7 @@ class Network(BaseModel):
     allowOut: list[StrictStr] | None = None
     denyOut: list[StrictStr] | None = None
     allowPublicTraffic: StrictBool | None = None
+    dnsServers: DnsServers | None = None
     maskRequestHost: StrictStr | None = None
     egressProxy: EgressProxy | None = None
     rules: Any = None
@@ -120,17 +153,33 @@ class NetworkUpdate(BaseModel):
     model_config = _CONFIG
     allowOut: list[StrictStr] | None = None
     denyOut: list[StrictStr] | None = None
-    dnsServers: list[StrictStr] | None = None
+    dnsServers: DnsServers | None = None
     egressProxy: EgressProxy | None = None
     rules: Any = None
     allow_internet_access: StrictBool | None = None
 
     def unsupported(self) -> list[str]:
-        out = [f"network.{name}" for name in ("dnsServers", "rules")
-               if getattr(self, name) is not None]
+        out = ["network.rules"] if self.rules is not None else []
         if self.egressProxy is not None and self.egressProxy.tls:
             out.append("network.egressProxy.tls (TLS to the SOCKS5 server)")
         return out
+
+
+def network_info(allow_out: list[str] | None, deny_out: list[str] | None,
+                 dns_servers: list[str] | None, public_traffic: bool | None,
+                 proxy: EgressProxy | None) -> dict[str, Any]:
+    """E2B's ``network`` of a sandbox detail, as asked: what a get shows.  An egress
+    proxy is its address and username; its password is never shown (ctrl seals it)."""
+    out: dict[str, Any] = {}
+    for key, value in (("allowOut", allow_out), ("denyOut", deny_out),
+                       ("dnsServers", dns_servers), ("allowPublicTraffic", public_traffic)):
+        if value is not None:
+            out[key] = list(value) if isinstance(value, list) else value
+    if proxy is not None:
+        out["egressProxy"] = {"address": proxy.address}
+        if proxy.username is not None:
+            out["egressProxy"]["username"] = proxy.username
+    return out
 
 
 class TimeoutBody(BaseModel):
