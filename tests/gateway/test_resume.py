@@ -69,10 +69,9 @@ class Ctrl:
 
 async def _with_resumer(ctrl: Ctrl, body: Any) -> tuple[Resumer, list[str]]:
     outcomes: list[str] = []
-    resumer = Resumer(ctrl, on_outcome=outcomes.append)
     async with trio.open_nursery() as nursery:
         ctrl.nursery = nursery
-        await nursery.start(resumer.run)
+        resumer = Resumer(ctrl, nursery, on_outcome=outcomes.append)
         await body(resumer)
         nursery.cancel_scope.cancel()
     return resumer, outcomes
@@ -161,8 +160,3 @@ async def test_a_failed_boot_is_every_waiters_error_and_the_next_wake_is_new(
     _, outcomes = await _with_resumer(ctrl, body)
     assert outcomes == ["failed", "started"]
     assert ctrl.starts == 2
-
-
-async def test_a_wake_before_run_is_a_programming_error() -> None:
-    with pytest.raises(RuntimeError, match=r"Resumer\.run"):
-        await Resumer(Ctrl("STOPPED")).wake(WS)

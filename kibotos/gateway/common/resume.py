@@ -74,34 +74,23 @@ async def wait_settled(ctrl: WorkspaceReader, ws: dict[str, Any], deadline: floa
 
 
 class Resumer:
-    """Wakes paused Workspaces, one wake per Workspace at a time; `run` hosts the
-    wakes (start it in the gateway's nursery before the first `wake`)."""
+    """Wakes paused Workspaces, one wake per Workspace at a time, each a task of
+    `nursery` (the gateway process's own, which outlives every request)."""
 
-    def __init__(self, ctrl: WorkspaceReader, *, on_outcome: Callable[[str], None]
-                 = lambda outcome: None, timeout: float = WAKE_TIMEOUT) -> None:
+    def __init__(self, ctrl: WorkspaceReader, nursery: trio.Nursery, *,
+                 on_outcome: Callable[[str], None] = lambda outcome: None,
+                 timeout: float = WAKE_TIMEOUT) -> None:
         self.ctrl = ctrl
+        self._nursery = nursery
         self._on_outcome = on_outcome
         self._timeout = timeout
         self._waking: dict[str, _Wake] = {}
-        self._nursery: trio.Nursery | None = None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
 
     async def wake(self, workspace_id: str) -> dict[str, Any]:
         """The Workspace once AVAILABLE, started if it was paused; the wake's error
         (every waiter gets the same) if it cannot be."""
         wake = self._waking.get(workspace_id)
         if wake is None:
-            if self._nursery is None:
-                raise RuntimeError("Resumer.run is not running")
             wake = self._waking[workspace_id] = _Wake()
             self._nursery.start_soon(self._wake, workspace_id, wake)
         await wake.done.wait()

@@ -54,13 +54,13 @@ async def serve_e2b_gateway(config: GatewayConfig, *, handle_signals: bool = Tru
     ctrl = CtrlClient(config.ctrl.url, config.read_credential(), verify=config.ctrl.tls(),
                       dataplane_verify=config.ctrl.dataplane_tls())
     metrics = GatewayMetrics()
-    resumer = Resumer(ctrl, on_outcome=lambda outcome: metrics.resumes.labels(outcome).inc())
-    service = SandboxService(config, ctrl, records, tokens, resumer)
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(stop_on_signals, nursery.cancel_scope)
-            await nursery.start(resumer.run)
+            resumer = Resumer(ctrl, nursery,
+                              on_outcome=lambda outcome: metrics.resumes.labels(outcome).inc())
+            service = SandboxService(config, ctrl, records, tokens, resumer)
             processes, watchers = ProcessTable(nursery), WatcherTable(nursery)
             control = build_control_app(service)
             control.add_route("/metrics", metrics.endpoint, methods=["GET"])

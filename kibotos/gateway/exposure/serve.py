@@ -101,8 +101,6 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
                     user_agent="kibotos-gateway-exposure", command_prefix="gwexp",
                     verify=config.ctrl.tls(), dataplane_verify=config.ctrl.dataplane_tls())
     metrics = ExposureMetrics()
-    resumer = Resumer(ctrl, on_outcome=lambda outcome: metrics.resumes.labels(outcome).inc())
-    access = SandboxAccess(ctrl, resumer)
     tls = config.tls.context() if config.tls is not None else None
     open_connections = 0
 
@@ -135,7 +133,8 @@ async def serve_exposure_gateway(config: ExposureConfig, *, handle_signals: bool
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(stop_on_signals, nursery.cancel_scope)
-            await nursery.start(resumer.run)
+            access = SandboxAccess(ctrl, Resumer(
+                ctrl, nursery, on_outcome=lambda outcome: metrics.resumes.labels(outcome).inc()))
             host, port = _host_port(config.listen)
             listeners: list[trio.SocketListener] = await nursery.start(
                 functools.partial(trio.serve_tcp, handle, port, host=host))
