@@ -10,7 +10,7 @@ woke it waits until the Workspace is AVAILABLE.  Two rules make that safe under 
   the E2B gateway, or another replica of either) may start it first: ctrl then
   refuses this one's ``start`` (the Workspace is no longer STOPPED) and the wake waits
   on theirs instead of failing.
-* **A wake outlives its requester.**  It runs in the `Resumer`'s own nursery, not in
+* **A wake outlives its requester.**  It runs in the gateway process's nursery, not in
   the request's task, so a client that gives up (a browser tab closed, an SDK
   timeout) does not cancel the start the others wait on, nor leave a Workspace
   half-started with nobody watching.
