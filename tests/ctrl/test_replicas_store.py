@@ -1,0 +1,84 @@
+"""A serving ctrl's store on a real PostgreSQL server, as several replicas need it: a
+transaction left open by a stalled process (SIGSTOP between two statements) is aborted
+by the server instead of holding its row locks, and what the stalled process meets is
+`Unavailable`, like any other loss of the store (`kibotos.ctrl.store.db`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session
+
+from kibotos.config import CtrlConfig
+from kibotos.ctrl.model import replicas as rep
+from kibotos.ctrl.serve import open_store
+from kibotos.ctrl.store import migrate
+from kibotos.ctrl.store.db import SERVING_IDLE_IN_TRANSACTION_TIMEOUT, Store, make_engine
+from kibotos.ctrl.store.models import CtrlReplica
+from kibotos.errors import Unavailable
+
+pytestmark = pytest.mark.postgres
+
+
+async def test_a_serving_store_aborts_transactions_left_idle(
+        tmp_path: Path, postgres_url: str) -> None:
+    config = CtrlConfig.model_validate({"ctrl": {
+        "state_dir": str(tmp_path / "ctrl"), "database_url": postgres_url}})
+    store = await open_store(config)
+    try:
+        shown = await store.run(lambda s: str(s.execute(
+            text("SHOW idle_in_transaction_session_timeout")).scalar_one()))
+    finally:
+        store.close()
+    assert shown == f"{round(SERVING_IDLE_IN_TRANSACTION_TIMEOUT)}s"
+
+
+def test_a_stalled_transaction_frees_its_row_locks_and_reads_as_unavailable(
+        postgres_url: str) -> None:
+    engine = make_engine(postgres_url, idle_in_transaction_timeout=0.5)
+    migrate.upgrade(engine)
+    store = Store(engine)
+    try:
+        store.run_sync(lambda s: rep.register(s, "rep-a", "before"))
+        locked = threading.Event()
+        met: list[BaseException | None] = []
+
+        def stalled(session: Session) -> None:
+            session.execute(update(CtrlReplica).values(listen="stalled write"))
+            locked.set()
+            time.sleep(2)  # stopped, holding the row's lock
+            session.execute(select(1))
+
+        def run_stalled() -> None:
+            try:
+                store.run_sync(stalled)
+            except BaseException as exc:  # checked below
+                met.append(exc)
+            else:
+                met.append(None)
+
+        thread = threading.Thread(target=run_stalled)
+        thread.start()
+        try:
+            assert locked.wait(30)
+            # Another replica's write of the same row goes ahead once the server
+            # aborted the stalled transaction (it would wait forever otherwise; the
+            # lock_timeout only bounds this test).
+            def other(session: Session) -> None:
+                session.execute(text("SET LOCAL lock_timeout = '20s'"))
+                session.execute(update(CtrlReplica).values(listen="other replica"))
+            store.run_sync(other)
+        finally:
+            thread.join(60)
+        assert len(met) == 1
+        assert isinstance(met[0], Unavailable), met[0]
+        listens = store.run_sync(lambda s: list(s.scalars(select(CtrlReplica.listen))))
+        assert listens == ["other replica"]
+        # The store serves on: the aborted connection is not reused.
+        assert store.run_sync(lambda s: s.execute(select(1)).scalar_one()) == 1
+    finally:
+        store.close()
