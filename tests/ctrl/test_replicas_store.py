@@ -1,7 +1,8 @@
 """A serving ctrl's store on a real PostgreSQL server, as several replicas need it: a
 transaction left open by a stalled process (SIGSTOP between two statements) is aborted
 by the server instead of holding its row locks, and what the stalled process meets is
-`Unavailable`, like any other loss of the store (`kibotos.ctrl.store.db`)."""
+`Unavailable`, like any other loss of the store (`kibotos.ctrl.store.db`); and the
+loops of a replica go on after a round whose store work failed."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
+from ctrl_helpers import make_config
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
+from kibotos.ctrl.live import runtime as runtime_mod
 from kibotos.ctrl.model import replicas as rep
-from kibotos.ctrl.serve import open_store
+from kibotos.ctrl.serve import build_context, build_services, open_store
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.db import SERVING_IDLE_IN_TRANSACTION_TIMEOUT, Store, make_engine
 from kibotos.ctrl.store.models import CtrlReplica
 from kibotos.errors import Unavailable
+from kibotos.testing.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -80,5 +85,34 @@ def test_a_stalled_transaction_frees_its_row_locks_and_reads_as_unavailable(
         assert listens == ["other replica"]
         # The store serves on: the aborted connection is not reused.
         assert store.run_sync(lambda s: s.execute(select(1)).scalar_one()) == 1
+    finally:
+        store.close()
+
+
+async def test_the_runtime_loop_survives_a_round_whose_store_work_fails(
+        tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep whose store work fails (here a statement the server refuses) is logged,
+    and the next round runs: `Runtime.run` ending would end ctrl."""
+    monkeypatch.setattr(runtime_mod, "SWEEP_INTERVAL", 0.05)
+    store = await open_store(make_config(tmp_path, postgres_url))
+    try:
+        services = build_services(build_context(make_config(tmp_path, postgres_url), store))
+        runtime = services.runtime
+        rounds: list[str] = []
+
+        async def flaky() -> None:
+            if not rounds:
+                rounds.append("failed")
+                await store.run(lambda s: s.execute(text("SELECT 1 / 0")))
+            rounds.append("ran")
+
+        runtime.add_sweeper(flaky)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(runtime.run)
+            await wait_until(lambda: rounds.count("ran") >= 2 or None,
+                             "two sweeps after the failed one", timeout=30)
+            assert runtime.running
+            nursery.cancel_scope.cancel()
+        assert rounds[0] == "failed"
     finally:
         store.close()
