@@ -2,7 +2,8 @@
 transaction left open by a stalled process (SIGSTOP between two statements) is aborted
 by the server instead of holding its row locks, and what the stalled process meets is
 `Unavailable`, like any other loss of the store (`kibotos.ctrl.store.db`); and the
-loops of a replica go on after a round whose store work failed."""
+loops of a replica (the runtime's rounds, the relay's wait for a record) go on after
+store work that failed."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
+from kibotos.ctrl import relay as relay_mod
 from kibotos.ctrl.live import runtime as runtime_mod
+from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.model import replicas as rep
+from kibotos.ctrl.relay import CommandRelay
 from kibotos.ctrl.serve import build_context, build_services, open_store
-from kibotos.ctrl.store import migrate
+from kibotos.ctrl.store import migrate, relay_queue
 from kibotos.ctrl.store.db import SERVING_IDLE_IN_TRANSACTION_TIMEOUT, Store, make_engine
 from kibotos.ctrl.store.models import CtrlReplica
 from kibotos.errors import Unavailable
+from kibotos.protocol import CreateSpec
 from kibotos.testing.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
@@ -114,5 +119,39 @@ async def test_the_runtime_loop_survives_a_round_whose_store_work_fails(
             assert runtime.running
             nursery.cancel_scope.cancel()
         assert rounds[0] == "failed"
+    finally:
+        store.close()
+
+
+async def test_a_store_error_while_the_relay_waits_for_a_record_is_retried(
+        tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder's wait for a relayed create's record meets a store error: it looks
+    again instead of raising in the relay's nursery (which would end ctrl)."""
+    store = await open_store(make_config(tmp_path, postgres_url))
+    try:
+        ctx = build_context(make_config(tmp_path, postgres_url), store)
+        assert isinstance(ctx.sessions, SessionHub)
+        inflight: dict[str, trio.Event] = {}
+        relay = CommandRelay(store, ctx.sessions, "rep-a", lambda _batch: None, inflight)
+        looks: list[str] = []
+
+        def instance_known(session: Session, instance_id: str) -> bool:
+            looks.append(instance_id)
+            if len(looks) == 1:
+                session.execute(text("SELECT 1 / 0"))  # the store refuses this look
+            return len(looks) >= 3
+
+        async def accepted(_queued: relay_queue.Queued) -> bool:
+            return True
+
+        monkeypatch.setattr(relay_mod.tx, "instance_known", instance_known)
+        monkeypatch.setattr(relay, "_send_and_store", accepted)
+        queued = relay_queue.Queued(relay_id="rly-1", node_id="node-a",
+                                    kind=CreateSpec.KIND,
+                                    args={"instance_id": "inst-1"}, timeout_s=30.0)
+        with trio.fail_after(20):
+            await relay._send(queued)
+        assert looks == ["inst-1"] * 3
+        assert inflight == {}
     finally:
         store.close()
