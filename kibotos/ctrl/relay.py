@@ -173,12 +173,22 @@ class CommandRelay:
         try:
             if await self._send_and_store(queued):
                 with trio.move_on_after(queued.timeout_s + RELAY_MARGIN):
-                    while not await self.store.run(partial(tx.instance_known,
-                                                           instance_id=instance_id)):
+                    while not await self._recorded(instance_id):
                         await trio.sleep(RECORD_POLL_INTERVAL)
         finally:
             del self._inflight[instance_id]
             recorded.set()
+
+    async def _recorded(self, instance_id: str) -> bool:
+        """Whether the sender recorded the Instance; a store error reads as "not yet"
+        (logged): this runs in the relay's nursery, where an exception would end the
+        relay and ctrl with it, for a check the next poll makes again."""
+        try:
+            return await self.store.run(partial(tx.instance_known, instance_id=instance_id))
+        except KibotosError as exc:
+            log.warning("relay: looking for the record of Instance %s failed, trying "
+                        "again: %s", instance_id, exc)
+            return False
 
     async def _send_and_store(self, queued: q.Queued) -> bool:
         """Send, store the outcome; whether the node accepted."""

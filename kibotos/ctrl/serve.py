@@ -46,7 +46,7 @@ from kibotos.ctrl.relay import CommandRelay
 from kibotos.ctrl.replica import Membership
 from kibotos.ctrl.store import migrate
 from kibotos.ctrl.store.artifacts import ArtifactStore, artifact_root
-from kibotos.ctrl.store.db import Store, make_engine
+from kibotos.ctrl.store.db import SERVING_IDLE_IN_TRANSACTION_TIMEOUT, Store, make_engine
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.ctrl.store.secret_box import key_path as secret_key_path
 from kibotos.ctrl.tls import CtrlTls
@@ -120,11 +120,13 @@ def build_services(ctx: CtrlContext) -> CtrlServices:
 
 async def open_store(config: CtrlConfig) -> Store:
     """Open the configured database (by default a file in the state directory, created
-    if missing) and migrate it to the newest schema."""
+    if missing) and migrate it to the newest schema.  On PostgreSQL its connections abort
+    a transaction left idle too long (`SERVING_IDLE_IN_TRANSACTION_TIMEOUT`)."""
     if not config.ctrl.database_url:
         await trio.to_thread.run_sync(partial(
             Path(config.ctrl.state_dir).mkdir, parents=True, exist_ok=True, mode=0o700))
-    engine = make_engine(config.database_url)
+    engine = make_engine(config.database_url,
+                         idle_in_transaction_timeout=SERVING_IDLE_IN_TRANSACTION_TIMEOUT)
     try:
         await trio.to_thread.run_sync(migrate.upgrade, engine)
     except BaseException:

@@ -7,13 +7,16 @@ record; the autojump clock lets the window pass."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 from ctrl_helpers import wait_until
 from ws_helpers import away_with_one_lost_and_one_stray, open_ws_ctrl
 
 from kibotos.ctrl.live.node_feed import FOREIGN_CREATE_WINDOW
+from kibotos.protocol import Args
 from kibotos.testing.clock import ThreadAwareClock
+from kibotos.testing.sim_instances import SimInstances
 
 
 async def test_an_unrecorded_instance_waits_out_the_window_before_it_is_destroyed(
@@ -41,3 +44,44 @@ async def test_an_unrecorded_instance_waits_out_the_window_before_it_is_destroye
                          "the stray Instance destroyed", timeout=4 * FOREIGN_CREATE_WINDOW)
         assert trio.current_time() - connected_at >= FOREIGN_CREATE_WINDOW
         assert (await ctrl.ws(kept["workspace_id"]))["state"] == "AVAILABLE"
+
+
+async def test_a_hello_during_a_create_in_flight_is_applied_after_the_create(
+        tmp_path: Path) -> None:
+    """The node accepted a create, its session ended before the create was recorded and
+    its RUNNING frame went with it; the hello of its next session lists the Instance
+    RUNNING while the create is still in flight.  That entry is applied once the create
+    is recorded, so the Workspace becomes AVAILABLE (dropped, it stayed CREATING)."""
+    async with open_ws_ctrl(tmp_path) as ctrl:
+        sim = SimInstances(hold_boots=trio.Event())
+        await ctrl.connect("node-a", sim=sim)
+        hub = ctrl.ctx.sessions
+        original = hub.call
+        accepted, release = trio.Event(), trio.Event()
+
+        async def held_call(node_id: str, args: Args, timeout: float) -> dict[str, object]:
+            answer = await original(node_id, args, timeout)
+            if args.KIND == "instance.create":
+                accepted.set()
+                await release.wait()  # the create in flight, not recorded yet
+            return answer
+
+        hub.call = held_call  # type: ignore[method-assign]
+        created: dict[str, Any] = {}
+
+        async def create() -> None:
+            created.update(await ctrl.create())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create)
+            await accepted.wait()
+            (instance_id,) = sim.instances
+            await ctrl.disconnect("node-a")
+            # It booted while away: its RUNNING frame was never delivered.
+            sim.instances[instance_id].state = "RUNNING"
+            await ctrl.connect("node-a", sim=sim, wait_eligible=False, incarnation=1)
+            assert instance_id in ctrl.runtime.inflight
+            release.set()
+        ws = await ctrl.settled(created["workspace_id"], timeout=20)
+        assert ws["state"] == "AVAILABLE", ws.get("reason")
+        assert instance_id not in sim.destroyed

@@ -94,9 +94,15 @@ class Cluster:
         return dict(outcome)
 
     async def settle(self, first: int, workspace_id: str, states: set[str]) -> str:
+        """Until the Workspace is in one of `states`.  An error answer (a replica that
+        just resumed and finds its store transaction aborted, say: `unavailable`) is
+        "not yet", as a client polling would take it; the deadline still bounds it."""
         async def probe() -> str | None:
             resp = await self.send(first, "GET", f"/v1/workspaces/{workspace_id}?wait_s=5")
-            state = str(resp.json()["result"]["state"])
+            answer = resp.json()
+            if "result" not in answer:
+                return None
+            state = str(answer["result"]["state"])
             return state if state in states else None
         return await wait_until(probe, f"{workspace_id} in {states}", timeout=180)
 

@@ -10,6 +10,9 @@ session's reader would block the very reader that must deliver that result.  A f
 that repeats the state last applied to its Instance is skipped.  A ``hello``'s list is
 authoritative for Instances recorded before the session started; a ``report``'s list
 is checked at most once per grace period per node, as a safety net behind the frames.
+An entry of a hello's list for a create in flight is set aside like a frame and applied
+after the create: the create's record would otherwise race it, and a node whose frames
+went to a session that ended says its Instance's state again only in that list.
 
 With several ctrl replicas a create may be in flight on another replica (it placed the
 Instance through this replica's session, or through a replica that died and whose
@@ -65,7 +68,7 @@ class NodeFeed:
     async def session_started(self, node_id: str, hello: Hello) -> None:
         started = self.runtime.ctx.now()
         if hello.report.instances is not None:
-            await self._reconcile(node_id, hello.report.instances, started)
+            await self._reconcile(node_id, hello.report.instances, started, hello=True)
         self.runtime.wake()
 
     async def node_report(self, node_id: str, report: Report) -> None:
@@ -80,14 +83,20 @@ class NodeFeed:
 
     async def instance_state(self, node_id: str, frame: InstanceState) -> None:
         """Apply a frame, in order per Instance (see the module docstring)."""
+        if not self._defer(node_id, frame):
+            await self._apply_frame(node_id, frame)
+
+    def _defer(self, node_id: str, frame: InstanceState) -> bool:
+        """Set `frame` aside behind the create in flight for its Instance (or behind
+        the frames set aside before it); whether it was."""
         key = frame.instance_id
-        if key in self.runtime.inflight or key in self._deferred:
-            self._deferred.setdefault(key, []).append((node_id, frame))
-            if key not in self._deferring:
-                self._deferring.add(key)
-                self.runtime.spawn(self._apply_deferred, key)
-            return
-        await self._apply_frame(node_id, frame)
+        if key not in self.runtime.inflight and key not in self._deferred:
+            return False
+        self._deferred.setdefault(key, []).append((node_id, frame))
+        if key not in self._deferring:
+            self._deferring.add(key)
+            self.runtime.spawn(self._apply_deferred, key)
+        return True
 
     async def _apply_deferred(self, key: str, foreign: bool = False) -> None:
         try:
@@ -161,17 +170,31 @@ class NodeFeed:
             self._applied.popitem(last=False)
 
     async def _reconcile(self, node_id: str, listed: list[InstanceSummary],
-                         listed_after: datetime) -> None:
-        skip = set(self.runtime.inflight)
+                         listed_after: datetime, hello: bool = False) -> None:
+        # A hello's entry of a create in flight is applied after the create, as its
+        # frames are: reconciled now it would race the create's record (read as an
+        # Instance nobody recorded), and dropped it would be lost, since a node that
+        # said RUNNING on a session that ended (a replica stopped or gone) says it
+        # again only here.  A report's is skipped: the next report has it again.
+        # Either way the Instance was listed: if its create commits before this
+        # write, it must not read as missing from the list.
+        if hello:
+            skip = {i.instance_id for i in listed if self._defer(node_id, _as_frame(i))}
+        else:
+            skip = {i.instance_id for i in listed if i.instance_id in self.runtime.inflight}
         followups = await self.runtime.store.write(partial(
             inst_mod.reconcile, node_id=node_id,
             listed=[i.to_wire() for i in listed if i.instance_id not in skip],
-            now=self.runtime.ctx.now(), listed_after=listed_after))
+            now=self.runtime.ctx.now(), listed_after=listed_after, set_aside=skip))
         unknown = self._unknown(followups)
         for item in listed:
             if item.instance_id in unknown:
-                self._set_aside(node_id, InstanceState(
-                    instance_id=item.instance_id, workspace_id=item.workspace_id,
-                    state=item.state, reason=item.reason, objects=item.objects))
+                self._set_aside(node_id, _as_frame(item))
         self.follow([f for f in followups if not (f.action == "destroy"
                                                  and f.instance_id in unknown)])
+
+
+def _as_frame(item: InstanceSummary) -> InstanceState:
+    """A list's entry as the frame that says the same of its Instance."""
+    return InstanceState(instance_id=item.instance_id, workspace_id=item.workspace_id,
+                         state=item.state, reason=item.reason, objects=item.objects)

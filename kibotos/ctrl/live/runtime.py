@@ -11,7 +11,8 @@ another's attributes and none imports another that imports it back.
 
 `Runtime.run` is the services' lifetime: it attaches the watch, loads the index,
 resumes pending work (`sweep`, every `SWEEP_INTERVAL` and at start) and reloads the
-index every `RESYNC_INTERVAL` for the placements of other ctrl replicas.
+index every `RESYNC_INTERVAL` for the placements of other ctrl replicas.  A round that
+fails is logged and the loop goes on (a store error must not end ctrl).
 """
 
 from __future__ import annotations
@@ -88,15 +89,31 @@ class Runtime:
                 task_status.started()
                 last_resync = trio.current_time()
                 while True:
-                    await self.sweep()
+                    await self._round(self.sweep, "sweep")
                     await trio.sleep(SWEEP_INTERVAL)
-                    if trio.current_time() - last_resync >= RESYNC_INTERVAL:
-                        await self.resync()
+                    if trio.current_time() - last_resync >= RESYNC_INTERVAL and \
+                            await self._round(self.resync, "index resync"):
                         last_resync = trio.current_time()
             finally:
                 self.running = False
                 self._nursery = None
                 self.watch.detach()
+
+    async def _round(self, fn: Callable[[], Awaitable[None]], what: str) -> bool:
+        """One sweep or resync of `run`; whether it succeeded.  A failed round (the
+        store unreachable a moment, this replica's transaction aborted after a stall,
+        its lease fenced out) is logged and the next round tries again: ending `run`
+        would end ctrl, for an error the next round usually does not meet."""
+        try:
+            await fn()
+        except KibotosError as exc:
+            log.warning("ctrl: the %s failed, trying again next round: %s", what,
+                        exc.message)
+            return False
+        except Exception:
+            log.exception("ctrl: the %s failed, trying again next round", what)
+            return False
+        return True
 
     def require_running(self) -> None:
         if not self.running:

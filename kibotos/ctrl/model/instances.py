@@ -227,7 +227,8 @@ def on_instance_state(session: Session, node_id: str, instance_id: str, state: s
 
 
 def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
-              now: datetime, listed_after: datetime) -> list[Followup]:
+              now: datetime, listed_after: datetime,
+              set_aside: Iterable[str] = ()) -> list[Followup]:
     """A node's full list of Instances (``hello``/``report``): apply each state, destroy
     those ctrl does not know, and treat ctrl's live Instances the node no longer lists
     as gone.
@@ -236,9 +237,11 @@ def reconcile(session: Session, node_id: str, listed: Iterable[dict[str, Any]],
     reports and command results from separate tasks, so a report made just before it
     accepted a create may arrive after ctrl recorded that create.  A ``hello`` is
     complete as of the session's start; a ``report`` is trusted for Instances older than
-    a grace period.  An Instance being stopped or destroyed is left to that command."""
+    a grace period.  An Instance being stopped or destroyed is left to that command.
+    `set_aside`: Instances the node did list, whose entries the caller applies later
+    (a create in flight): not missing."""
     followups: list[Followup] = []
-    seen: set[str] = set()
+    seen: set[str] = set(set_aside)
     for item in listed:
         instance_id, state = item.get("instance_id"), item.get("state")
         if not isinstance(instance_id, str) or state not in INSTANCE_STATES:

@@ -14,6 +14,14 @@ nothing is acknowledged that a crash could lose.  When one function of a group r
 the group is rolled back and every function runs again in its own transaction, so each
 caller gets the outcome it would have had alone (the transaction functions are plain
 store work, safe to run again after a rollback).
+
+On PostgreSQL a serving ctrl's connections carry `SERVING_IDLE_IN_TRANSACTION_TIMEOUT`:
+with several replicas, one that is stopped (SIGSTOP, a frozen VM) in the middle of a
+transaction would otherwise hold its row locks (a node's ``FOR UPDATE`` of placement,
+the relay queue's rows) for as long as its TCP connection looks alive, and every other
+replica touching those rows would wait behind it.  The server aborts such a transaction
+(SQLSTATE 25P03) and the stopped replica, once it runs again, gets `Unavailable`, as for
+any other loss of the store.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from kibotos.errors import Internal, Unavailable
@@ -37,8 +45,24 @@ T = TypeVar("T")
 #: cost against NORMAL).
 SQLITE_SYNCHRONOUS = "FULL"
 
+#: How long (seconds) a serving ctrl's PostgreSQL transaction may sit idle between two
+#: statements before the server aborts it (the module docstring).  A legitimate
+#: transaction never waits inside itself: it is statements and the Python between them,
+#: well under a second even on a loaded two-core host, and nothing awaits a node or
+#: the network with a transaction open.  10 s is far above that and below the default
+#: `session_timeout` (15 s), so a stopped replica's row locks are gone before the others
+#: declare it gone and sweep its sessions.  The fenced singleton writes set a tighter
+#: limit on their own (`kibotos.ctrl.model.replicas.FENCED_IDLE_TIMEOUT_MS`).
+SERVING_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
-def make_engine(url: str) -> Engine:
+#: SQLSTATE of a transaction the server aborted for sitting idle too long.
+IDLE_IN_TRANSACTION_TIMEOUT_SQLSTATE = "25P03"
+
+
+def make_engine(url: str, *, idle_in_transaction_timeout: float | None = None) -> Engine:
+    """An engine for `url`.  `idle_in_transaction_timeout` (seconds; PostgreSQL only)
+    is set on every connection: what a serving ctrl passes (`open_store`), not the CLI's
+    one-off commands or the migrations."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -56,7 +80,12 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    connect_args: dict[str, Any] = {}
+    if idle_in_transaction_timeout is not None:
+        millis = max(1, round(idle_in_transaction_timeout * 1000))
+        connect_args["options"] = f"-c idle_in_transaction_session_timeout={millis}"
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20,
+                         connect_args=connect_args)
 
 
 @contextlib.contextmanager
@@ -65,6 +94,12 @@ def map_sqlalchemy_errors() -> Iterator[None]:
         yield
     except OperationalError as exc:
         raise Unavailable(f"store unavailable: {exc.orig}") from exc
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT_SQLSTATE:
+            # This process stalled inside a transaction and the server ended it: the
+            # transaction did not happen, the next one gets a fresh connection.
+            raise Unavailable(f"store unavailable: {exc.orig}") from exc
+        raise Internal(f"store error: {exc}") from exc
     except SQLAlchemyError as exc:
         raise Internal(f"store error: {exc}") from exc
 
