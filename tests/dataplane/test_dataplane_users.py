@@ -99,3 +99,49 @@ async def test_an_older_agent_refuses_a_user_but_root(
             with pytest.raises(FailedPrecondition, match=r"0\.6\.0"):
                 await files.upload("content", "/f", _one(b"x"), user="nobody")
             assert not (agent.root / "f").exists()
+
+
+async def test_kibo_exec_and_cp_take_a_user(tmp_path: Path) -> None:
+    """``kibo workspace exec --user``'s relay (as a process, as kibo runs it) and ``kibo
+    workspace cp --user``'s copy; a copy out with a user, or a bad name, is refused."""
+    from test_exec_blocking import relay
+
+    from kibotos.cli.workspace.cp_cmds import Remote, copy
+
+    with running_agent(tmp_path) as agent:
+        async with in_process_plane(tmp_path) as plane:
+            await plane.hand_state(target(agent))
+            done = await relay(plane, ["sh", "-c", "id -un; pwd"], user="nobody")
+            assert (done.returncode, done.stdout.decode().split("\n")[0]) == (0, "nobody")
+            done = await relay(plane, ["true"], user="a:b")
+            assert done.returncode == 10
+            assert b"must not contain control characters, ':' or '/'" in done.stderr
+
+            local = tmp_path / "site"
+            (local / "css").mkdir(parents=True)
+            (local / "css" / "a.css").write_bytes(b"body{}")
+            (local / "index.html").write_bytes(b"<p>")
+            (agent.root / "srv").mkdir()
+            credential = plane.credential(operations=("files",))
+            await copy(plane.url, credential, str(local), Remote("ws-1", "/srv"),
+                       user="nobody")
+            await copy(plane.url, credential, str(local / "index.html"),
+                       Remote("ws-1", "/srv/one.html"), user="nobody")
+            for rel in ("site", "site/css", "site/css/a.css", "site/index.html", "one.html"):
+                assert (agent.root / "srv" / rel).stat().st_uid == NOBODY.pw_uid, rel
+            assert (agent.root / "srv").stat().st_uid == 0
+            with pytest.raises(InvalidArgument, match="--user applies to a copy into"):
+                await copy(plane.url, credential, Remote("ws-1", "/srv/one.html"),
+                           str(tmp_path / "back.html"), user="nobody")
+
+
+def test_the_cli_checks_the_name_before_asking_ctrl() -> None:
+    from click.testing import CliRunner
+
+    from kibotos.cli.main import kibo_cli
+
+    for argv in (["workspace", "exec", "--user", "a" * 33, "ws-1", "--", "true"],
+                 ["workspace", "cp", "--user", "bad\tname", "./x", "ws-1:/x"]):
+        result = CliRunner().invoke(kibo_cli, argv, env={"KIBO_CONFIG": "/nonexistent"})
+        assert result.exit_code == 10, (argv, result.output)
+        assert "--user must" in result.output
