@@ -63,3 +63,30 @@ def test_an_unknown_user_is_refused_by_name(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="no user named 'no-such-user'"):
         sandbox.files.make_dir("/tmp/never", user="no-such-user")
     assert not sandbox.files.exists("/tmp/never.txt")
+
+
+def test_the_authorization_header_is_read_strictly() -> None:
+    """envd's user header: Basic base64("<user>:"), nothing else."""
+    import base64
+
+    from starlette.requests import Request
+
+    from kibotos.errors import InvalidArgument
+    from kibotos.gateway.e2b.envd_api import basic_user
+
+    def user_of(header: str | None) -> str | None:
+        headers = [] if header is None else [(b"authorization", header.encode())]
+        return basic_user(Request({"type": "http", "headers": headers}))
+
+    def basic(text: bytes) -> str:
+        return "Basic " + base64.b64encode(text).decode()
+
+    assert user_of(None) is None
+    assert user_of(basic(b"user:")) == "user"
+    assert user_of(basic(b"root:ignored")) == "root"
+    for bad, why in ((basic(b"user"), "Basic base64"), ("Bearer abc", "Basic base64"),
+                     ("Basic !!!", "Basic base64"), (basic(b":"), "1 to 32 characters"),
+                     (basic(b"a\nb:"), "control characters"),
+                     (basic(b"\xff:"), "Basic base64")):
+        with pytest.raises(InvalidArgument, match=why):
+            user_of(bad)
