@@ -40,7 +40,7 @@ from kibotos.errors import (
     Unavailable,
     error_of,
 )
-from kibotos.guest.files import Download, GuestFiles, Upload, require_capability
+from kibotos.guest.files import Download, GuestFiles, Upload, require_capability, user_fields
 from kibotos.guest.kibotos_guest.framing import (
     DEFAULT_WINDOW,
     KIND_CONTROL,
@@ -212,8 +212,11 @@ class GuestChannel:
                    cwd: str | None = None, uid: int | None = None, gid: int | None = None,
                    tty: bool = False, rows: int = 24, cols: int = 80, stdin: bool = True,
                    stdout: bool = True, stderr: bool = True, on_detach: str = "hangup",
-                   window: int = DEFAULT_WINDOW) -> GuestProcess:
+                   window: int = DEFAULT_WINDOW, user: str | None = None) -> GuestProcess:
         """Start a process; its streams are on the returned handle.
+
+        `user` (a name) runs it as that user, with its groups, HOME and, without a
+        `cwd`, in its home (an agent without ``user_names`` refuses any but root).
 
         With ``tty=True`` output and errors share one stream (`stdout`).  Unwanted streams
         are connected to /dev/null in the guest.  ``on_detach`` says what happens if this
@@ -221,6 +224,7 @@ class GuestChannel:
         """
         if isinstance(argv, str | bytes) or not argv:
             raise InvalidArgument("exec: argv must be a non-empty sequence of strings")
+        as_user = await user_fields(self, user)  # before any stream is taken
         streams: dict[str, int] = {}
         for name, wanted in (("stdin", stdin), ("stdout", stdout or tty),
                              ("stderr", stderr and not tty)):
@@ -251,7 +255,7 @@ class GuestChannel:
         fields: dict[str, Any] = {
             "argv": list(argv), "env": dict(env or {}), "cwd": cwd, "uid": uid, "gid": gid,
             "tty": tty, "rows": rows, "cols": cols, "window": window, "on_detach": on_detach,
-            **{f"{n}_stream": sid for n, sid in streams.items()},
+            **{f"{n}_stream": sid for n, sid in streams.items()}, **as_user,
         }
         try:
             proc: GuestProcess = await self._request("exec", fields, on_result=started)

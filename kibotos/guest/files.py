@@ -259,10 +259,13 @@ class GuestFiles:
         return FileEntry.from_wire((await self._call("file_stat", {"path": path}))["entry"])
 
     async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755,
-                    uid: int | None = None, gid: int | None = None) -> tuple[FileEntry, bool]:
-        """The directory, and whether it was created (False: it existed already)."""
-        body = await self._call("file_mkdir", {"path": path, "parents": parents, "mode": mode,
-                                               "uid": uid, "gid": gid})
+                    uid: int | None = None, gid: int | None = None,
+                    user: str | None = None) -> tuple[FileEntry, bool]:
+        """The directory, and whether it was created (False: it existed already).
+        `user` (a name) owns it and the parents it made."""
+        body = await self._call("file_mkdir", {
+            "path": path, "parents": parents, "mode": mode, "uid": uid, "gid": gid,
+            **await user_fields(self._channel, user)})
         return FileEntry.from_wire(body["entry"]), body.get("created") is True
 
     async def move(self, source: str, destination: str) -> FileEntry:
@@ -342,17 +345,22 @@ class GuestFiles:
 
     async def open_write(self, path: str, *, mode: int | None = None, uid: int | None = None,
                          gid: int | None = None, mtime_ns: int | None = None,
-                         parents: bool = False, window: int = DEFAULT_WINDOW) -> Upload:
+                         parents: bool = False, window: int = DEFAULT_WINDOW,
+                         user: str | None = None) -> Upload:
         """Write one file: the bytes go to a temporary file beside `path` until
-        `Upload.commit`.  Unset `mode`/owner keep an existing file's (else 0644)."""
+        `Upload.commit`.  Unset `mode`/owner keep an existing file's (else 0644);
+        `user` (a name) owns the file and the parents it made."""
         return await self._open_upload("file_write", {
             "path": path, "mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns,
-            "parents": parents, "window": window})
+            "parents": parents, "window": window, **await user_fields(self._channel, user)})
 
-    async def open_tar_write(self, path: str, *, window: int = DEFAULT_WINDOW) -> Upload:
+    async def open_tar_write(self, path: str, *, window: int = DEFAULT_WINDOW,
+                             user: str | None = None) -> Upload:
         """Unpack a tar stream into the existing directory `path` (staged, then merged
-        in on `Upload.commit`).  `window`: how much the guest buffers for it."""
-        return await self._open_upload("tar_write", {"path": path, "window": window})
+        in on `Upload.commit`).  `window`: how much the guest buffers for it; `user`
+        (a name) owns everything it creates."""
+        return await self._open_upload("tar_write", {
+            "path": path, "window": window, **await user_fields(self._channel, user)})
 
 
 def require_capability(channel: GuestChannel, capability: str) -> None:
@@ -362,3 +370,33 @@ def require_capability(channel: GuestChannel, capability: str) -> None:
             f"the guest agent ({hello.agent_version or 'unknown version'}) has no "
             f"{capability!r} capability: rebuild the Template with this kibotos's agent",
             details={"capability": capability, "agent_version": hello.agent_version})
+
+
+#: The capability of an agent that takes a ``user`` name on exec and file writes, and
+#: the first agent version that has it (named in the refusal, so the fix is plain).
+USER_NAMES_CAPABILITY = "user_names"
+USER_NAMES_AGENT_VERSION = "0.6.0"
+
+
+async def user_fields(channel: GuestChannel, user: str | None) -> dict[str, Any]:
+    """The request fields that ask the guest to act as `user` (a name).
+
+    An older agent ignores a field it does not know, so a name it cannot honour must
+    be refused here rather than silently run as root: FailedPrecondition naming the
+    agent version needed.  ``root`` is what such an agent does anyway, so it is
+    served there without the field."""
+    if user is None:
+        return {}
+    await channel._hello_event.wait()
+    hello = channel.hello
+    if hello is not None and USER_NAMES_CAPABILITY not in hello.capabilities:
+        if user == "root":
+            return {}
+        raise FailedPrecondition(
+            f"running as user {user!r} needs guest agent {USER_NAMES_AGENT_VERSION} or later "
+            f"(this guest has {hello.agent_version or 'an unknown version'}): rebuild the "
+            "Template with this kibotos's agent",
+            details={"capability": USER_NAMES_CAPABILITY, "user": user,
+                     "agent_version": hello.agent_version,
+                     "needs_agent_version": USER_NAMES_AGENT_VERSION})
+    return {"user": user}

@@ -195,7 +195,8 @@ class Result:
 async def run_exec(plane: Plane, argv: list[str] | tuple[str, ...], *, stdin: bytes = b"",
                    credential: str | None = None, tty: bool = False,
                    env: dict[str, str] | None = None, cwd: str | None = None,
-                   during: Callable[[ExecClient, bytes], object] | None = None) -> Result:
+                   during: Callable[[ExecClient, bytes], object] | None = None,
+                   user: str | None = None) -> Result:
     """Run `argv` through the data plane to the end; `during(client, stdout_so_far)` is
     awaited after the start and after every output chunk (to send signals or input at
     the right moment).  stdin is fed concurrently with reading: a process that echoes
@@ -212,7 +213,7 @@ async def run_exec(plane: Plane, argv: list[str] | tuple[str, ...], *, stdin: by
 
     with trio.fail_after(TIMEOUT):
         async with open_exec(plane.url, credential or plane.credential(),
-                             ExecRequest(tuple(argv), env or {}, cwd, tty),
+                             ExecRequest(tuple(argv), env or {}, cwd, tty, user=user),
                              ssl_context=plane.client_tls) as ex:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(feed, ex)

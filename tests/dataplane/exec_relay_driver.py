@@ -26,7 +26,7 @@ def main() -> int:
     try:
         return relay(url, credential, tuple(argv), env=opts.get("env", {}),
                      cwd=opts.get("cwd"), tty=opts.get("tty", False),
-                     timeout=opts.get("timeout"))
+                     timeout=opts.get("timeout"), user=opts.get("user"))
     except GlobalDeadline:
         print("error: deadline_exceeded: the global --timeout passed", file=sys.stderr)
         return 16

@@ -137,6 +137,7 @@ def test_a_microvm_sandbox_runs_commands_moves_files_and_survives_a_pause(
         with pytest.raises(CommandExitException) as failed:
             sbx.commands.run("exit 7")
         assert failed.value.exit_code == 7
+        assert sbx.commands.run("id -un; pwd", user="nobody").stdout == "nobody\n/\n"
 
         sbx.files.write("/root/notes/hello.txt", "written through envd")
         assert sbx.commands.run("cat /root/notes/hello.txt").stdout == "written through envd"

@@ -71,6 +71,7 @@ GATEWAY_USES_OF_DATAPLANE = frozenset({
     "kibotos.dataplane.clients.exec_wire",  # the exec request's shape
     "kibotos.dataplane.clients.files_client",  # the file endpoints
     "kibotos.dataplane.clients.ports_client",  # port streams (the Exposure gateway)
+    "kibotos.dataplane.clients.user_name",  # the rule for a guest user name (envd's user)
 })
 SDK = "kibotos.sdk"
 SYNCHRONOUS = ("kibotos.ctrl.model", "kibotos.ctrl.pools", "kibotos.ctrl.wire")

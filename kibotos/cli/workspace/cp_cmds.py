@@ -8,7 +8,8 @@ node's data plane (`kibotos.dataplane.clients.files_client`), never through ctrl
 
 * A regular file is sent as its bytes (mode and mtime kept); anything else (a
   directory, a symlink) as a tar stream (modes, mtimes and symlinks kept; owners as
-  the guest agent's root keeps them).  As with ``cp -r``: when DST is an existing
+  the guest agent's root keeps them; with ``--user NAME``, what lands in the Workspace
+  is that guest user's).  As with ``cp -r``: when DST is an existing
   directory the copy lands inside it under SRC's name, otherwise it is created as DST.
 * Every byte is checked with sha256 end to end: the guest refuses an upload whose bytes
   do not hash to what kibo sent (nothing is renamed into place), and kibo refuses a
@@ -149,16 +150,21 @@ class Counted:
 
 async def copy(url: str, credential: str, src: Remote | str, dst: Remote | str, *,
                show_progress: bool = False, stdin_fd: int = 0, stdout_fd: int = 1,
-               ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
+               ssl_context: ssl.SSLContext | None = None, user: str | None = None
+               ) -> dict[str, Any]:
     """Copy `src` to `dst` (exactly one `Remote`, the other a local path or ``-``)
-    through the data plane at `url`; returns what was copied."""
+    through the data plane at `url`; returns what was copied.  `user` (a guest user
+    name, into a Workspace only) owns what the copy creates there."""
     from kibotos.dataplane.clients.files_client import FilesClient
 
     client = FilesClient(url, credential, ssl_context=ssl_context)
     if isinstance(dst, Remote):
         assert not isinstance(src, Remote)
-        return await _upload(client, src, dst, show_progress, stdin_fd)
+        return await _upload(client, src, dst, show_progress, stdin_fd, user)
     assert isinstance(src, Remote)
+    if user is not None:
+        raise InvalidArgument("--user applies to a copy into a Workspace: a copy out of "
+                              "it reads as the guest agent's user")
     return await _download(client, src, dst, show_progress, stdout_fd)
 
 
@@ -169,8 +175,8 @@ async def _remote_kind(client: Any, path: str) -> str | None:
         return None
 
 
-async def _upload(client: Any, src: str, dst: Remote, show: bool, stdin_fd: int
-                  ) -> dict[str, Any]:
+async def _upload(client: Any, src: str, dst: Remote, show: bool, stdin_fd: int,
+                  user: str | None = None) -> dict[str, Any]:
     import trio
 
     from kibotos.cli.workspace.cp_local import FdChunks, local_errors, pack_tree
@@ -178,7 +184,8 @@ async def _upload(client: Any, src: str, dst: Remote, show: bool, stdin_fd: int
     if src == "-":  # a tar on stdin, unpacked into the existing directory DST
         progress = Progress("-", None, enabled=show)
         answer = await client.upload("tar", dst.path,
-                                     Counted(FdChunks(stdin_fd, "reading stdin"), progress))
+                                     Counted(FdChunks(stdin_fd, "reading stdin"), progress),
+                                     user=user)
         progress.finish()
         return {"to": f"{dst.workspace}:{dst.path}", **_summary(answer)}
     local = await trio.to_thread.run_sync(look, src)
@@ -203,13 +210,13 @@ async def _upload(client: Any, src: str, dst: Remote, show: bool, stdin_fd: int
         try:
             answer = await client.upload(
                 "content", target, Counted(FdChunks(fd, f"reading {src}"), progress),
-                mode=f"{stat.S_IMODE(st.st_mode):o}", mtime_ns=st.st_mtime_ns)
+                mode=f"{stat.S_IMODE(st.st_mode):o}", mtime_ns=st.st_mtime_ns, user=user)
         finally:
             os.close(fd)
     else:
         async with trio.open_nursery() as nursery:
             tar = pack_tree(nursery, src, leaf)
-            answer = await client.upload("tar", parent, Counted(tar, progress))
+            answer = await client.upload("tar", parent, Counted(tar, progress), user=user)
     progress.finish()
     return {"to": f"{dst.workspace}:{target}", **_summary(answer)}
 
@@ -273,8 +280,10 @@ def _summary(answer: dict[str, Any]) -> dict[str, Any]:
 @click.command("cp")
 @click.argument("src")
 @click.argument("dst")
+@click.option("--user", "-u", metavar="NAME", help="Create what lands in the Workspace as "
+              "this user of the guest (default: the guest agent's user, root).")
 @kibo_options
-def cp_command(inv: Invocation, src: str, dst: str) -> None:
+def cp_command(inv: Invocation, src: str, dst: str, user: str | None) -> None:
     """Copy SRC to DST, one of them WORKSPACE:PATH in an AVAILABLE Workspace.
 
     \b
@@ -283,12 +292,19 @@ def cp_command(inv: Invocation, src: str, dst: str) -> None:
     kibo workspace cp ws-01k…:/var/log/app.log .
     kibo workspace cp ws-01k…:/etc - | tar tv        (a tar on stdout)
     tar c dir | kibo workspace cp - ws-01k…:/srv    (a tar from stdin)
+    kibo workspace cp --user www-data ./site ws-01k…:/var/www
     """
+    from kibotos.dataplane.clients.user_name import optional_user_name
+
+    optional_user_name(user, "--user")
     source, destination = parse_side(src), parse_side(dst)
     remotes = [side for side in (source, destination) if isinstance(side, Remote)]
     if len(remotes) != 1:
         raise click.UsageError("exactly one of SRC and DST must be WORKSPACE:PATH (write "
                                "./NAME for a local path with a colon in it)")
+    if user is not None and not isinstance(destination, Remote):
+        raise InvalidArgument("--user applies to a copy into a Workspace: a copy out of "
+                              "it reads as the guest agent's user")
     session: dict[str, Any] = inv.client().post(
         f"/v1/workspaces/{remotes[0].workspace}/sessions", {"operations": ["files"]},
         write=False)
@@ -302,7 +318,8 @@ def cp_command(inv: Invocation, src: str, dst: str) -> None:
         with trio.move_on_after(remaining if remaining is not None else float("inf")):
             return await copy(session["dataplane_url"], session["credential"], source,
                               destination, show_progress=sys.stderr.isatty(),
-                              ssl_context=inv.dataplane_tls(session["dataplane_url"]))
+                              ssl_context=inv.dataplane_tls(session["dataplane_url"]),
+                              user=user)
         raise DeadlineExceeded(f"the global --timeout of {inv.deadline.seconds:g}s passed; "
                                "the copy was stopped and nothing was left half-written")
 

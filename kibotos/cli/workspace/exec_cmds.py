@@ -1,5 +1,5 @@
-"""``kibo workspace exec WS [--tty] [--env K=V] [--cwd DIR] -- CMD…``: run a command in a
-Workspace, streaming its input and output; exit with its exit code.
+"""``kibo workspace exec WS [--tty] [--env K=V] [--cwd DIR] [--user NAME] -- CMD…``: run a
+command in a Workspace, streaming its input and output; exit with its exit code.
 
 It asks ctrl for a session credential (``POST /v1/workspaces/{id}/sessions``), then
 connects to the Workspace node's data plane and runs the command there
@@ -19,7 +19,9 @@ stdin closes its stdin, and SIGINT, SIGTERM, SIGHUP and SIGQUIT received by kibo
 sent to its process group (a third Ctrl-C leaves at once, hanging it up).  With
 ``--tty`` it gets a terminal of the local window's size, kibo's terminal is put in raw
 mode (every key goes to the remote side, Ctrl-C included) and restored on exit, and
-window changes (SIGWINCH) resize the remote terminal.
+window changes (SIGWINCH) resize the remote terminal.  ``--user`` runs it as that user
+of the guest (its ids, groups, HOME, and its home as the working directory); without
+it, as the guest agent's user, root.
 """
 
 from __future__ import annotations
@@ -72,18 +74,25 @@ def raw_terminal(fd: int) -> Iterator[None]:
               "locally, window size and changes passed on).")
 @click.option("--env", "-e", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="Set an environment variable for the command (repeatable).")
-@click.option("--cwd", metavar="DIR", help="Working directory (absolute) in the Workspace.")
+@click.option("--cwd", metavar="DIR", help="Working directory (absolute) in the Workspace "
+              "(default: the user's home).")
+@click.option("--user", "-u", metavar="NAME", help="Run as this user of the guest "
+              "(its uid, groups and HOME; default: the guest agent's user, root).")
 @kibo_options
 def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty: bool,
-                 env_pairs: tuple[str, ...], cwd: str | None) -> None:
+                 env_pairs: tuple[str, ...], cwd: str | None, user: str | None) -> None:
     """Run CMD in the AVAILABLE Workspace WORKSPACE; exit with its exit code.
 
     \b
     kibo workspace exec ws-01k… -- uname -a
     kibo workspace exec ws-01k… --tty -- bash
     echo hi | kibo workspace exec ws-01k… --env LANG=C.UTF-8 -- cat
+    kibo workspace exec ws-01k… --user www-data -- id
     """
+    from kibotos.dataplane.clients.user_name import optional_user_name
+
     ids.check_object_id(workspace, "workspace ID")
+    optional_user_name(user, "--user")
     env = parse_env(env_pairs)
     if cwd is not None and not cwd.startswith("/"):
         raise InvalidArgument(f"--cwd {cwd!r} must be an absolute path")
@@ -101,6 +110,7 @@ def exec_command(inv: Invocation, workspace: str, command: tuple[str, ...], tty:
         with raw_terminal(0) if raw else contextlib.nullcontext():
             code = relay(session["dataplane_url"], session["credential"], command,
                          env=env, cwd=cwd, tty=tty, timeout=inv.deadline.remaining(),
+                         user=user,
                          ssl_context=inv.dataplane_tls(session["dataplane_url"]))
     except GlobalDeadline:
         raise DeadlineExceeded(f"the global --timeout of {inv.deadline.seconds:g}s passed; "

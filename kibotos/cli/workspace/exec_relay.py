@@ -89,13 +89,13 @@ def signal_pipe(signals: tuple[signal.Signals, ...]) -> Iterator[int]:
 def relay(url: str, credential: str, argv: tuple[str, ...], *, env: dict[str, str],
           cwd: str | None, tty: bool, timeout: float | None, stdin_fd: int = 0,
           stdout_fd: int = 1, stderr_fd: int = 2,
-          ssl_context: ssl.SSLContext | None = None) -> int:
+          ssl_context: ssl.SSLContext | None = None, user: str | None = None) -> int:
     """Run `argv` through the data plane at `url`, wired to the given descriptors;
     returns the exit status the shell would report (code, or 128 + signal).  After
     `timeout` seconds (None: never) it hangs up and raises `GlobalDeadline`."""
     deadline = None if timeout is None else time.monotonic() + timeout
     rows, cols = window_size((stdout_fd, stdin_fd)) if tty else (24, 80)
-    request = ExecRequest(argv, env, cwd, tty, rows, cols)
+    request = ExecRequest(argv, env, cwd, tty, rows, cols, user)
     connect_timeout = CONNECT_TIMEOUT if timeout is None else min(CONNECT_TIMEOUT, timeout)
     try:
         ex = exec_blocking.connect(url, credential, request, connect_timeout=connect_timeout,

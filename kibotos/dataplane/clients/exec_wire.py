@@ -36,6 +36,8 @@ class ExecRequest:
     tty: bool = False
     rows: int = 24
     cols: int = 80
+    #: A guest user name (`user_name.check_user_name`); None: the agent's default user.
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,14 @@ def _json(body: dict[str, Any]) -> str:
 
 
 def request_frame(request: ExecRequest) -> str:
-    """The first frame after the upgrade."""
-    return _json({"argv": list(request.argv), "env": request.env, "cwd": request.cwd,
-                  "tty": request.tty, "rows": request.rows, "cols": request.cols})
+    """The first frame after the upgrade (``user`` only when there is one, so a data
+    plane older than it still takes every request that does not need it)."""
+    body: dict[str, Any] = {"argv": list(request.argv), "env": request.env,
+                            "cwd": request.cwd, "tty": request.tty, "rows": request.rows,
+                            "cols": request.cols}
+    if request.user is not None:
+        body["user"] = request.user
+    return _json(body)
 
 
 def stdin_frames(data: bytes) -> Iterator[bytes]:

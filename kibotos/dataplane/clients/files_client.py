@@ -33,6 +33,7 @@ import h11
 import trio
 
 from kibotos.dataplane.clients.tls_client import connect_dataplane
+from kibotos.dataplane.clients.user_name import check_user_name
 from kibotos.dataplane.endpoints.files_api import FILES_PREFIX
 from kibotos.errors import (
     Internal,
@@ -262,11 +263,14 @@ class FilesClient:
     async def stat(self, path: str) -> FileEntry:
         return FileEntry.from_wire((await self._json("GET", "stat", {"path": path}))["entry"])
 
-    async def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None
-                    ) -> tuple[FileEntry, bool]:
+    async def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None,
+                    user: str | None = None) -> tuple[FileEntry, bool]:
+        """`user` (a guest user name) owns the directory and the parents it made."""
         body: dict[str, Any] = {"path": path, "parents": parents}
         if mode is not None:
             body["mode"] = mode
+        if user is not None:
+            body["user"] = check_user_name(user)
         result = await self._json("POST", "mkdir", body=body)
         return FileEntry.from_wire(result["entry"]), result.get("created") is True
 
@@ -301,7 +305,10 @@ class FilesClient:
     async def upload(self, name: str, path: str, chunks: AsyncIterable[bytes],
                      **params: Any) -> dict[str, Any]:
         """Send `chunks` to ``content`` (a file) or ``tar`` (into a directory); returns
-        the guest's answer, whose digest matched the bytes sent."""
+        the guest's answer, whose digest matched the bytes sent.  ``user=NAME`` among
+        `params`: that guest user owns what it creates."""
+        if params.get("user") is not None:
+            check_user_name(params["user"])
         digest = hashlib.sha256()
         sent = 0
         extra = [("Content-Type", "application/octet-stream"),

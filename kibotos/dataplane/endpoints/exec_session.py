@@ -3,7 +3,7 @@
 The protocol (docs/dataplane.md, docs/architecture.md "Session credentials, data plane,
 exec"), after the upgrade was authenticated:
 
-* client → first text frame ``{argv, env?, cwd?, tty?, rows?, cols?}``;
+* client → first text frame ``{argv, env?, cwd?, tty?, rows?, cols?, user?}``;
 * server → ``{"type": "started", "pid"}`` once the guest started the process, or
   ``{"type": "error", "code", "message"}`` and a close when it could not;
 * binary frames carry stream bytes behind one stream byte: 0 stdin (client → server),
@@ -32,6 +32,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from kibotos.credentials import SessionClaims
 from kibotos.dataplane.clients.exec_wire import STDERR, STDIN, STDOUT
 from kibotos.dataplane.clients.exec_wire import ExecRequest as ExecRequest  # the gateway's seam
+from kibotos.dataplane.clients.user_name import optional_user_name
 from kibotos.dataplane.endpoints.relay import Relay, control_message
 from kibotos.dataplane.process.metrics import DataplaneMetrics
 from kibotos.errors import InvalidArgument, KibotosError, Unavailable
@@ -69,7 +70,7 @@ def parse_request(text: str) -> ExecRequest:
         raise InvalidArgument(f"exec: the request frame is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidArgument("exec: the request frame must be a JSON object")
-    unknown = sorted(set(body) - {"argv", "env", "cwd", "tty", "rows", "cols"})
+    unknown = sorted(set(body) - {"argv", "env", "cwd", "tty", "rows", "cols", "user"})
     if unknown:
         raise InvalidArgument(f"exec: unknown fields {unknown}")
     argv = body.get("argv")
@@ -91,7 +92,8 @@ def parse_request(text: str) -> ExecRequest:
     if not isinstance(tty, bool):
         raise InvalidArgument("exec: tty must be true or false")
     return ExecRequest(tuple(argv), dict(env), cwd, tty, _size(body, "rows", 24),
-                       _size(body, "cols", 80))
+                       _size(body, "cols", 80),
+                       optional_user_name(body.get("user"), "exec: user"))
 
 
 def exit_frame(status: ExitStatus) -> dict[str, Any]:
@@ -140,7 +142,7 @@ class ExecSession(Relay):
             with trio.move_on_after(START_TIMEOUT) as start:
                 self.proc = await self.channel.exec(
                     list(request.argv), env=request.env, cwd=request.cwd, tty=request.tty,
-                    rows=request.rows, cols=request.cols)
+                    rows=request.rows, cols=request.cols, user=request.user)
             if start.cancelled_caught:
                 raise Unavailable(f"the guest of Instance {self.claims.instance_id} did not "
                                   f"start the process within {START_TIMEOUT:g}s")
@@ -152,7 +154,8 @@ class ExecSession(Relay):
         assert self.proc is not None
         self.metrics.exec_started.inc()
         log.info("exec started", instance_id=self.claims.instance_id, pid=self.proc.pid,
-                 argv0=request.argv[0], tty=request.tty, credential=self.claims.jti)
+                 argv0=request.argv[0], tty=request.tty, user=request.user,
+                 credential=self.claims.jti)
         await self._relay(self.proc)
 
     def shut_down(self) -> None:

@@ -5,13 +5,13 @@ requests over plain HTTP, with a session credential that grants ``files``.
 
     GET  /v1/files/stat?path=P                   → {"result": {"entry"}}
     GET  /v1/files/list?path=P&depth=N           → JSON lines, one entry each
-    POST /v1/files/mkdir  {path, parents?, mode?, uid?, gid?}  → {"result": {entry, created}}
+    POST /v1/files/mkdir  {path, parents?, mode?, uid?, gid?, user?}  → {"result": {entry, created}}
     POST /v1/files/move   {source, destination}  → {"result": {entry}}
     POST /v1/files/remove {path, recursive?}     → {"result": {}}
     GET  /v1/files/content?path=P                → the file's bytes
-    PUT  /v1/files/content?path=P[&mode=&uid=&gid=&mtime_ns=&parents=]  ← the bytes
+    PUT  /v1/files/content?path=P[&mode=&uid=&gid=&user=&mtime_ns=&parents=]  ← the bytes
     GET  /v1/files/tar?path=P[&arcname=N]        → P as a tar stream
-    PUT  /v1/files/tar?path=DIR                  ← a tar stream, unpacked into DIR
+    PUT  /v1/files/tar?path=DIR[&user=]          ← a tar stream, unpacked into DIR
     GET  /v1/files/watch?path=DIR[&recursive=]   → JSON lines {name, type}, until closed
 
 Bodies stream both ways with bounded memory: a download is read from the guest only as
@@ -19,7 +19,9 @@ fast as the client takes it, an upload goes to the guest only as fast as the gue
 credit allows.  A download ends with the trailers ``Kibotos-Bytes`` and
 ``Kibotos-Sha256`` (the guest's count and digest); an upload may carry the client's
 ``Kibotos-Sha256`` as a header or a trailer, which the guest checks before anything is
-renamed into place.  Errors before the body are JSON with the API's error body; an error
+renamed into place.  ``user`` (a guest user name, `check_user_name`) owns what a
+write creates; an agent too old for it refuses any but root (docs/guest-protocol.md).
+Errors before the body are JSON with the API's error body; an error
 during a download is the trailer ``Kibotos-Error`` (JSON) when the client sent ``TE:
 trailers``, and otherwise the connection ends without the chunked terminator, which
 every HTTP client reports as a truncated body.
@@ -39,6 +41,7 @@ from typing import Any
 import trio
 
 from kibotos.credentials import SessionClaims
+from kibotos.dataplane.clients.user_name import optional_user_name
 from kibotos.dataplane.endpoints.http1 import HttpExchange, error_status
 from kibotos.dataplane.process.groups import sole_error
 from kibotos.dataplane.process.metrics import DataplaneMetrics
@@ -190,12 +193,12 @@ class FilesRequest:
 
     async def _post_mkdir(self) -> None:
         body = await _json_body(self.ex)
-        _only(body, {"path", "parents", "mode", "uid", "gid"})
+        _only(body, {"path", "parents", "mode", "uid", "gid", "user"})
         mode = _int(body, "mode", 0, 0o7777)
         entry, created = await self._guest(self.files.mkdir(
             _path(body), parents=_bool(body, "parents", True),
             mode=0o755 if mode is None else mode, uid=_int(body, "uid", 0, 2**32 - 2),
-            gid=_int(body, "gid", 0, 2**32 - 2)))
+            gid=_int(body, "gid", 0, 2**32 - 2), user=optional_user_name(body.get("user"))))
         await self.ex.respond_json(200, {"result": {"entry": entry.to_wire(),
                                                     "created": created}})
 
@@ -298,19 +301,20 @@ class FilesRequest:
 
     async def _put_content(self) -> None:
         params = self.ex.query()
-        _only(params, {"path", "mode", "uid", "gid", "mtime_ns", "parents"})
+        _only(params, {"path", "mode", "uid", "gid", "user", "mtime_ns", "parents"})
         up = await self._guest(self.files.open_write(
             _path(params), mode=_int(params, "mode", 0, 0o7777, base=8),
             uid=_int(params, "uid", 0, 2**32 - 2), gid=_int(params, "gid", 0, 2**32 - 2),
             mtime_ns=_int(params, "mtime_ns", -(2**62), 2**62),
-            parents=_bool(params, "parents", False), window=UPLOAD_WINDOW))
+            parents=_bool(params, "parents", False), window=UPLOAD_WINDOW,
+            user=optional_user_name(params.get("user"))))
         await self._stream_up(up)
 
     async def _put_tar(self) -> None:
         params = self.ex.query()
-        _only(params, {"path"})
+        _only(params, {"path", "user"})
         await self._stream_up(await self._guest(self.files.open_tar_write(
-            _path(params), window=UPLOAD_WINDOW)))
+            _path(params), window=UPLOAD_WINDOW, user=optional_user_name(params.get("user")))))
 
     async def _stream_up(self, up: Upload) -> None:
         async with up:

@@ -7,10 +7,16 @@ of this gateway is "secure"): the token is what only a key of the sandbox's team
 given, so a call without it, or with another sandbox's, is ``unauthenticated`` before
 anything is looked up.  ``/health`` answers 204 while the sandbox is AVAILABLE and
 502 otherwise (what the SDK's ``is_running`` reads).
+
+The user a call acts as is envd's: ``Authorization: Basic base64("<user>:")`` (what the
+SDK sends when it is given a ``user``; REST ``/files`` carries ``username`` instead);
+without it, the guest agent's default user (docs/gateways.md, "Users").
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,7 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kibotos.errors import FailedPrecondition, KibotosError, NotFound, Unauthenticated
+from kibotos.dataplane.clients.user_name import check_user_name
+from kibotos.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    Unauthenticated,
+)
 from kibotos.gateway.e2b import envd_files
 from kibotos.gateway.e2b.connect_rpc import Unimplemented, server_stream, unary, unary_error
 from kibotos.gateway.e2b.ctrl_client import DataplaneSession
@@ -45,6 +58,8 @@ class SandboxCall:
     env_vars: dict[str, str]
     keepalive: float
     service: SandboxService
+    #: The envd user (`basic_user`); None: the guest agent's default user.
+    user: str | None = None
 
     async def session(self) -> DataplaneSession:
         """The data-plane session of an AVAILABLE sandbox; a paused one created with
@@ -76,6 +91,25 @@ def _keepalive(request: Request) -> float:
         else DEFAULT_KEEPALIVE
 
 
+def basic_user(request: Request) -> str | None:
+    """The user of ``Authorization: Basic base64("<user>:<anything>")``, or None without
+    the header; any other form is `InvalidArgument` naming the header."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    try:
+        if scheme.lower() != "basic":
+            raise ValueError
+        user, colon, _ = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+        if not colon:
+            raise ValueError
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument('Authorization must be Basic base64("<user>:") (envd\'s user '
+                              "selection)") from None
+    return check_user_name(user, "the Authorization header's user")
+
+
 def build_envd_app(service: SandboxService, processes: ProcessTable,
                    watchers: WatcherTable) -> Starlette:
     async def authorize(request: Request) -> SandboxCall:
@@ -84,7 +118,7 @@ def build_envd_app(service: SandboxService, processes: ProcessTable,
             raise Unauthenticated(f"sandbox {sid}: missing or wrong X-Access-Token")
         record = service.records.get(sid)
         return SandboxCall(sid, dict(record.env_vars) if record else {},
-                           _keepalive(request), service)
+                           _keepalive(request), service, user=basic_user(request))
 
     def rest(handler: Callable[[Request, SandboxCall], Awaitable[Response]]
              ) -> Callable[[Request], Awaitable[Response]]:

@@ -6,7 +6,10 @@ plane's file endpoints (`kibotos.dataplane.clients.files_client`).
 or ``application/octet-stream`` (``Content-Encoding: gzip`` allowed), creates the
 parent directories, and answers ``[{path, name, type}]``.  Bodies stream both ways:
 neither is held in memory whole (a multipart part is spooled by Starlette's parser).
-REST errors are envd's ``{"code": <status>, "message"}``.  ``WatchDir`` and the
+REST errors are envd's ``{"code": <status>, "message"}``.  ``MakeDir`` and uploads
+create as the call's user (what they make, parents included, is its); ``username`` on
+``/files`` names it there, as the SDK sends it.  Reads, moves and removes act as the
+guest agent's user.  ``WatchDir`` and the
 watcher calls are `envd_watch`'s.
 """
 
@@ -25,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kibotos.dataplane.clients.files_client import FilesClient
+from kibotos.dataplane.clients.user_name import check_user_name
 from kibotos.errors import AlreadyExists, InvalidArgument, KibotosError
 from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb
 from kibotos.guest.files import FileEntry
@@ -67,7 +71,8 @@ class FilesystemService:
         return pb.StatResponse(entry=entry_info(entry))
 
     async def make_dir(self, request: pb.MakeDirRequest, call: Any) -> Message:
-        entry, created = await (await _files(call)).mkdir(request.path, parents=True)
+        entry, created = await (await _files(call)).mkdir(request.path, parents=True,
+                                                          user=call.user)
         if not created:
             raise AlreadyExists(f"directory {request.path} already exists")
         return pb.MakeDirResponse(entry=entry_info(entry))
@@ -97,6 +102,7 @@ async def download(request: Request, call: Any) -> Response:
     path = _query_path(request)
     if path is None:
         raise InvalidArgument("path is required")
+    _query_user(request, call)  # checked; a read acts as the guest agent's user
     files = await _files(call)
     stack = AsyncExitStack()
     down = await stack.enter_async_context(files.download("content", path))
@@ -134,6 +140,14 @@ async def _request_chunks(request: Request, gzip: bool) -> AsyncIterator[bytes]:
             yield tail
 
 
+def _query_user(request: Request, call: Any) -> str | None:
+    """``username`` of REST ``/files`` (the SDK's way there), else the Authorization
+    header's user."""
+    name = request.query_params.get("username")
+    user: str | None = call.user if name is None else check_user_name(name, "username")
+    return user
+
+
 def _written(path: str) -> dict[str, str]:
     return {"path": path, "name": posixpath.basename(path), "type": "file"}
 
@@ -141,6 +155,7 @@ def _written(path: str) -> dict[str, str]:
 async def upload(request: Request, call: Any) -> Response:
     files = await _files(call)
     path = _query_path(request)
+    user = _query_user(request, call)
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     written = []
     if kind == "multipart/form-data":
@@ -152,7 +167,8 @@ async def upload(request: Request, call: Any) -> Response:
                 target = path if path is not None and len(parts) == 1 else part.filename
                 if not target:
                     raise InvalidArgument("a file part names no path (its filename)")
-                await files.upload("content", target, _chunks_of(part), parents="true")
+                await files.upload("content", target, _chunks_of(part), parents="true",
+                                   user=user)
                 written.append(_written(target))
     else:
         if path is None:
@@ -161,6 +177,6 @@ async def upload(request: Request, call: Any) -> Response:
         if encoding not in ("identity", "gzip"):
             raise InvalidArgument(f"unsupported Content-Encoding {encoding!r}")
         await files.upload("content", path, _request_chunks(request, encoding == "gzip"),
-                           parents="true")
+                           parents="true", user=user)
         written.append(_written(path))
     return JSONResponse(written)

@@ -1,6 +1,7 @@
 """envd's ``process.Process`` service over the data plane's exec (`ProcessTable`).
 
-``Start`` runs ``[cmd, *args]`` with the sandbox's ``envVars`` under the call's
+``Start`` runs ``[cmd, *args]`` as the call's user (in its home without a ``cwd``,
+as envd does) with the sandbox's ``envVars`` under the call's
 ``envs``, streams ``start``, then ``data`` (stdout, stderr, or pty), then ``end``
 (exit code, ``exited``, status), with ``keepalive`` events when quiet for the
 ``Keepalive-Ping-Interval`` the client asked for.  ``Connect`` attaches to a running
@@ -91,7 +92,7 @@ class ProcessService:
             argv=(config.cmd, *config.args), env=env,
             cwd=config.cwd if config.HasField("cwd") else None, tty=pty,
             rows=request.pty.size.rows or 24 if pty else 24,
-            cols=request.pty.size.cols or 80 if pty else 80)
+            cols=request.pty.size.cols or 80 if pty else 80, user=call.user)
         session = await call.session()
         proc, events = await self.table.start(
             call.sandbox_id, session.url, session.credential, exec_request,

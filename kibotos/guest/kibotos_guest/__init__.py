@@ -31,13 +31,13 @@ This file stays small: the host imports `framing` through it.
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-AGENT_VERSION = "0.5.2"
+AGENT_VERSION = "0.6.0"
 DEFAULT_PORT_NAME = "org.kibotos.agent.0"
 CAPABILITIES = (
     "configure.dns", "configure.env", "configure.hostname", "configure.network",
     "configure.volumes", "exec", "exec.tty", "exec.user", "files", "files.watch",
     "flow_control", "freeze",
-    "ping", "ports", "resize", "signal", "stop_prepare", "sync", "thaw",
+    "ping", "ports", "resize", "signal", "stop_prepare", "sync", "thaw", "user_names",
 )
 #: The requests of the ``files`` capability (`transfers`, loaded on the first one).
 FILE_REQUESTS = (

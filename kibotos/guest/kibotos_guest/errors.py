@@ -10,7 +10,11 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import pwd
     from typing import Any
+
+#: The longest user name a request may carry (useradd's limit is 32).
+MAX_USER_NAME = 32
 
 
 class AgentError(Exception):
@@ -67,3 +71,28 @@ def guest_path(value: Any, what: str) -> str:
     if ".." in value.split("/"):
         raise invalid(f"{what} must not contain '..', got {value!r}")
     return os.path.normpath(value)
+
+
+def user_field(msg: dict[str, Any]) -> pwd.struct_passwd | None:
+    """The passwd entry of the request's ``user`` (a name), or None when it has none.
+
+    A name, not a uid, because that is what E2B's SDK sends and what a person knows;
+    the host checks the same rule (`kibotos/dataplane/clients/user_name.py`), this is
+    the guest's own check, as every field is checked where it is used.  ``uid``/``gid``
+    beside it would make two answers to one question, so they are refused."""
+    name = field(msg, "user", str, None)
+    if name is None:
+        return None
+    what = f"{msg.get('type')}: field 'user'"
+    if not name or len(name) > MAX_USER_NAME:
+        raise invalid(f"{what} must be 1 to {MAX_USER_NAME} characters, got {name!r}")
+    if any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f or c in ":/\u2028\u2029" for c in name):
+        raise invalid(f"{what} must not contain control characters, ':' or '/', got {name!r}")
+    if msg.get("uid") is not None or msg.get("gid") is not None:
+        raise invalid(f"{msg.get('type')}: give 'user' or 'uid'/'gid', not both")
+    import pwd
+
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise invalid(f"{msg.get('type')}: no user named {name!r} in the guest") from None

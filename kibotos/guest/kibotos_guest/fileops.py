@@ -12,7 +12,7 @@ import os
 import stat
 
 from .bridge import writable
-from .errors import AgentError, field, guest_path, int_field, invalid
+from .errors import AgentError, field, guest_path, int_field, invalid, user_field
 from .fileinfo import Names, entry, lstat_entry, os_error
 from .tasks import run_in_thread
 
@@ -31,6 +31,36 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def owner_fields(msg: dict[str, Any]) -> tuple[int | None, int | None]:
+    """uid and gid of what a request creates: its ``user``'s, else its ``uid``/``gid``."""
+    named = user_field(msg)
+    if named is not None:
+        return named.pw_uid, named.pw_gid
+    return int_field(msg, "uid", 0, 2**32 - 2, None), int_field(msg, "gid", 0, 2**32 - 2, None)
+
+
+def make_parents(directory: str, uid: int | None, gid: int | None) -> None:
+    """``mkdir -p`` of `directory` (0755), each directory it made owned by uid/gid: a
+    user who writes ``/home/user/a/b/f`` must own ``a`` and ``b`` too, or cannot write
+    beside the file later.  Existing directories are left as they are."""
+    missing: list[str] = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+            continue  # made meanwhile by someone else: theirs
+        if uid is not None or gid is not None:
+            os.chown(path, -1 if uid is None else uid, -1 if gid is None else gid)
 
 
 def finish_file(fd: int, old: os.stat_result | None, mode: int | None, uid: int | None,
@@ -95,8 +125,7 @@ async def mkdir_request(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[
     path = guest_path(field(msg, "path", str), "file_mkdir: path")
     parents = field(msg, "parents", bool, True)
     mode = int_field(msg, "mode", 0, 0o7777, 0o755)
-    uid = int_field(msg, "uid", 0, 2**32 - 2, None)
-    gid = int_field(msg, "gid", 0, 2**32 - 2, None)
+    uid, gid = owner_fields(msg)
     writable(agent, "file_mkdir")
     real = agent.path(path)
 
@@ -111,7 +140,7 @@ async def mkdir_request(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[
                                  "a directory", {"path": path})
             return {"entry": lstat_entry(path, real, "file_mkdir"), "created": False}
         if parents:
-            os.makedirs(os.path.dirname(real), exist_ok=True)
+            make_parents(os.path.dirname(real), uid, gid)
         os.mkdir(real, 0o700)
         if uid is not None or gid is not None:
             os.chown(real, -1 if uid is None else uid, -1 if gid is None else gid)

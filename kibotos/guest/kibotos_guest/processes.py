@@ -13,7 +13,7 @@ import os
 import signal
 import struct
 
-from .errors import AgentError, field, int_field, invalid
+from .errors import AgentError, field, int_field, invalid, user_field
 from .framing import DEFAULT_WINDOW, MAX_WINDOW
 from .log import log
 from .streams import InputStream, OutputStream
@@ -128,13 +128,18 @@ def _lookup(agent: Agent, msg: dict[str, Any]) -> ManagedProcess:
     return proc
 
 
-def _identity(uid: int | None, gid: int | None) -> (
+def _identity(uid: int | None, gid: int | None, named: pwd.struct_passwd | None = None) -> (
     tuple[int | None, int | None, list[int] | None, pwd.struct_passwd | None]
 ):
+    """uid, gid, supplementary groups and passwd entry of a process: a user asked for by
+    name is that entry (another name may share its uid), a uid is looked up."""
     import pwd
 
+    if named is not None:
+        uid, gid = named.pw_uid, named.pw_gid
     try:
-        pw: pwd.struct_passwd | None = pwd.getpwuid(os.geteuid() if uid is None else uid)
+        pw: pwd.struct_passwd | None = named or pwd.getpwuid(
+            os.geteuid() if uid is None else uid)
     except KeyError:
         pw = None
     if uid is None:
@@ -194,8 +199,9 @@ def exec_request(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str, An
         raise invalid("exec: stream ids must be distinct and not already open")
     if use_tty and (ids["stderr"] is not None or ids["stdout"] is None):
         raise invalid("exec: a tty process has one output stream: give 'stdout_stream' only")
+    named = user_field(msg)  # a name: its uid, gid, groups, HOME and USER, as a login
     uid, gid, groups, pw = _identity(int_field(msg, "uid", 0, 2**32 - 2, None),
-                                     int_field(msg, "gid", 0, 2**32 - 2, None))
+                                     int_field(msg, "gid", 0, 2**32 - 2, None), named)
     env = _process_env(agent, field(msg, "env", dict, {}), pw, use_tty)
     cwd = field(msg, "cwd", str, None)
     if cwd is None:

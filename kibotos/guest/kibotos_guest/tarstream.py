@@ -18,7 +18,9 @@ archive or a cancelled transfer, the destination is as it was.
 Member names are checked as tar's "data" filter would: no absolute names, no ``..``,
 and nothing is ever written through a symlink (a symlink member ``a -> /etc`` followed
 by ``a/passwd`` is refused).  Owners are kept only when `keep_owner` is set (the agent
-running as root); devices, FIFOs and sockets are skipped and counted.
+running as root), unless `owner` names the one uid and gid of everything this unpacking
+creates (a request's ``user``: what it unpacks is that user's, whoever packed it;
+directories merged into keep theirs); devices, FIFOs and sockets are skipped and counted.
 """
 
 from __future__ import annotations
@@ -90,9 +92,11 @@ class Unpacker:
     """Extract a tar stream into `dest` (an existing directory) through a staging
     directory; see the module docstring."""
 
-    def __init__(self, dest: str, *, keep_owner: bool, rename_top: str | None = None) -> None:
+    def __init__(self, dest: str, *, keep_owner: bool, rename_top: str | None = None,
+                 owner: tuple[int, int] | None = None) -> None:
         self.dest = dest
         self.keep_owner = keep_owner
+        self.owner = owner
         self.rename_top = rename_top
         self.staging = os.path.join(dest, f"{STAGING_PREFIX}{os.urandom(6).hex()}")
         os.mkdir(self.staging, 0o700)
@@ -206,7 +210,9 @@ class Unpacker:
 
     def _meta(self, path: str, m: tarfile.TarInfo, mtime_ns: int) -> None:
         link = m.issym()
-        if self.keep_owner:
+        if self.owner is not None:
+            os.chown(path, *self.owner, follow_symlinks=False)
+        elif self.keep_owner:
             os.chown(path, m.uid, m.gid, follow_symlinks=False)
         if not link:
             os.chmod(path, m.mode & 0o7777)
@@ -227,11 +233,13 @@ class Unpacker:
         for rel in sorted(self._dirs, key=lambda r: r.count("/"), reverse=True):
             mode, mtime_ns, uid, gid = self._dirs[rel]
             path = os.path.join(self.dest, rel)
+            if self.owner is not None and rel not in self._existing:
+                os.chown(path, *self.owner)
             if mode < 0:  # made only to hold members: a new one gets mkdir's default
                 if rel not in self._existing:
                     os.chmod(path, 0o755)
                 continue
-            if self.keep_owner:
+            if self.owner is None and self.keep_owner:
                 os.chown(path, uid, gid)
             os.chmod(path, mode)
             os.utime(path, ns=(mtime_ns, mtime_ns))

@@ -16,9 +16,9 @@ import re
 import stat
 
 from .bridge import Inbound, Transfer, check_digest, stream_id_field, writable
-from .errors import AgentError, field, guest_path, int_field, invalid
+from .errors import AgentError, field, guest_path, int_field, invalid, user_field
 from .fileinfo import Names, lstat_entry
-from .fileops import finish_file, fsync_dir
+from .fileops import finish_file, fsync_dir, make_parents, owner_fields
 from .framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW
 from .sysio import write_stream
 from .tarstream import Unpacker, result
@@ -84,8 +84,7 @@ async def file_write(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str
     if path == "/":
         raise invalid("file_write: path must name a file")
     mode = int_field(msg, "mode", 0, 0o7777, None)
-    uid = int_field(msg, "uid", 0, 2**32 - 2, None)
-    gid = int_field(msg, "gid", 0, 2**32 - 2, None)
+    uid, gid = owner_fields(msg)
     mtime_ns = int_field(msg, "mtime_ns", -(2**62), 2**62, None)
     parents = field(msg, "parents", bool, False)
     real = agent.path(path)
@@ -94,7 +93,7 @@ async def file_write(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str
     def prepare() -> dict[str, Any]:
         directory = os.path.dirname(real)
         if parents:
-            os.makedirs(directory, 0o755, exist_ok=True)
+            make_parents(directory, uid, gid)
         try:
             state["old"] = os.stat(real)
         except FileNotFoundError:
@@ -136,13 +135,15 @@ async def file_write(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str
 async def tar_write(agent: Agent, ch: Channel, msg: dict[str, Any]) -> dict[str, Any]:
     path = guest_path(field(msg, "path", str), "tar_write: path")
     real = agent.path(path)
+    named = user_field(msg)
+    owner = (named.pw_uid, named.pw_gid) if named is not None else None
     box: list[Unpacker] = []
 
     def prepare() -> dict[str, Any]:
         if not stat.S_ISDIR(os.stat(real).st_mode):
             raise AgentError("failed_precondition", f"tar_write {path}: not a directory",
                              {"reason": "not_directory"})
-        box.append(Unpacker(real, keep_owner=os.geteuid() == 0))
+        box.append(Unpacker(real, keep_owner=os.geteuid() == 0, owner=owner))
         return {}
 
     def body(inp: Inbound) -> Body:
