@@ -42,10 +42,10 @@ from kibotos_qemu import cmdline
 from kibotos_qemu.launch import parse_launch
 from kibotos_qemu.ready import wait_hello
 
+from kibotos.core.units import parse_size
 from kibotos.platform.build_platform import build_platform
 from kibotos.platform.build_template import build_template, default_recipe
 from kibotos.platform.images import create_writable_layer
-from kibotos.units import parse_size
 
 STAMP = re.compile(rb"kibotos-init: (.+?) at ([0-9.]+)s")
 

@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 import trio  # noqa: E402
 
 from bench.benchlib import percentile  # noqa: E402
-from kibotos.credentials import SigningKey  # noqa: E402
+from kibotos.core.credentials import SigningKey  # noqa: E402
 from kibotos.dataplane.clients.client import open_exec  # noqa: E402
 from kibotos.dataplane.clients.exec_wire import ExecRequest  # noqa: E402
 from kibotos.dataplane.clients.files_client import FilesClient  # noqa: E402

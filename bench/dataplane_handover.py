@@ -37,12 +37,12 @@ sys.path[:0] = [str(ROOT / "tests" / "dataplane")]
 from dp_harness import Node, free_port, hand_over, running, running_agent  # noqa: E402
 
 from kibotos._version import __version__  # noqa: E402
-from kibotos.credentials import SigningKey  # noqa: E402
+from kibotos.core.credentials import SigningKey  # noqa: E402
+from kibotos.core.errors import KibotosError  # noqa: E402
 from kibotos.dataplane.clients.client import Output, Started, open_exec  # noqa: E402
 from kibotos.dataplane.clients.files_client import FilesClient  # noqa: E402
 from kibotos.dataplane.endpoints.exec_session import ExecRequest  # noqa: E402
 from kibotos.dataplane.process.state import Target  # noqa: E402
-from kibotos.errors import KibotosError  # noqa: E402
 from kibotos.node.dataplane import supervisor as dps  # noqa: E402
 
 KINDS = {"handover": f"{__version__}+bench-{{}}", "restart": "9.{}.0+bench"}

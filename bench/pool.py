@@ -4,7 +4,7 @@
     .venv/bin/python bench/pool.py [--dir DIR] [--records 300] [--takeovers 40] [--json]
 
 1. **4 KiB record write**: one 4096-byte record replaced the way every pool record is
-   (`kibotos.atomicfile.write_bytes`: temporary file beside the target, write, fsync,
+   (`kibotos.core.atomicfile.write_bytes`: temporary file beside the target, write, fsync,
    rename, fsync of the directory), timed per write.  Beside it, on the same disk, a
    plain durable write: 4096 bytes written in place into an open file, then fsync.
    The ratio of the two is what temp + rename + directory fsync add.
@@ -33,7 +33,7 @@ from pathlib import Path
 import trio
 from benchlib import percentile
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.storage.objects import VOLUMES, PoolObjects
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 

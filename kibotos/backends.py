@@ -20,7 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 if TYPE_CHECKING:
     import trio
@@ -257,7 +257,7 @@ class Supervisor(Protocol):
 
     Lifecycle: `start` returns once the unit's main process exists (``Type=exec``
     semantics: the exec succeeded, or `start` raised); starting a name whose unit is
-    still active is refused (`kibotos.errors.AlreadyExists`), while a dead one is
+    still active is refused (`kibotos.core.errors.AlreadyExists`), while a dead one is
     replaced.  Units outlive the node process: a new supervisor object (node restart)
     finds them again.  `describe` returns None for a name it knows nothing of, and a
     `UnitInfo` with ``active=False`` for a unit whose main process ended on its own;

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kibotos import units
-from kibotos.errors import InvalidArgument
+from kibotos.core import units
+from kibotos.core.errors import InvalidArgument
+from kibotos.core.toml_file import read_toml
 from kibotos.network_config import NetworkSection
 from kibotos.protocol.ids import NodeId, PoolId
 from kibotos.tls.contexts import (
@@ -23,7 +24,6 @@ from kibotos.tls.contexts import (
     is_loopback,
     require_secure,
 )
-from kibotos.toml_file import read_toml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -296,7 +296,7 @@ class ResourcesSection(_Strict):
     @field_validator("cpu_millis", mode="before")
     @classmethod
     def _cpu(cls, v: Any) -> int:
-        # TOML gives an int or a float; a string is read as `kibotos.units` reads
+        # TOML gives an int or a float; a string is read as `kibotos.core.units` reads
         # numbers (ASCII digits: float() would take "1_0", " 4 ", "nan" and "٣").
         if isinstance(v, bool) or not isinstance(v, int | float | str):
             raise ValueError(f"cpu must be a number of cores, got {v!r}")

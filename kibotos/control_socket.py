@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     DeadlineExceeded,
     Internal,
     InvalidArgument,
@@ -31,7 +31,7 @@ from kibotos.errors import (
     Unavailable,
     error_from_wire,
 )
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 
 #: A request or answer line longer than this is refused.
 MAX_LINE = 16 << 20

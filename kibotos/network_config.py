@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kibotos import cidrs
+from kibotos.core import cidrs
 
 #: A slot is four addresses (two /31 or /127 links: host<->namespace, namespace<->guest).
 SLOT_SIZE = 4

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import pluggy
 
 from kibotos import backends, hookspecs
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError
 
 ENTRY_POINT_GROUP = "kibotos"
 DISABLE_ENV = "KIBOTOS_DISABLE_PLUGINS"

@@ -44,8 +44,8 @@ from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 
-from kibotos import atomicfile
-from kibotos.errors import InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import InvalidArgument
 
 FORMAT = "kibotos-transfer"
 VERSION = 1

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from kibotos.errors import InvalidArgument
-from kibotos.units import parse_size
+from kibotos.core.errors import InvalidArgument
+from kibotos.core.units import parse_size
 
 #: The least memory a guest gets; the default is four times this (256 MiB).
 MIN_MEMORY = 64 << 20

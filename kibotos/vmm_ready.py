@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, KibotosError
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, KibotosError
 from kibotos.guest import GuestInfo, open_guest_channel
 
 #: Console lines after which the guest cannot become ready.

@@ -10,7 +10,7 @@ Volume would hide.  Without one, a Volume is mounted at ``/mnt/<volume_id>``.
 
 from __future__ import annotations
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 MAX_MOUNT_POINT = 1024
 #: Guest paths a Volume must never hide: the guest's own system directories.

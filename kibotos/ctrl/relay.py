@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 from sqlalchemy.orm import Session
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import DeadlineExceeded, KibotosError, Unavailable, error_from_wire
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.store import relay_queue as q
 from kibotos.ctrl.store.changes import Change, NodeSnapshot
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
-from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable, error_from_wire
 from kibotos.protocol import Args, CloseReason, CreateSpec
 
 if TYPE_CHECKING:  # psycopg is the optional PostgreSQL extra: imported where used

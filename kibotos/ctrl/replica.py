@@ -28,14 +28,14 @@ from pathlib import Path
 
 import trio
 
-from kibotos import atomicfile, credentials, ids
+from kibotos.core import atomicfile, credentials, ids
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.live.context import utcnow
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.model import replicas as rep
 from kibotos.ctrl.model import session_store
 from kibotos.ctrl.store import secret_box
 from kibotos.ctrl.store.db import Store
-from kibotos.errors import KibotosError
 from kibotos.protocol import CloseReason
 from kibotos.tls import ca
 

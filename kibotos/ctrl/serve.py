@@ -23,9 +23,10 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from kibotos import atomicfile
 from kibotos.config import CtrlConfig
-from kibotos.credentials import SigningKey, key_path
+from kibotos.core import atomicfile
+from kibotos.core.credentials import SigningKey, key_path
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.live.context import CtrlContext, utcnow
 from kibotos.ctrl.live.node_feed import NodeFeed
@@ -50,7 +51,6 @@ from kibotos.ctrl.store.db import SERVING_IDLE_IN_TRANSACTION_TIMEOUT, Store, ma
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.ctrl.store.secret_box import key_path as secret_key_path
 from kibotos.ctrl.tls import CtrlTls
-from kibotos.errors import KibotosError
 from kibotos.plugins import load_plugins
 from kibotos.protocol import CloseReason
 from kibotos.tls.ca import ClusterCA

@@ -25,7 +25,7 @@ from pathlib import Path
 import trio
 
 from kibotos.config import CtrlConfig
-from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.core.errors import InvalidArgument, KibotosError
 from kibotos.tls.ca import ClusterCA, subject_names
 from kibotos.tls.server import ServerCertificate, due, write_pair
 

@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 
 import httpx
 
-from kibotos import atomicfile, config, errors
+from kibotos import config
 from kibotos.cli.core import kibo_config
+from kibotos.core import atomicfile, errors
 from kibotos.dev import gateway as e2b_gateway
 from kibotos.dev import layout as lay
 from kibotos.dev.postgres import PostgresServer

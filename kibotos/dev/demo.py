@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kibotos import errors
+from kibotos.core import errors
 from kibotos.dev.cluster import DevCluster, script
 
 #: One node: the demo boots one Workspace, and on a small machine (two cores, QEMU under

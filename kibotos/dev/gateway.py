@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.dev.procs import Service
 
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile, config
+from kibotos import config
+from kibotos.core import atomicfile
+from kibotos.core.path_tables import Below
 from kibotos.node.storage.pools.marker import init_pool
-from kibotos.path_tables import Below
 
 #: Files copied from the real /proc into a node's prepared proc tree (test inputs).
 PROC_FILES = ("meminfo", "stat", "loadavg", "uptime", "pressure/cpu", "pressure/memory",

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 #: The directories made under /tmp for a server run as root (see `PostgresServer.start`).
 TMP_PREFIX = "kibotos-pg-"

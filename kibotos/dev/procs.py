@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kibotos import atomicfile, procfs
+from kibotos.core import atomicfile, procfs
 
 #: How long `stop` waits after SIGTERM before it sends SIGKILL.
 DEFAULT_GRACE = 10.0

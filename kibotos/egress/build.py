@@ -15,8 +15,7 @@ import functools
 from kibotos import source_build
 
 #: What an egress process runs, relative to the package.
-SOURCES = ("egress", "errors.py", "logs.py", "control_socket.py", "fd_control.py",
-           "source_build.py")
+SOURCES = ("egress", "core", "control_socket.py", "source_build.py")
 
 
 @functools.cache

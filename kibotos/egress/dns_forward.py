@@ -21,11 +21,11 @@ import struct
 
 import trio
 
+from kibotos.core.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.egress import dns_wire
 from kibotos.egress.state import EgressRoute, ResolverRoute
 from kibotos.egress.tunnel import open_through
 from kibotos.egress.upstream import NameResolver
-from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
 
 #: One query, upstream included, at most.
 QUERY_TIMEOUT = 5.0

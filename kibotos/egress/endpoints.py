@@ -13,7 +13,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 

@@ -39,6 +39,8 @@ from typing import Any
 
 import trio
 
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core.logs import EventLogger
 from kibotos.egress import dns_wire, wire
 from kibotos.egress.build import build_id
 from kibotos.egress.dns_forward import forward, read_framed
@@ -46,8 +48,6 @@ from kibotos.egress.sockets import check_role, matches_role, original_destinatio
 from kibotos.egress.state import EgressState, InstanceRoute, parse_state
 from kibotos.egress.tunnel import reset, tunnel
 from kibotos.egress.upstream import NameResolver
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.egress")
 

@@ -25,7 +25,7 @@ import socket
 import struct
 from typing import Protocol
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 
 class _Socket(Protocol):

@@ -25,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from kibotos.core.errors import InvalidArgument
 from kibotos.egress.endpoints import Endpoint, parse_endpoint
 from kibotos.egress.sockets import check_role
-from kibotos.errors import InvalidArgument
 
 #: RFC 1929: a username and a password are 1-255 bytes each (and never in a ``repr``).
 Secret = Annotated[StrictStr, Field(min_length=1, max_length=255)]

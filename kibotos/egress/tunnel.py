@@ -16,11 +16,11 @@ import contextlib
 
 import trio
 
+from kibotos.core.errors import KibotosError, Unavailable
 from kibotos.egress import socks5
 from kibotos.egress.sockets import SO_LINGER_RESET
 from kibotos.egress.state import EgressRoute
 from kibotos.egress.upstream import NameResolver
-from kibotos.errors import KibotosError, Unavailable
 
 #: From the accepted guest connection to a standing tunnel, at most.
 CONNECT_TIMEOUT = 15.0

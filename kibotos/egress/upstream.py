@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 import trio
 
+from kibotos.core.errors import NotFound, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.egress import dns_wire
-from kibotos.errors import NotFound, Unavailable
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.egress")
 

@@ -1,5 +1,5 @@
 """The egress process's control socket: JSON lines over a unix stream socket, with file
-descriptors (SCM_RIGHTS) beside a line, in both directions (`kibotos.fd_control`).
+descriptors (SCM_RIGHTS) beside a line, in both directions (`kibotos.core.fd_control`).
 
 ``<socket dir>-egress/control-<generation>.sock`` (the directory 0700 and owned by
 ``kibotos-egress``, the socket 0600; one per generation, so the node reaches a draining
@@ -7,7 +7,7 @@ generation beside the newest) is where the node talks to its egress process, as
 it talks to its data-plane process (`kibotos.dataplane.process.control`): each request is one
 JSON object on one line, each answer one line, ``{"ok": true, "result": {…}}`` or
 ``{"ok": false, "error": {code, message}}``.  What is new here are descriptors, which
-`kibotos.fd_control` carries (the data plane's listening-socket handover uses it too).
+`kibotos.core.fd_control` carries (the data plane's listening-socket handover uses it too).
 The process serves; the node calls (`call`).
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import trio
 
-from kibotos import fd_control
 from kibotos.control_socket import check_socket_path
-from kibotos.fd_control import MAX_FDS, Channel, Handler, Message
-from kibotos.logs import EventLogger
+from kibotos.core import fd_control
+from kibotos.core.fd_control import MAX_FDS, Channel, Handler, Message
+from kibotos.core.logs import EventLogger
 
 log = EventLogger("kibotos.egress")
 
@@ -46,11 +46,11 @@ def control_path(egress_dir: Path, generation: int) -> Path:
 
 async def serve(path: Path, handle: Handler, *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Answer requests on `path` until cancelled (`kibotos.fd_control.serve`)."""
+    """Answer requests on `path` until cancelled (`kibotos.core.fd_control.serve`)."""
     await fd_control.serve(path, handle, who=WHO, log=log, task_status=task_status)
 
 
 async def call(path: Path, body: dict[str, Any], fds: Sequence[int] = (), *,
                timeout: float = 5.0) -> Message:
-    """One request to the egress process at `path` (`kibotos.fd_control.call`)."""
+    """One request to the egress process at `path` (`kibotos.core.fd_control.call`)."""
     return await fd_control.call(path, body, fds, who=WHO, timeout=timeout)

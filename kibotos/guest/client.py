@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     DeadlineExceeded,
     Internal,
     InvalidArgument,

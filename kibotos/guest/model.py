@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kibotos.errors import FailedPrecondition, Internal
+from kibotos.core.errors import FailedPrecondition, Internal
 
 #: Guest protocol versions this build speaks, inclusive.  A guest outside the range is
 #: refused (the Instance is marked FAILED and its VMM left running, per the spec).

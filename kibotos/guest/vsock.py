@@ -21,7 +21,7 @@ from pathlib import Path
 
 import trio
 
-from kibotos.errors import DeadlineExceeded, Internal, PermissionDenied
+from kibotos.core.errors import DeadlineExceeded, Internal, PermissionDenied
 
 _OK = re.compile(rb"OK ([0-9]+)\n")
 #: "OK 4294967295\n" is 14 bytes; anything longer is not Firecracker's answer.

@@ -32,8 +32,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from kibotos import atomicfile
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile
+from kibotos.core.logs import EventLogger
 from kibotos.node.host.usage import UsageSampler
 from kibotos.node.instances.contract import InstanceManager
 from kibotos.node.session.control import SessionStatus

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import trio
 
 from kibotos.config import NodeConfig
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 from kibotos.node.checks.startup_checks import check_startup
 from kibotos.node.dataplane.targets import DataplaneTargets
 from kibotos.node.egress.wiring import NodeEgress

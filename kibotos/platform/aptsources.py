@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 
 @dataclass(frozen=True)

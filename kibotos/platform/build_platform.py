@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError
 from kibotos.platform import debs
 from kibotos.platform.cache import cached_build, default_cache_root, input_key
 from kibotos.platform.initramfs import COMPRESSIONS, build_initramfs, init_script

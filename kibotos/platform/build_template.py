@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import kibotos
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError
 from kibotos.platform import debs, images
 from kibotos.platform.aptsources import debian_mirror
 from kibotos.platform.cache import cached_build, default_cache_root, input_key

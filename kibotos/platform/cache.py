@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kibotos.atomicfile import fsync_dir, fsync_path
-from kibotos.errors import FailedPrecondition
+from kibotos.core.atomicfile import fsync_dir, fsync_path
+from kibotos.core.errors import FailedPrecondition
 
 
 def input_key(inputs: Any) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass, field
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 TRAILER = "TRAILER!!!"
 

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 
 _FIELD = re.compile(r"^([A-Za-z0-9-]+):\s*(.*)$")
 

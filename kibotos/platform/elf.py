@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 ELF_MAGIC = b"\x7fELF"
 PT_NOTE = 4

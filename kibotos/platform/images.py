@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 
 MIB = 1 << 20
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import zstandard
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.platform.cpio import CpioWriter
 from kibotos.platform.modules import Module, modules_dep_lines
 

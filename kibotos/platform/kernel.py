@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import lzma
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.platform.elf import ELF_MAGIC, pvh_entry
 
 XZ_MAGIC = b"\xfd7zXZ\x00"

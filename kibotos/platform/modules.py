@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zstandard
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.platform.elf import modinfo
 
 #: What the Platform init loads, in this order (TESTBED), plus ``overlay`` for the root.

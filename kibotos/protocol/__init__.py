@@ -2,7 +2,7 @@
 (`kibotos.protocol.messages`), every node command's arguments
 (`kibotos.protocol.commands`), the states and other closed vocabularies
 (`kibotos.protocol.states`), and the field types they are made of (IDs over
-`kibotos.ids`, times, sizes, bounded counters).
+`kibotos.core.ids`, times, sizes, bounded counters).
 
 ctrl and the node import each other never; both import this, so a field has one
 definition and one validation rule, and the contract cannot drift between the two

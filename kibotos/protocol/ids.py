@@ -1,8 +1,8 @@
-"""The identifier shapes of `kibotos.ids` as pydantic field types.
+"""The identifier shapes of `kibotos.core.ids` as pydantic field types.
 
 Every model that carries an ID (the session's messages, the node commands' arguments,
 ctrl's HTTP requests, the configuration files) declares the field with one of these, so
-an ID has one rule, written once in `kibotos.ids`, and a bad one is reported the same
+an ID has one rule, written once in `kibotos.core.ids`, and a bad one is reported the same
 way everywhere: pydantic names the field, the message says what the shape must be.
 The types are strict: a number where an ID belongs is refused, not turned into text.
 Each also states its rule as a JSON Schema ``pattern`` (`SchemaPattern`), so ctrl's
@@ -20,12 +20,12 @@ from pydantic import AfterValidator, GetJsonSchemaHandler, StrictStr
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from kibotos import ids
-from kibotos.errors import InvalidArgument
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument
 
 
 def as_validator(check: Callable[[str], str]) -> AfterValidator:
-    """`check` (one of `kibotos.ids`' checks, raising `InvalidArgument`) as a pydantic
+    """`check` (one of `kibotos.core.ids`' checks, raising `InvalidArgument`) as a pydantic
     validator: the `ValueError` pydantic turns into a message naming the field."""
 
     def validate(value: str) -> str:
@@ -40,7 +40,7 @@ def as_validator(check: Callable[[str], str]) -> AfterValidator:
 
 @dataclass(frozen=True)
 class SchemaPattern:
-    """Field metadata that adds `regex` (one of `kibotos.ids`' shapes) to the field's
+    """Field metadata that adds `regex` (one of `kibotos.core.ids`' shapes) to the field's
     JSON schema as its ``pattern``.  Only the schema: the check stays the validator's,
     whose message says the rule in words (a pydantic ``pattern`` would check twice and
     answer with the bare expression)."""
@@ -59,7 +59,7 @@ def _object_id(kind: str) -> AfterValidator:
 
 
 _OBJECT = SchemaPattern(ids.OBJECT_ID)
-#: The schema of every name kept by the Template name rule (`kibotos.ids.check_resource_name`).
+#: The schema of every name kept by the Template name rule (`kibotos.core.ids.check_resource_name`).
 RESOURCE_NAME_PATTERN = SchemaPattern(ids.RESOURCE_NAME)
 
 #: Volume IDs, retained-layer refs, Instance and Workspace IDs: 1-32 bytes of lowercase
@@ -80,5 +80,5 @@ LabelKey = Annotated[StrictStr, as_validator(ids.check_label_key), SchemaPattern
 #: An artifact digest, kept in its canonical form ``sha256:<hex>`` (the bare 64 hex
 #: digits are accepted on input and gain the prefix).
 Digest = Annotated[StrictStr, as_validator(ids.check_digest), SchemaPattern(ids.DIGEST)]
-#: ``welcome.session_id`` (``ses-…``, `kibotos.ids.new_id`).
+#: ``welcome.session_id`` (``ses-…``, `kibotos.core.ids.new_id`).
 SessionId = Annotated[StrictStr, _object_id("session ID"), _OBJECT]

@@ -22,7 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
-from kibotos.control_chars import escape_controls
+from kibotos.core.control_chars import escape_controls
 from kibotos.protocol.ids import InstanceId, ObjectId, PoolId, WorkspaceId
 from kibotos.protocol.states import CleanupItem, HeldKind, InstanceStatus
 from kibotos.protocol.values import (

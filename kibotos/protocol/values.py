@@ -14,9 +14,9 @@ from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, Field, StrictInt, StrictStr
 
-from kibotos import units
-from kibotos.control_chars import CONTROL_CHARACTERS, PRINTABLE_TEXT, escape_controls
-from kibotos.errors import InvalidArgument
+from kibotos.core import units
+from kibotos.core.control_chars import CONTROL_CHARACTERS, PRINTABLE_TEXT, escape_controls
+from kibotos.core.errors import InvalidArgument
 from kibotos.protocol.ids import SchemaPattern
 
 MIB = 1 << 20

@@ -31,7 +31,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kibotos import atomicfile, procfs, vmm_launch
+    from kibotos import vmm_launch
     from kibotos.backends import (
         Availability,
         HostPaths,
@@ -47,7 +47,8 @@ if TYPE_CHECKING:
         VmmBackend,
         check_unit_name,
     )
-    from kibotos.errors import (
+    from kibotos.core import atomicfile, procfs
+    from kibotos.core.errors import (
         Aborted,
         AlreadyExists,
         DeadlineExceeded,
@@ -61,16 +62,16 @@ if TYPE_CHECKING:
         Unauthenticated,
         Unavailable,
     )
+    from kibotos.core.path_tables import Below
     from kibotos.hookspecs import Register, hookimpl
-    from kibotos.path_tables import Below
     from kibotos.platform.cache import default_cache_root
     from kibotos.sdk.options import BackendOptions, Kind, backend_options
     from kibotos.sdk.placement import SortedPlacementPolicy
 
 #: The modules the SDK exports, and where every other name is defined.
 _MODULES: dict[str, str] = {
-    "atomicfile": "kibotos.atomicfile",
-    "procfs": "kibotos.procfs",
+    "atomicfile": "kibotos.core.atomicfile",
+    "procfs": "kibotos.core.procfs",
     "vmm_launch": "kibotos.vmm_launch",
 }
 _NAMES: dict[str, str] = {
@@ -87,21 +88,21 @@ _NAMES: dict[str, str] = {
     "UnitSpec": "kibotos.backends",
     "VmmBackend": "kibotos.backends",
     "check_unit_name": "kibotos.backends",
-    "Aborted": "kibotos.errors",
-    "AlreadyExists": "kibotos.errors",
-    "DeadlineExceeded": "kibotos.errors",
-    "FailedPrecondition": "kibotos.errors",
-    "Internal": "kibotos.errors",
-    "InvalidArgument": "kibotos.errors",
-    "KibotosError": "kibotos.errors",
-    "NotFound": "kibotos.errors",
-    "PermissionDenied": "kibotos.errors",
-    "ResourceExhausted": "kibotos.errors",
-    "Unauthenticated": "kibotos.errors",
-    "Unavailable": "kibotos.errors",
+    "Aborted": "kibotos.core.errors",
+    "AlreadyExists": "kibotos.core.errors",
+    "DeadlineExceeded": "kibotos.core.errors",
+    "FailedPrecondition": "kibotos.core.errors",
+    "Internal": "kibotos.core.errors",
+    "InvalidArgument": "kibotos.core.errors",
+    "KibotosError": "kibotos.core.errors",
+    "NotFound": "kibotos.core.errors",
+    "PermissionDenied": "kibotos.core.errors",
+    "ResourceExhausted": "kibotos.core.errors",
+    "Unauthenticated": "kibotos.core.errors",
+    "Unavailable": "kibotos.core.errors",
     "Register": "kibotos.hookspecs",
     "hookimpl": "kibotos.hookspecs",
-    "Below": "kibotos.path_tables",
+    "Below": "kibotos.core.path_tables",
     "default_cache_root": "kibotos.platform.cache",
     "BackendOptions": "kibotos.sdk.options",
     "Kind": "kibotos.sdk.options",

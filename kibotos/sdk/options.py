@@ -14,7 +14,7 @@ operator edits::
     [supervisor.direct] state_dir: required, not given
     storage driver local: unknown option colour (it takes none)
 
-All refusals are `kibotos.errors.InvalidArgument`, raised from the constructor, so a
+All refusals are `kibotos.core.errors.InvalidArgument`, raised from the constructor, so a
 node with a bad table fails at start and names it.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 Kind = Literal["vmm", "supervisor", "storage_driver", "placement"]
 

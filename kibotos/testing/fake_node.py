@@ -32,7 +32,7 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from kibotos.errors import Internal, KibotosError
+from kibotos.core.errors import Internal, KibotosError
 from kibotos.testing.sim_instances import SimInstances
 
 SESSION_PATH = "/v1/node/session"

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kibotos.backends import Availability, HostPaths, PoolSpec, StorageDriver
-from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.core.errors import InvalidArgument, KibotosError
 from kibotos.testing.conformance import BackendFactory, check_id, expect_raises
 
 DriverFactory = BackendFactory[StorageDriver]

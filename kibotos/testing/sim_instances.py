@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,

@@ -41,7 +41,7 @@ from pathlib import Path
 import trio
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
-from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, KibotosError
 from kibotos.testing.conformance import BackendFactory, check_id, expect_raises_async
 from kibotos.testing.waiting import wait_until
 

@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from kibotos.backends import Supervisor, UnitSpec, VmmBackend
-from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.core.errors import InvalidArgument, KibotosError
 from kibotos.testing.conformance import BackendFactory, expect_raises
 
 VmmFactory = BackendFactory[VmmBackend]

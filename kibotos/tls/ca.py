@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kibotos import atomicfile, failpoints, key_files
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile, failpoints, key_files
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 
 KEY_FILE = "cluster-ca.key"
 CERT_FILE = "cluster-ca.crt"

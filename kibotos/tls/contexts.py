@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 if TYPE_CHECKING:  # both imported on use: `kibo` imports this module for every command
     import ssl

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from cryptography import x509
 
-from kibotos import atomicfile
-from kibotos.errors import InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import InvalidArgument
 
 #: What the servers speak: the API and the data plane are HTTP/1.1 and WebSocket.
 ALPN = ["http/1.1"]

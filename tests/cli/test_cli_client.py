@@ -11,7 +11,7 @@ from cli_invoke import invoke
 from cli_nodes import node
 
 from kibotos.cli.core.client import Client
-from kibotos.errors import ERROR_CLASSES, Unavailable
+from kibotos.core.errors import ERROR_CLASSES, Unavailable
 
 
 @pytest.mark.parametrize(("code", "status", "exit_code"), [

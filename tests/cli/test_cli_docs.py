@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from kibotos.cli.main import kibo_cli
-from kibotos.errors import ERROR_CLASSES
+from kibotos.core.errors import ERROR_CLASSES
 
 DOC = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
 

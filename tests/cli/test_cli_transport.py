@@ -31,7 +31,7 @@ from cli_proxy import Proxy, self_signed
 
 from kibotos.cli.core.client import Client
 from kibotos.cli.core.http_transport import Target, proxy_for
-from kibotos.errors import InvalidArgument, Unavailable
+from kibotos.core.errors import InvalidArgument, Unavailable
 
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY",
               "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")

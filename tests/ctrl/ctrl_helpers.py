@@ -21,11 +21,11 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
+from kibotos.core.errors import ERROR_CLASSES
 from kibotos.ctrl.live.context import CtrlContext, utcnow
 from kibotos.ctrl.model import enrollment
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
-from kibotos.errors import ERROR_CLASSES
 from kibotos.testing.fake_node import SimNode, open_sim_node
 from kibotos.testing.waiting import wait_until as wait_until  # re-exported for the ctrl tests
 

@@ -20,8 +20,8 @@ from transfer_sims import CAPACITY, TransferSim, node_pool, released_block_file
 from volume_helpers import create_volume, settled_volume
 from ws_helpers import open_ws_ctrl
 
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.live.registry_sweep import RegistrySweep
-from kibotos.errors import KibotosError
 from kibotos.node.instances.commands import command_handlers
 from kibotos.node.records import instance_records
 from kibotos.node.records.registry import Registry, registry_handlers

@@ -79,7 +79,7 @@ async def test_who_and_what_is_refused(client: httpx.AsyncClient, operator: dict
 @pytest.mark.parametrize("value", ["30s", "91d", "soon"])
 def test_the_lifetime_setting_is_bounded(value: str) -> None:
     from kibotos.config import CtrlConfig, parse
-    from kibotos.errors import InvalidArgument
+    from kibotos.core.errors import InvalidArgument
     with pytest.raises(InvalidArgument, match="dataplane_cert_lifetime"):
         parse(CtrlConfig, {"tls": {"dataplane_cert_lifetime": value}}, "ctrl.toml")
 

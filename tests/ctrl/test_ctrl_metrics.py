@@ -173,7 +173,7 @@ async def test_require_auth_and_disabled(tmp_path: Path, autojump_clock: ThreadA
 
 def test_metrics_settings_are_validated() -> None:
     from kibotos.config import CtrlConfig, parse
-    from kibotos.errors import InvalidArgument
+    from kibotos.core.errors import InvalidArgument
 
     got = parse(CtrlConfig, {"metrics": {"require_auth": True, "refresh_interval": "30s"}},
                 "ctrl.toml")
@@ -189,7 +189,7 @@ def test_metrics_settings_are_validated() -> None:
 
 def test_node_metrics_listen_is_validated(tmp_path: Path) -> None:
     from kibotos.config import NodeConfig, parse
-    from kibotos.errors import InvalidArgument
+    from kibotos.core.errors import InvalidArgument
 
     base = {"node": {"id": "node-a", "ctrl_url": "http://127.0.0.1:1"},
             "storage": {"root": str(tmp_path)}, "resources": {"cpu": 1, "memory": "1G"}}

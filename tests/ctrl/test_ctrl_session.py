@@ -15,10 +15,10 @@ import trio
 from ctrl_helpers import RunningCtrl, error, read_node, result, wait_until
 from trio_websocket import ConnectionRejected, open_websocket_url, wrap_client_stream
 
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.reconcile import reconcile_once
 from kibotos.ctrl.wire.base import NodeOut
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from kibotos.protocol import RegistryDeleteArgs, RegistryListArgs
 from kibotos.testing.clock import ThreadAwareClock
 from kibotos.testing.fake_node import hello_message

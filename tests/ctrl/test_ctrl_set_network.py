@@ -11,9 +11,9 @@ from typing import Any
 import trio
 from ws_helpers import WsCtrl, events, open_ws_ctrl
 
+from kibotos.core.errors import FailedPrecondition
 from kibotos.ctrl.live import workspace_service
 from kibotos.ctrl.wire.workspaces import WorkspaceOut
-from kibotos.errors import FailedPrecondition
 
 PUBLIC = {"public_egress": True}
 SHARED = [{"id": "shared", "shared": True, "default": True}]

@@ -16,7 +16,7 @@ import pytest
 from ctrl_helpers import wait_until
 from ws_helpers import open_ws_ctrl
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.testing.clock import ThreadAwareClock
 
 REASONS = ["prepare guest stop: deadline_exceeded: managed processes still running",

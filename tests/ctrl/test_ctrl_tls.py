@@ -24,6 +24,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from kibotos.cli.main import kibotos_cli
 from kibotos.config import CtrlConfig, parse
+from kibotos.core.errors import InvalidArgument
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.serve import (
     build_context,
@@ -34,7 +35,6 @@ from kibotos.ctrl.serve import (
     serve_ctrl,
 )
 from kibotos.ctrl.tls import LIFETIME, CtrlTls, server_names
-from kibotos.errors import InvalidArgument
 from kibotos.tls.ca import ClusterCA, cert_path
 from kibotos.tls.contexts import client_context
 from kibotos.tls.local_ctrl import client_tls, ctrl_url

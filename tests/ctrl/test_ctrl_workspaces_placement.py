@@ -196,8 +196,8 @@ async def test_drain_and_cancel_are_sent_to_the_node(tmp_path: Path,
 async def test_unknown_policy_names_the_key(tmp_path: Path, policy: str) -> None:
     from ctrl_helpers import make_config
 
+    from kibotos.core.errors import InvalidArgument
     from kibotos.ctrl.serve import build_context, build_services, open_store
-    from kibotos.errors import InvalidArgument
 
     config = make_config(tmp_path, placement_policy=f"{policy}-typo")
     store = await open_store(config)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
 from dp_harness import TIMEOUT, PlaneProcess, free_port, running_agent, target
 from tls_harness import echo, handshake_error, handshake_serial
 
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
 from kibotos.dataplane.clients.client import open_exec
 from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.dataplane.process.control import control_call

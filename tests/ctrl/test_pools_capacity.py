@@ -14,11 +14,11 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 from ws_helpers import GI, open_ws_ctrl
 
+from kibotos.core.errors import ResourceExhausted
 from kibotos.ctrl.live.context import utcnow
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.store.models import StoragePool
 from kibotos.ctrl.wire.pools import PoolObjectsOut, PoolOut
-from kibotos.errors import ResourceExhausted
 from kibotos.testing.clock import ThreadAwareClock
 
 INSTANCE = "c" * 32

@@ -18,6 +18,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
+from kibotos.core.errors import Unavailable
 from kibotos.ctrl import relay as relay_mod
 from kibotos.ctrl.live import runtime as runtime_mod
 from kibotos.ctrl.live.node_sessions import SessionHub
@@ -27,7 +28,6 @@ from kibotos.ctrl.serve import build_context, build_services, open_store
 from kibotos.ctrl.store import migrate, relay_queue
 from kibotos.ctrl.store.db import SERVING_IDLE_IN_TRANSACTION_TIMEOUT, Store, make_engine
 from kibotos.ctrl.store.models import CtrlReplica
-from kibotos.errors import Unavailable
 from kibotos.protocol import CreateSpec
 from kibotos.testing.waiting import wait_until
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kibotos.core.errors import FailedPrecondition, Internal
 from kibotos.ctrl.store.secret_box import KEY_SIZE, SecretBox
-from kibotos.errors import FailedPrecondition, Internal
 
 
 def test_the_key_is_made_once_private(tmp_path: Path) -> None:

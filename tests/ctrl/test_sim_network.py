@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from ws_helpers import TEMPLATE_REF
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.testing.sim_instances import SimInstances
 
 GI = 1 << 30

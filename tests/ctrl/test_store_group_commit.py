@@ -18,8 +18,8 @@ import trio.testing
 from sqlalchemy import text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from kibotos.core.errors import FailedPrecondition, Internal, Unavailable
 from kibotos.ctrl.store.db import Store, _Queued, make_engine
-from kibotos.errors import FailedPrecondition, Internal, Unavailable
 
 
 class RecordingStore(Store):

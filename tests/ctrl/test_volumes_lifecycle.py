@@ -15,9 +15,9 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, kinds, settled_volume, volume
 from ws_helpers import GI, open_ws_ctrl
 
+from kibotos.core.errors import Aborted, Internal
 from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.wire.volumes import VolumeListOut, VolumeOut
-from kibotos.errors import Aborted, Internal
 from kibotos.testing.clock import ThreadAwareClock
 from kibotos.testing.sim_instances import SimInstances
 

@@ -17,8 +17,8 @@ from ctrl_helpers import wait_until
 from volume_helpers import create_volume, kinds, settled_volume, volume
 from ws_helpers import GI, WsCtrl, open_ws_ctrl
 
+from kibotos.core.errors import FailedPrecondition, Internal
 from kibotos.ctrl.wire.volumes import LayerStatusOut, VolumeOut
-from kibotos.errors import FailedPrecondition, Internal
 from kibotos.testing.clock import ThreadAwareClock
 from kibotos.testing.sim_instances import SimInstances
 

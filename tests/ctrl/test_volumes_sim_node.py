@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 from ws_helpers import TEMPLATE_REF
 
-from kibotos.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
+from kibotos.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+)
 from kibotos.testing.sim_instances import SimInstances
 
 GI = 1 << 30

@@ -13,7 +13,7 @@ import pytest
 import trio
 from dp_harness import Node, free_port
 
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
 
 
 @pytest.fixture

@@ -22,13 +22,13 @@ from pathlib import Path
 import trio
 
 from kibotos.backends import Supervisor
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
+from kibotos.core.errors import Unavailable
 from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
 from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.dataplane.process.control import control_call, control_path
 from kibotos.dataplane.process.serve import DataplaneServer, DataplaneSettings, serve_dataplane
 from kibotos.dataplane.process.state import Target, state_message
-from kibotos.errors import Unavailable
 from kibotos.guest import AGENT_PATH, ExitStatus
 from kibotos.node.dataplane.supervisor import DataplaneSupervisor, DataplaneTiming
 from kibotos.plugins import load_plugins

@@ -16,7 +16,7 @@ import json
 import sys
 
 from kibotos.cli.workspace.exec_relay import GlobalDeadline, relay
-from kibotos.errors import KibotosError
+from kibotos.core.errors import KibotosError
 
 
 def main() -> int:

@@ -23,7 +23,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from sqlalchemy.orm import Session
 
 from kibotos.config import CtrlConfig
-from kibotos.credentials import LIFETIME, OPERATIONS, Verifier, key_path
+from kibotos.core.credentials import LIFETIME, OPERATIONS, Verifier, key_path
+from kibotos.core.errors import ERROR_CLASSES, PermissionDenied
 from kibotos.ctrl.api.app import build_app
 from kibotos.ctrl.api.sessions import Operation, WorkspaceSessionOut
 from kibotos.ctrl.live.context import CtrlContext, utcnow
@@ -36,7 +37,6 @@ from kibotos.ctrl.serve import (
     prepare_tls,
 )
 from kibotos.ctrl.store.models import Node, Workspace
-from kibotos.errors import ERROR_CLASSES, PermissionDenied
 from kibotos.testing.fake_node import open_sim_node
 from kibotos.tls.local_ctrl import client_tls
 

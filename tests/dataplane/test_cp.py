@@ -17,7 +17,7 @@ import trio
 from dp_harness import TIMEOUT, in_process_plane, running_agent, target
 
 from kibotos.cli.workspace.cp_cmds import Remote, copy, parse_side
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound
 
 WS = "ws-1"
 

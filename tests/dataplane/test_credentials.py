@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos.credentials import (
+from kibotos.core.credentials import (
     LEEWAY,
     LIFETIME,
     SessionClaims,
@@ -19,7 +19,12 @@ from kibotos.credentials import (
     key_path,
     parse_public_key,
 )
-from kibotos.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
+from kibotos.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+)
 
 NOW = 1_767_225_600.0
 

@@ -19,12 +19,8 @@ from dp_harness import (
     target,
 )
 
-from kibotos.credentials import LIFETIME, SigningKey
-from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
-from kibotos.dataplane.endpoints.exec_session import ExecRequest
-from kibotos.dataplane.process.control import control_call
-from kibotos.dataplane.process.state import Target, state_message
-from kibotos.errors import (
+from kibotos.core.credentials import LIFETIME, SigningKey
+from kibotos.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -32,6 +28,10 @@ from kibotos.errors import (
     Unauthenticated,
     Unavailable,
 )
+from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
+from kibotos.dataplane.endpoints.exec_session import ExecRequest
+from kibotos.dataplane.process.control import control_call
+from kibotos.dataplane.process.state import Target, state_message
 from kibotos.testing.waiting import wait_until
 
 
@@ -355,7 +355,7 @@ def _cmdline(pid: int) -> str:
 
 def test_a_target_with_a_vsock_port_round_trips_and_a_bad_port_is_refused(
         tmp_path: Path) -> None:
-    from kibotos.credentials import SigningKey as Key
+    from kibotos.core.credentials import SigningKey as Key
     from kibotos.dataplane.process.state import parse_state
 
     key = Key.generate().public_key

@@ -21,8 +21,7 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, Plane, in_process_plane, running_agent, target
 
-from kibotos.dataplane.clients.files_client import FilesClient
-from kibotos.errors import (
+from kibotos.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -31,6 +30,7 @@ from kibotos.errors import (
     Unauthenticated,
     Unavailable,
 )
+from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.testing.waiting import wait_until
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount, setpriv)")

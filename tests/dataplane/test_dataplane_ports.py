@@ -17,9 +17,9 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, Plane, PlaneProcess, in_process_plane, running_agent, target
 
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
+from kibotos.core.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from kibotos.dataplane.clients.ports_client import PortConnection, open_port
-from kibotos.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from kibotos.testing.tcp_servers import flood, read_all, tcp_server, upper_after_eof
 
 PORTS = ("ports",)

@@ -14,10 +14,10 @@ import trio
 from dp_harness import TIMEOUT, in_process_plane, run_exec, running_agent, target
 from tls_harness import TestCA, echo, handshake_error, handshake_serial, serial_of, supply
 
+from kibotos.core.errors import InvalidArgument, Unavailable
 from kibotos.dataplane.clients.client import open_exec
 from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.dataplane.process.control import control_call
-from kibotos.errors import InvalidArgument, Unavailable
 from kibotos.tls.contexts import verification_error
 
 
@@ -145,10 +145,10 @@ async def test_every_client_reports_a_certificate_that_does_not_verify(
         tmp_path: Path) -> None:
     """exec (both clients), ports and files: `FailedPrecondition` naming the cluster CA,
     not a wait for an answer that never comes."""
+    from kibotos.core.errors import FailedPrecondition
     from kibotos.dataplane.clients import exec_blocking
     from kibotos.dataplane.clients.files_client import FilesClient
     from kibotos.dataplane.clients.ports_client import open_port
-    from kibotos.errors import FailedPrecondition
 
     ca, other = TestCA(), TestCA()
     async with in_process_plane(tmp_path, client_tls=ca.client) as plane:

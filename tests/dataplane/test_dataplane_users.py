@@ -17,8 +17,8 @@ import httpx
 import pytest
 from dp_harness import TIMEOUT, in_process_plane, run_exec, running_agent, target
 
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.dataplane.clients.files_client import FilesClient
-from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.guest import AGENT_PATH
 
 pytestmark = pytest.mark.root

@@ -21,9 +21,9 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, Plane, free_port, in_process_plane, running_agent, target
 
+from kibotos.core.errors import NotFound, Unauthenticated, Unavailable
 from kibotos.dataplane.clients import exec_blocking
 from kibotos.dataplane.clients.exec_wire import ExecRequest, Output
-from kibotos.errors import NotFound, Unauthenticated, Unavailable
 
 DRIVER = Path(__file__).with_name("exec_relay_driver.py")
 

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
+from kibotos.core.errors import FailedPrecondition
 from kibotos.dataplane.process.listen_handover import check_listener
-from kibotos.errors import FailedPrecondition
 from kibotos.node.dataplane.generations import ADOPT, HAND_OVER, REBIND, RESTART, decide
 
 LISTEN = "127.0.0.1:7500"

@@ -48,14 +48,14 @@ from dp_harness import (
     target,
 )
 
-from kibotos import failpoints
 from kibotos._version import __version__
+from kibotos.core import failpoints
+from kibotos.core.errors import KibotosError, Unavailable
 from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
 from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.dataplane.clients.ports_client import open_port
 from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.dataplane.process.build import source_build_id
-from kibotos.errors import KibotosError, Unavailable
 from kibotos.node.dataplane import supervisor as dps
 from kibotos.node.dataplane.supervisor import (
     NEWER_DRAINS,

@@ -25,8 +25,8 @@ from kibotos.cli.workspace.port_forward_cmds import (
     parse_addresses,
     parse_mapping,
 )
-from kibotos.credentials import SigningKey
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.credentials import SigningKey
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.testing.tcp_servers import read_all, tcp_server, upper_after_eof
 
 

@@ -12,11 +12,11 @@ import pytest
 import trio
 from dp_harness import TIMEOUT, PlaneProcess, run_exec, running_agent, target
 
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
+from kibotos.core.errors import Unavailable
 from kibotos.dataplane.clients.client import Output, Started, open_exec
 from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.dataplane.process.control import control_call
-from kibotos.errors import Unavailable
 
 
 def pid_alive(pid: int) -> bool:

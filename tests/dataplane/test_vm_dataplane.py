@@ -154,7 +154,7 @@ async def _tree_and_a_full_disk(plane: Plane, tmp_path: Path) -> None:
     upload that does not fit (a 1 MiB tmpfs in the guest) fails as the guest's ENOSPC
     and leaves nothing under the target name, nor any temporary file."""
     from kibotos.cli.workspace.cp_cmds import Remote, copy
-    from kibotos.errors import ResourceExhausted
+    from kibotos.core.errors import ResourceExhausted
 
     src = tmp_path / "project"
     (src / "bin").mkdir(parents=True)
@@ -198,10 +198,10 @@ async def _http_through_port_forward(plane: Plane) -> None:
     import httpx
 
     from kibotos.cli.workspace.port_forward_cmds import Forwarder, Mapping, SessionSource
+    from kibotos.core.errors import Unavailable
     from kibotos.dataplane.clients.client import open_exec
     from kibotos.dataplane.clients.ports_client import open_port
     from kibotos.dataplane.endpoints.exec_session import ExecRequest
-    from kibotos.errors import Unavailable
 
     def session() -> dict[str, object]:
         credential, claims = plane.key.issue(workspace_id="ws-1", instance_id="inst-1",

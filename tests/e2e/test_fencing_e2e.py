@@ -43,7 +43,7 @@ import pytest
 from e2e_links import remove_short_links_into
 from test_workspaces import CLUSTER, NODE_ENV, SMALL, TESTPLUGINS, processes_under, upload_template
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.dev import DevCluster
 from kibotos.dev.procs import tail
 from kibotos.testing.waiting import wait_until_sync

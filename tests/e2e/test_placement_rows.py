@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from e2e_links import remove_short_links_into
 
-from kibotos import ids
+from kibotos.core import ids
 from kibotos.dev import DevCluster
 from kibotos.dev.cluster import script
 from kibotos.dev.layout import write_meminfo

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from kibotos.node.egress.credentials import CredentialClient, CredentialStore
 from kibotos.testing.fake_credentials import FakeCredentials
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 import trio
 
+from kibotos.core.errors import NotFound, Unavailable
 from kibotos.egress import dns_wire
 from kibotos.egress.upstream import NameResolver
-from kibotos.errors import NotFound, Unavailable
 
 
 def loopback() -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.egress import wire
-from kibotos.errors import FailedPrecondition, InvalidArgument
 from kibotos.testing.accounts import ensure_system_user
 
 #: An interpreter another user can run (the test venv's may live under /root).

@@ -19,7 +19,7 @@ from kibotos_firecracker.api import launch_calls
 from kibotos_firecracker.backend import UNIT_PROPERTIES, FirecrackerVmm
 from kibotos_firecracker.launch import parse_launch
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.plugins import load_plugins
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.vmm_suite import VMM_UNIT_CHECKS, VmmCase, VmmCheck

@@ -29,7 +29,7 @@ from kibotos_firecracker.backend import FirecrackerVmm
 from kibotos_firecracker.launch import parse_launch
 from kibotos_firecracker.vsock import connect_vsock
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from kibotos.guest import open_guest_channel
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.vmm_suite import VMM_GUEST_CHECKS, VmmCase, VmmCheck

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from kibotos import config as config_mod
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from kibotos.gateway.e2b.config import GatewayConfig
 from kibotos.gateway.e2b.connect_rpc import END_STREAM, envelope, server_stream, unary
 from kibotos.gateway.e2b.sandboxes import (

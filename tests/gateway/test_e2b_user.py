@@ -71,7 +71,7 @@ def test_the_authorization_header_is_read_strictly() -> None:
 
     from starlette.requests import Request
 
-    from kibotos.errors import InvalidArgument
+    from kibotos.core.errors import InvalidArgument
     from kibotos.gateway.e2b.envd_api import basic_user
 
     def user_of(header: str | None) -> str | None:

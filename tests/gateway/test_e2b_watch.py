@@ -15,7 +15,7 @@ from functools import partial
 import pytest
 import trio
 
-from kibotos.errors import NotFound, ResourceExhausted
+from kibotos.core.errors import NotFound, ResourceExhausted
 from kibotos.gateway.e2b import envd_watch
 from kibotos.gateway.e2b.ctrl_client import DataplaneSession
 from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from kibotos import config as config_mod
-from kibotos.errors import InvalidArgument, NotFound
+from kibotos.core.errors import InvalidArgument, NotFound
 from kibotos.gateway.common.sandbox_labels import (
     TRAFFIC_LABEL,
     traffic_allowed,

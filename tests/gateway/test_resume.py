@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.gateway.common.resume import Resumer
 
 WS = "ws-" + "a" * 26

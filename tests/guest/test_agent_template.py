@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.guest import AGENT_PACKAGE_DIR, AGENT_PATH
 from kibotos.platform import build_template as bt
 from kibotos.platform.images import read_file

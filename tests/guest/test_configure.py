@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from guest_harness import AgentProcess, ext4_loop, read_text
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.guest import Dns, GuestChannel, LaunchConfig, Volume
 
 CONFIG = LaunchConfig(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from guest_harness import AgentProcess, connected
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.guest import Dns, GuestAddress, GuestChannel, GuestNetwork, LaunchConfig
 from kibotos.node.network import netns as ns
 from kibotos.node.network.tap import create_tap, open_tap

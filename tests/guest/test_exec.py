@@ -19,7 +19,7 @@ from guest_harness import (
     wait_until,
 )
 
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from kibotos.guest import (
     AGENT_VERSION,
     PROTOCOL_VERSION,

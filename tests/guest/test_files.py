@@ -20,7 +20,7 @@ import pytest
 import trio
 from guest_harness import TIMEOUT, AgentProcess, connected, wait_until
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,

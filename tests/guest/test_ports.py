@@ -12,7 +12,7 @@ import pytest
 import trio
 from guest_harness import TIMEOUT, AgentProcess, connected, wait_until
 
-from kibotos.errors import InvalidArgument, Unavailable
+from kibotos.core.errors import InvalidArgument, Unavailable
 from kibotos.guest import GuestChannel
 from kibotos.guest.ports import GuestPort
 from kibotos.testing.tcp_servers import flood, read_all, tcp_server, upper_after_eof

@@ -24,7 +24,7 @@ from guest_harness import (
     wait_until,
 )
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition
 from kibotos.guest import (
     AGENT_PATH,
     GuestProtocolUnsupported,

@@ -16,7 +16,7 @@ import trio
 from guest_harness import GUEST_PYTHON, AgentProcess, ext4_loop, pid_alive, run, wait_until
 from test_exec import read_until
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.guest import GuestChannel, GuestStopFailed, LaunchConfig, Volume
 from kibotos.guest.agent import FIFREEZE, FITHAW
 

@@ -20,7 +20,7 @@ import pytest
 import trio
 from guest_harness import AgentProcess
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.guest import GuestChannel
 from kibotos.guest.kibotos_guest import CAPABILITIES
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 from guest_harness import TIMEOUT, AgentProcess
 
-from kibotos.errors import FailedPrecondition, NotFound
+from kibotos.core.errors import FailedPrecondition, NotFound
 from kibotos.guest import GuestChannel
 from kibotos.guest.files import Download
 

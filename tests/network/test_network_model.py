@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kibotos import config as kconfig
-from kibotos.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import slot_table
 from kibotos.node.network.names import NetworkNames

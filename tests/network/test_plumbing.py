@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from netbed import SCOPE, World, network_config
 
-from kibotos import failpoints
+from kibotos.core import failpoints
 from kibotos.node.network import enforce, nft, plumbing
 from kibotos.node.network.policy import NetworkPolicy
 from kibotos.node.network.records import NetworkRecord, NetworkRecords

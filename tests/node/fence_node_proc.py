@@ -22,7 +22,7 @@ from typing import Any
 import trio
 from instance_harness import FAST, node_config, registries, stop_all_units, write_template
 
-from kibotos.errors import KibotosError
+from kibotos.core.errors import KibotosError
 from kibotos.node.instances.setup import build_instance_manager
 
 

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from kibotos import atomicfile
 from kibotos.config import CtrlConfig, NodeConfig, load
+from kibotos.core import atomicfile
 from kibotos.node.instances.contract import Holdings, ManagerGauges, StateFeed
 from kibotos.node.session.identity import NodeIdentity
 from kibotos.node.storage.pools.marker import init_pool

@@ -40,8 +40,8 @@ from guest_fetch import FETCH_DEF  # noqa: E402
 from instance_harness import Node, node_config, registries  # noqa: E402
 from netbed import DNS_NAMES, LIFETIME, Stopper, World  # noqa: E402
 
-from kibotos import atomicfile  # noqa: E402
 from kibotos.config import NodeConfig  # noqa: E402
+from kibotos.core import atomicfile  # noqa: E402
 from kibotos.node.egress.supervisor import EgressTiming  # noqa: E402
 from kibotos.node.egress.wiring import NodeEgress  # noqa: E402
 from kibotos.node.instances.manager import VmInstanceManager  # noqa: E402

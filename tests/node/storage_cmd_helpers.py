@@ -42,7 +42,7 @@ class Storage:
         self.changes = 0
 
         def pool(pool_id: str, kind: str) -> PoolObjects:
-            from kibotos.errors import FailedPrecondition
+            from kibotos.core.errors import FailedPrecondition
             try:
                 return self.pools[(pool_id, kind)]
             except KeyError:

@@ -20,8 +20,8 @@ import trio
 from adoption_harness import alive, node_at, node_root, start_instance
 from instance_harness import DEADLINE, Node
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.instances.adoption import NOT_TAKEN_OVER, AdoptionRefused
 from kibotos.node.instances.contract import FAILED, RUNNING
 

@@ -20,7 +20,7 @@ from adoption_harness import build_node, node_at, run_child
 from instance_harness import Node, node_config, registries
 from node_network_harness import Bed, config_parts, create, guest, leftovers, network_bed
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.checks import maintenance_check
 from kibotos.node.instances.contract import FAILED, RUNNING
 from kibotos.node.network.enforce import REWRITTEN_LOG

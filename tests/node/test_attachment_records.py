@@ -17,9 +17,9 @@ import pytest
 from adoption_harness import build_node, node_at, node_root, run_child
 from instance_harness import registries, running_node
 
-from kibotos import atomicfile, failpoints
 from kibotos.config import NodeConfig, PoolSection, parse
-from kibotos.errors import InvalidArgument
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import InvalidArgument
 from kibotos.node.checks import maintenance_check
 from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
 from kibotos.node.records import instance_records as records

@@ -22,10 +22,10 @@ from click.testing import CliRunner
 from instance_harness import Node, registries, short_dir
 from upgrade_harness import left_node, node_at, snapshot
 
-from kibotos import atomicfile
 from kibotos.backends import UnitSpec
 from kibotos.cli.roles.node_role_cmds import node_role_group
 from kibotos.config import NodeConfig, parse
+from kibotos.core import atomicfile
 from kibotos.node.checks import maintenance_check
 from kibotos.node.checks.check_report import Report
 from kibotos.node.instances.setup import supervisor_options

@@ -14,7 +14,7 @@ from pathlib import Path
 from instance_harness import registries
 from upgrade_harness import left_node
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.checks import maintenance_check
 from kibotos.node.runtime.build_identity import BuildIdentity
 

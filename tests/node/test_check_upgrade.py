@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from instance_harness import Node, registries
 from upgrade_harness import left_node, snapshot
 
-from kibotos import atomicfile
 from kibotos.cli.roles.node_role_cmds import node_role_group
+from kibotos.core import atomicfile
 from kibotos.node.checks import upgrade_check
 from kibotos.node.checks.check_report import Report
 from kibotos.node.runtime import installations

@@ -4,7 +4,7 @@ holder check's receipt) leaves no torn record, and after a restart (its temporar
 files swept, the step retried as ctrl retries it) the object opens again at the right
 epoch with the handoff recorded correctly.
 
-Each case names a failpoint (`kibotos.failpoints`; ``@N`` is its N-th hit in the
+Each case names a failpoint (`kibotos.core.failpoints`; ``@N`` is its N-th hit in the
 process) and the test insists the process really died there, so a point the step no
 longer passes fails the test instead of passing silently.
 """
@@ -24,7 +24,7 @@ import pytest
 import trio
 from instance_harness import short_dir
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.storage.objects import VOLUMES, PoolObjects
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.pools.marker import init_pool

@@ -18,9 +18,9 @@ from node_helpers import ctrl_endpoint, free_port, write_config
 from test_node_metrics import KIBOTOS, grant
 
 from kibotos.config import CtrlConfig, load
+from kibotos.core.failpoints import ENV
 from kibotos.ctrl.serve import serve_ctrl
 from kibotos.dataplane.process.control import control_call, control_path
-from kibotos.failpoints import ENV
 from kibotos.node.dataplane.certificate import CERT_FILE
 
 pytestmark = pytest.mark.slow

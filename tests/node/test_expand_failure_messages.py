@@ -24,8 +24,8 @@ from storage_cmd_helpers import (
     read_back,
 )
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.instances.commands import storage_handlers
 from kibotos.node.storage import expand
 from kibotos.node.storage.objects import VOLUMES

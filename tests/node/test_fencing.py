@@ -30,7 +30,7 @@ import trio
 from instance_harness import TESTPLUGINS, short_dir, write_template
 from testvmm_guest import read_records, read_stamped
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.storage.objects import VOLUMES, PoolObjects
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.pools.marker import init_pool

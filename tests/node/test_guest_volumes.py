@@ -70,7 +70,7 @@ def test_a_backend_without_devices_mounts_nothing(tmp_path: Path) -> None:
 
 
 def test_two_volumes_on_one_mount_point_are_refused() -> None:
-    from kibotos.errors import InvalidArgument
+    from kibotos.core.errors import InvalidArgument
     from kibotos.protocol import parse_args
     with pytest.raises(InvalidArgument, match="share a mount point"):
         parse_args(CreateSpec, spec([]).model_dump(mode="json") | {

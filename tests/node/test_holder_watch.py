@@ -13,7 +13,7 @@ import trio
 from adoption_harness import alive
 from instance_harness import DEADLINE, Node, running_node
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
 from kibotos.node.storage.holder_watch import TAKEN_OVER
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects

@@ -14,8 +14,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from node_helpers import node_config
 
-from kibotos import failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import failpoints
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.session.identity import ensure_identity, load_identity, public_key_b64
 
 GRANT = "kgr-01k6test.c2VjcmV0LXNlY3JldA"

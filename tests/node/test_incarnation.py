@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kibotos import failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import failpoints
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.host.incarnation import next_incarnation, read_incarnation
 
 

@@ -15,8 +15,8 @@ from instance_harness import short_dir
 from kibotos_qemu.backend import QemuVmm
 from upgrade_harness import node_at, start, stop_units
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.runtime import installations as inst_mod
 from kibotos.node.runtime.build_identity import BuildIdentity, runtime_range_problem
 

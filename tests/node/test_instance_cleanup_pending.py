@@ -31,9 +31,9 @@ from instance_harness import (
 )
 from stuck_fuse_helpers import StuckFs
 
-from kibotos import atomicfile
 from kibotos.config import NodeConfig
-from kibotos.errors import Unavailable
+from kibotos.core import atomicfile
+from kibotos.core.errors import Unavailable
 from kibotos.node.instances.contract import DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
 from kibotos.node.instances.setup import build_instance_manager
 from kibotos.plugins import load_plugins

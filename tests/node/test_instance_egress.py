@@ -44,7 +44,7 @@ from node_network_harness import (
     through_corp,
 )
 
-from kibotos import failpoints
+from kibotos.core import failpoints
 from kibotos.node.instances.contract import RUNNING
 from kibotos.testing.fake_credentials import FakeCredentials
 

@@ -14,8 +14,8 @@ import pytest
 import trio
 from instance_harness import DEADLINE, Node, running_node
 
-from kibotos import atomicfile
-from kibotos.errors import (
+from kibotos.core import atomicfile
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -387,7 +387,7 @@ async def test_missing_template_blob_fails_the_boot() -> None:
 @pytest.fixture
 def failpoint(monkeypatch: pytest.MonkeyPatch):
     """Arm failpoints in this process (``error`` actions) for one test."""
-    from kibotos import failpoints
+    from kibotos.core import failpoints
 
     def arm(spec: str) -> None:
         monkeypatch.setenv(failpoints.ENV, spec)

@@ -25,7 +25,7 @@ from node_network_harness import (
     switch,
 )
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.instances.contract import RUNNING
 from kibotos.node.network import plumbing
 

@@ -1,6 +1,6 @@
 """The kill matrix: a real node process (the Instance manager with the ``direct``
 supervisor and the light test VMM) is SIGKILLed at every step of create, stop and
-delete (the ``node.instance.*`` failpoints of `kibotos.failpoints.KNOWN`), a new node
+delete (the ``node.instance.*`` failpoints of `kibotos.core.failpoints.KNOWN`), a new node
 process starts over the same storage root, ctrl's command is repeated as ctrl repeats
 it (same arguments, through the node's session command handlers), and every case must
 converge: the state ctrl expects (a create ends RUNNING, a stop STOPPED, a delete
@@ -19,7 +19,7 @@ import pytest
 from adoption_harness import alive, node_at, node_root, run_child
 from instance_harness import Node
 
-from kibotos import atomicfile, failpoints
+from kibotos.core import atomicfile, failpoints
 from kibotos.node.instances.contract import RUNNING
 
 pytestmark = pytest.mark.slow

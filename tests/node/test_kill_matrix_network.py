@@ -1,7 +1,7 @@
 """The kill matrix's network rows (test_kill_matrix.py has the rest): a node process
 with ``[network]`` (in a world of test namespaces, node_network_harness) is SIGKILLed
 at every step of an Instance's network setup and teardown (the ``node.network.*`` and
-network ``node.instance.*`` failpoints of `kibotos.failpoints.KNOWN`), and at the
+network ``node.instance.*`` failpoints of `kibotos.core.failpoints.KNOWN`), and at the
 launch steps after it; a new node process starts over the same storage root, ctrl's
 command is repeated, and every case must converge: a create ends RUNNING with a guest
 that reaches the test internet, a delete or stop ends with no network namespace, veth,
@@ -16,7 +16,7 @@ from adoption_harness import build_node, node_at, run_child
 from node_network_harness import Bed, guest, leftovers, network_bed
 from test_kill_matrix import assert_clean, unit_records
 
-from kibotos import failpoints
+from kibotos.core import failpoints
 from kibotos.node.instances.contract import RUNNING
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]

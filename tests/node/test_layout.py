@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from node_helpers import node_config
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.host.layout import ROOT_DIRS, NodePaths, OwnerLock, prepare_layout
 
 

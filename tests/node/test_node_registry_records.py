@@ -15,8 +15,8 @@ import pytest
 from instance_harness import running_node
 from node_helpers import node_config
 
-from kibotos import atomicfile
-from kibotos.errors import InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import InvalidArgument
 from kibotos.node.instances.contract import STOPPED
 from kibotos.node.instances.lifecycle import Instance
 from kibotos.node.records import instance_records as records

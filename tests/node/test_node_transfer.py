@@ -19,8 +19,9 @@ import trio
 from artifact_ctrl_harness import loopback_ctrl
 from instance_harness import running_node
 
-from kibotos import atomicfile, transfer_archive
-from kibotos.errors import (
+from kibotos import transfer_archive
+from kibotos.core import atomicfile
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,

@@ -10,8 +10,8 @@ import pytest
 import trio
 from storage_cmd_helpers import MIB, Storage, fsck_clean, make_pool, put_data, read_back, tree
 
-from kibotos import atomicfile, failpoints
-from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from kibotos.node.instances.commands import storage_handlers
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 from kibotos.transfer_archive import data_ranges

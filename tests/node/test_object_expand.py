@@ -22,8 +22,8 @@ from storage_cmd_helpers import (
     read_back,
 )
 
-from kibotos import atomicfile, failpoints
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from kibotos.node.instances.commands import storage_handlers
 from kibotos.node.storage import expand
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects

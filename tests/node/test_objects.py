@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.node.storage.objects import (
     RETAINED_LAYERS,
     VOLUMES,
@@ -193,7 +193,7 @@ async def test_block_file_is_handed_to_the_vmm_identity(tmp_path: Path) -> None:
 
 
 async def test_unavailable_pool_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    from kibotos.errors import Unavailable
+    from kibotos.core.errors import Unavailable
 
     prepare_pool_dirs("pool-a", tmp_path)
     reason: list[str | None] = ["storage pool marker is missing"]
@@ -214,7 +214,7 @@ async def test_unavailable_pool_is_refused_before_anything_is_written(tmp_path: 
 async def test_a_pool_without_its_layout_is_not_recreated(tmp_path: Path) -> None:
     """The directories come from the node's start; gone (unmounted) means unavailable,
     not a fresh tree on whatever disk is there now."""
-    from kibotos.errors import Unavailable
+    from kibotos.core.errors import Unavailable
 
     objs = PoolObjects("pool-a", tmp_path, RETAINED_LAYERS, "node-a")
     with pytest.raises(Unavailable, match="pool layout the node prepared at start is gone"):

@@ -19,7 +19,7 @@ from node_helpers import (
     write_proc,
 )
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.instances.contract import Holdings
 from kibotos.node.serve import NodeRuntime, serve_node
 from kibotos.node.session.control import NodeIsolated, SessionTiming

@@ -12,7 +12,7 @@ import pytest
 import trio
 from node_helpers import Conn, FakeCtrl, node_config, store_identity
 
-from kibotos.errors import Unavailable
+from kibotos.core.errors import Unavailable
 from kibotos.node.serve import NodeRuntime, serve_node
 from kibotos.node.session.control import SessionTiming
 from kibotos.node.storage.objects import RETAINED_LAYERS

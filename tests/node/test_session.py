@@ -21,7 +21,7 @@ from node_helpers import (
     write_proc,
 )
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.host.clock import SYNCHRONIZED, UNKNOWN, UNSYNCHRONIZED, NodeClock
 from kibotos.node.host.usage import UsageSampler
 from kibotos.node.instances.contract import Holdings

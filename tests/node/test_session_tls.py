@@ -14,8 +14,8 @@ from ctrl_api_harness import ctrl_grant
 from node_helpers import RecordingInstances, ctrl_endpoint, free_port, node_config
 
 from kibotos.config import CtrlConfig, NodeConfig, load
+from kibotos.core.errors import FailedPrecondition
 from kibotos.ctrl.serve import serve_ctrl
-from kibotos.errors import FailedPrecondition
 from kibotos.node.host.clock import NodeClock
 from kibotos.node.host.usage import UsageSampler
 from kibotos.node.session.control import ControlSession, SessionTiming

@@ -16,7 +16,7 @@ import pytest
 import trio
 from artifact_ctrl_harness import loopback_ctrl
 
-from kibotos.errors import FailedPrecondition, ResourceExhausted, Unauthenticated, Unavailable
+from kibotos.core.errors import FailedPrecondition, ResourceExhausted, Unauthenticated, Unavailable
 from kibotos.node.storage import template_cache
 from kibotos.node.storage.template_cache import TemplateCache
 

@@ -14,7 +14,7 @@ import trio
 from instance_harness import registries, short_dir
 
 from kibotos.backends import VmmBackend
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.guest import open_guest_channel
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.vmm_suite import VMM_CHECKS, VmmCase, VmmCheck

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from kibotos import transfer_archive as ta
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 MIB = 1 << 20
 

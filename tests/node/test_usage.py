@@ -10,7 +10,7 @@ import pytest
 import trio
 from node_helpers import write_proc
 
-from kibotos import procfs
+from kibotos.core import procfs
 from kibotos.node.host.usage import (
     MemoryTightness,
     Pressure,

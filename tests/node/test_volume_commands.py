@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from storage_cmd_helpers import MIB, Storage, dumpe2fs, make_pool, tree
 
-from kibotos import atomicfile
-from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from kibotos.node.instances.commands import storage_handlers
 from kibotos.node.storage.objects import VOLUMES, PoolObjects
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from instance_harness import running_node
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 MIB = 1 << 20
 
@@ -65,7 +65,7 @@ async def test_bad_mount_points_are_refused(mount: str, match: str) -> None:
     async with running_node() as node:
         args = node.create_args(volumes=[{"volume_id": "vol-1", "pool_id": "pool-a",
                                           "epoch": 1, "mount_point": mount}])
-        from kibotos.errors import InvalidArgument
+        from kibotos.core.errors import InvalidArgument
         with pytest.raises(InvalidArgument, match=match):
             await node.command("instance.create", args)
         assert node.manager.get("inst-1") is None

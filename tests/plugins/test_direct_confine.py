@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from kibotos.backends import UnitSpec
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.plugins import load_plugins
 from kibotos.testing.accounts import ensure_system_user
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kibotos_direct.supervisor import DirectSupervisor
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 
 def test_kill_grace_defaults_to_a_minute_and_accepts_seconds(tmp_path: Path) -> None:

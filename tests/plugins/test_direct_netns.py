@@ -15,7 +15,7 @@ import trio
 from kibotos_direct.supervisor import DirectSupervisor
 
 from kibotos.backends import UnitSpec
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 pytestmark = pytest.mark.root
 

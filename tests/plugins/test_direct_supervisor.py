@@ -19,7 +19,7 @@ import pytest
 from kibotos_direct.supervisor import DirectSupervisor
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
-from kibotos.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from kibotos.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from kibotos.plugins import load_plugins
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.supervisor_suite import SUPERVISOR_CHECKS, SupervisorCheck

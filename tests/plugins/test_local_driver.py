@@ -11,7 +11,7 @@ import pytest
 from kibotos_local.driver import LocalDriver
 
 from kibotos.backends import HostPaths, PoolSpec, StorageDriver
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.plugins import load_plugins
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.pool_driver_suite import POOL_DRIVER_CHECKS, PoolDriverCheck

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kibotos.backends import NodeCapacity, PlacementPolicy, PlacementRequest
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.plugins import load_plugins
 
 GI = 2**30

@@ -7,7 +7,7 @@ import importlib.metadata as md
 import pytest
 
 from kibotos.backends import VmmBackend
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.plugins import (
     DISABLE_ENV,
     EXTRA_MODULES_ENV,

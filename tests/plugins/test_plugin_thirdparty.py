@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.plugins import DISABLE_ENV, BlockedPlugin, load_plugins
 
 ACME = textwrap.dedent("""

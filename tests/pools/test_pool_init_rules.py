@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from kibotos.cli.roles.node_role_cmds import node_role_group
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.node.storage.pools.marker import (
     MARKER_NAME,
     MISSING_REASON,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from kibotos.errors import Unavailable
+from kibotos.core.errors import Unavailable
 from kibotos.node.storage.objects import RETAINED_LAYERS, PoolObjects
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs
 from kibotos.node.storage.pools.legacy_names import NamedPoolObjects, digest_name

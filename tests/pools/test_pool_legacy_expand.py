@@ -8,7 +8,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.storage.objects import VOLUMES
 from kibotos.node.storage.pools import legacy_names as ln
 from kibotos.node.storage.pools.dirs import prepare_pool_dirs

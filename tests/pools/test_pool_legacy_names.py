@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kibotos import atomicfile, failpoints
 from kibotos.config import PoolSection
-from kibotos.errors import Unavailable
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import Unavailable
 from kibotos.node.records.attachments import Attachments
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, UseRightTakenOver
 from kibotos.node.storage.pools import legacy_names as ln

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kibotos import ids
 from kibotos.config import NodeConfig
-from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument
+from kibotos.core import ids
+from kibotos.core.errors import Aborted, FailedPrecondition, InvalidArgument
 from kibotos.node.storage.objects import RETAINED_LAYERS, VOLUMES, PoolObjects
 from kibotos.node.storage.pools import dirs, startup
 from kibotos.node.storage.pools.marker import init_pool

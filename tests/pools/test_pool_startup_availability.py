@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.storage.pools import dirs, startup
 from kibotos.node.storage.pools.marker import MISSING_REASON, init_pool
 from kibotos.node.storage.pools.tempfiles import is_temp_name

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from protocol_examples import GOOD_ARGS, HEX, MIB, good
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.protocol import COMMANDS, CreateSpec, StopArgs, parse_command
 
 

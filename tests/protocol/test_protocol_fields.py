@@ -1,4 +1,4 @@
-"""The field types of `kibotos.protocol`: each ID type checks its `kibotos.ids` shape and
+"""The field types of `kibotos.protocol`: each ID type checks its `kibotos.core.ids` shape and
 is strict; times, sizes, counters and ratios have one rule and a ceiling."""
 
 from __future__ import annotations

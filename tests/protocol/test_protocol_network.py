@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.protocol import CreateSpec, NetworkPolicy, SetNetworkArgs, parse_args
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataplane"))
 from dp_harness import TIMEOUT, Plane, free_port, run_exec, running, running_agent, target
 
 from kibotos._version import __version__
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
 from kibotos.dataplane.clients.client import Output, Started, open_exec
 from kibotos.dataplane.endpoints.exec_session import ExecRequest
 from kibotos.node.dataplane import supervisor as dps

@@ -35,8 +35,8 @@ from instance_harness import (
     write_template,
 )
 
-from kibotos import atomicfile
 from kibotos.backends import UnitSpec
+from kibotos.core import atomicfile
 from kibotos.node.instances.adoption import AdoptionRefused
 from kibotos.node.instances.contract import RUNNING
 from kibotos.node.instances.setup import build_instance_manager

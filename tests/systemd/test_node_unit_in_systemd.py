@@ -43,7 +43,7 @@ STANDIN = textwrap.dedent("""
     import json, os, subprocess, sys, time
     import trio
     from kibotos.backends import UnitSpec
-    from kibotos.errors import KibotosError
+    from kibotos.core.errors import KibotosError
     from kibotos.node.serve import notify_ready
     from kibotos.node.checks.startup_checks import check_startup
     from kibotos.plugins import load_plugins

@@ -15,7 +15,7 @@ from systemd_helpers import new_supervisor
 
 from kibotos.backends import UnitSpec
 from kibotos.config import NodeConfig, parse
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.checks.startup_checks import check_startup, own_cgroup
 from kibotos.node.serve import serve_node
 
@@ -85,7 +85,7 @@ async def test_serve_node_runs_the_checks_before_touching_state(tmp_path, monkey
 
 CHECK = textwrap.dedent("""
     import json, os, sys
-    from kibotos.errors import KibotosError
+    from kibotos.core.errors import KibotosError
     from kibotos.node.checks.startup_checks import check_startup
     try:
         unit = check_startup()

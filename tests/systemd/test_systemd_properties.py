@@ -10,7 +10,7 @@ from kibotos_systemd.processes import plausible_start
 from kibotos_systemd.properties import INFINITY, convert, unit_properties
 
 from kibotos.backends import Supervisor, UnitSpec
-from kibotos.errors import InvalidArgument, Unavailable
+from kibotos.core.errors import InvalidArgument, Unavailable
 from kibotos.plugins import load_plugins
 
 VMM_PROPERTIES = {  # what the qemu backend asks for (spec, "VMM service")

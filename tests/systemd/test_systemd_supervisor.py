@@ -23,7 +23,7 @@ from systemd_helpers import Raw, new_supervisor
 from usersystemd import UserSystemd
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
-from kibotos.errors import AlreadyExists, FailedPrecondition
+from kibotos.core.errors import AlreadyExists, FailedPrecondition
 from kibotos.testing.conformance import BackendFactory, check_id
 from kibotos.testing.supervisor_suite import SUPERVISOR_CHECKS, SupervisorCheck
 from kibotos.testing.waiting import wait_until

@@ -79,9 +79,6 @@ GUEST_AGENT = "kibotos.guest.kibotos_guest"
 SIZED = "kibotos"
 #: Folders allowed more than `MAX_MODULES` modules (their modules still obey `MAX_LINES`).
 CROWDED_ON_PURPOSE = {
-    # The core modules every role and entry point shares (errors, ids, units, atomicfile,
-    # config, ...): the bottom layer, which a subfolder would only rename.
-    "kibotos",
     # The guest agent is copied flat into the Template image and run from there
     # (kibotos/platform, tests/guest/test_agent_package.py): one folder by design.
     "kibotos/guest/kibotos_guest",
@@ -467,11 +464,11 @@ def plant(root: Path, files: dict[str, str]) -> Path:
     `files` (relative path -> source)."""
     base = {
         "kibotos/__init__.py": "",
-        "kibotos/errors.py": "",
-        "kibotos/sdk/__init__.py": "from kibotos import errors\n",
+        "kibotos/core/errors.py": "",
+        "kibotos/sdk/__init__.py": "from kibotos.core import errors\n",
         "kibotos/ctrl/__init__.py": "",
         "kibotos/ctrl/model/__init__.py": "",
-        "kibotos/ctrl/model/rules.py": "from kibotos import errors\n",
+        "kibotos/ctrl/model/rules.py": "from kibotos.core import errors\n",
         "kibotos/ctrl/live/__init__.py": "",
         "kibotos/ctrl/live/service.py": "import trio\n\nfrom kibotos.ctrl.model import rules\n",
         "kibotos/node/__init__.py": "",
@@ -528,8 +525,8 @@ def test_a_planted_shared_import_of_a_role_is_reported(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("source", "expected"), [
-    ("from kibotos.errors import InvalidArgument\n",
-     "plugins/acme/kibotos_acme/driver.py:1 imports kibotos.errors (plugins import kibotos "
+    ("from kibotos.core.errors import InvalidArgument\n",
+     "plugins/acme/kibotos_acme/driver.py:1 imports kibotos.core.errors (plugins import kibotos "
      "only through kibotos.sdk)"),
     ("from kibotos_other import thing\n",
      "plugins/acme/kibotos_acme/driver.py:1 imports kibotos_other (a plugin imports another "

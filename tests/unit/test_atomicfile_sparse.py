@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 
 
 def test_commit_renames_a_sparse_file_of_the_full_length(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
-"""`kibotos.failpoints.environment_for`: the entries a node passes on to the units it
+"""`kibotos.core.failpoints.environment_for`: the entries a node passes on to the units it
 starts (which do not inherit its environment), read when it starts one."""
 
 from __future__ import annotations
 
 import pytest
 
-from kibotos import failpoints
+from kibotos.core import failpoints
 
 
 def test_only_the_prefix_s_entries_pass_on_read_at_the_call(

@@ -1,10 +1,10 @@
-"""`kibotos.failpoints`: an action with ``@N`` runs only at the N-th hit of its name."""
+"""`kibotos.core.failpoints`: an action with ``@N`` runs only at the N-th hit of its name."""
 
 from __future__ import annotations
 
 import pytest
 
-from kibotos import failpoints
+from kibotos.core import failpoints
 
 
 @pytest.fixture

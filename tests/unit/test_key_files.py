@@ -1,4 +1,4 @@
-"""kibotos.key_files: ctrl's key files are made once, owner-only, and never replaced."""
+"""kibotos.core.key_files: ctrl's key files are made once, owner-only, and never replaced."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kibotos import key_files
-from kibotos.errors import FailedPrecondition
+from kibotos.core import key_files
+from kibotos.core.errors import FailedPrecondition
 
 
 def test_a_missing_secret_is_made_owner_only_and_then_read_back(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from kibotos.logs import format_event
+from kibotos.core.logs import format_event
 
 
 def test_format_event() -> None:
@@ -20,7 +20,7 @@ def test_format_event() -> None:
 
 
 def test_configure_writes_one_line_per_event_to_stderr() -> None:
-    code = ("from kibotos import logs\n"
+    code = ("from kibotos.core import logs\n"
             "logs.configure()\nlogs.configure()\n"  # idempotent: no doubled lines
             "logs.EventLogger().warning('memory tight', available_bytes=10)\n"
             "logs.EventLogger().debug('not shown')\n")

@@ -1,4 +1,4 @@
-"""`kibotos.procfs`, the one reader of ``/proc``: prepared trees for the odd cases the
+"""`kibotos.core.procfs`, the one reader of ``/proc``: prepared trees for the odd cases the
 kernel writes (parentheses in command names, escaped mount points, stacked mounts), and
 the real ``/proc`` of this test process and a child it starts."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos import procfs
+from kibotos.core import procfs
 
 #: A stat line whose command name holds a space and both parentheses (``prctl`` allows it).
 ODD_STAT = ("4242 (we)ird (name) S 1 4240 4239 0 -1 4194560 100 0 0 0 "

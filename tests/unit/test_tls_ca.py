@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.tls.ca import ClusterCA, Issued, cert_path, key_path
 from kibotos.tls.contexts import client_context
 from kibotos.tls.server import ServerCertificate, due, write_pair

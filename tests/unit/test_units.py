@@ -1,4 +1,4 @@
-"""`kibotos.units` reads numbers in ASCII digits only (issue 16): ``int``, ``float`` and
+"""`kibotos.core.units` reads numbers in ASCII digits only (issue 16): ``int``, ``float`` and
 ``Decimal`` take ``1_0``, spaces, signs, exponents and Unicode digits, so an input
 meant something other than what it showed."""
 
@@ -8,9 +8,9 @@ from decimal import Decimal
 
 import pytest
 
-from kibotos import units
 from kibotos.config import ResourcesSection
-from kibotos.errors import InvalidArgument
+from kibotos.core import units
+from kibotos.core.errors import InvalidArgument
 
 NOT_NUMBERS = ["1_0", " 1", "1 ", "+1", "-1", "1e3", "nan", "inf", "\u0663", "\uff11",
                "\u00b2", "1.", ".5", "", "0x10", "1" * 41]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from kibotos.core.errors import InvalidArgument
 from kibotos.dataplane.clients.user_name import (
     MAX_USER_NAME,
     check_user_name,
     optional_user_name,
 )
-from kibotos.errors import InvalidArgument
 from kibotos.guest.kibotos_guest import errors as guest_errors
 
 

@@ -19,7 +19,7 @@ from kibotos_direct.supervisor import DirectSupervisor
 from kibotos_qemu.backend import QemuVmm
 from vm_harness import POWEROFF, ROOT_TCG, launch_for, running_unit, wait_exit
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.guest import LaunchConfig, Volume, open_guest_channel
 from kibotos.platform.images import create_ext4, create_writable_layer, read_file
 from kibotos.testing.conformance import BackendFactory, check_id

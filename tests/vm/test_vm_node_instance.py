@@ -21,7 +21,7 @@ import pytest
 import trio
 from vm_node_harness import VM_SETTINGS, qemu_config, template_blobs
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 from kibotos.node.instances.contract import FAILED, RUNNING, STOPPED
 from kibotos.node.instances.manager import VmInstanceManager
 from kibotos.node.instances.setup import build_instance_manager, supervisor_options

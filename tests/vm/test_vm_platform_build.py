@@ -24,7 +24,7 @@ from vm_fakes import (
     read_cpio,
 )
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.platform import build_platform as bp
 from kibotos.platform.cache import cached_build, input_key
 from kibotos.platform.cpio import CpioWriter

@@ -19,7 +19,7 @@ from kibotos_qemu.launch import parse_launch
 from kibotos_qemu.ready import wait_hello
 from vm_harness import ROOT_TCG
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from kibotos.guest import AGENT_PATH
 from kibotos.plugins import load_plugins
 from kibotos.testing.conformance import BackendFactory, check_id

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.platform import build_template as bt
 from kibotos.platform import debs
 from kibotos.platform.aptsources import apt_sources, debian_mirror

@@ -9,8 +9,8 @@ import os
 import tomllib
 from pathlib import Path
 
-from kibotos import atomicfile
 from kibotos.config import NodeConfig, parse
+from kibotos.core import atomicfile
 from kibotos.node.instances.lifecycle import Settings
 
 #: Generous for TCG: a guest boots in minutes on a loaded machine.

@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core.client import resource_path
 from kibotos.cli.core.options import Invocation, check_command_id, command_id_option, kibo_options
 from kibotos.cli.core.output import dash
+from kibotos.core import ids
 
 COLUMNS = ("KEY", "NAME", "TEAM", "STATE", "CREATED", "REVOKED")
 

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kibotos import atomicfile, ids
 from kibotos.cli.core import kibo_config
 from kibotos.cli.core.client import Client
 from kibotos.cli.core.options import Invocation, check_command_id, command_id_option, kibo_options
 from kibotos.cli.core.output import dash
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.units import parse_duration
 from kibotos.tls.contexts import check_ca_pem, client_context, read_ca_file, require_secure
-from kibotos.units import parse_duration
 
 if TYPE_CHECKING:  # cryptography is imported by `kibo enroll` alone: the others stay fast
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

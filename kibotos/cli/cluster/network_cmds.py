@@ -3,7 +3,7 @@ policy flags of ``kibo workspace create`` and ``set-network``.
 
 Every argument is checked here before the config is read or anything is sent, with
 the rules ctrl applies (names: the Template name rule; ``HOST:PORT``: `kibotos.
-endpoints`; CIDRs: `kibotos.cidrs`), so a typo is exit 10 naming the option.  A
+endpoints`; CIDRs: `kibotos.core.cidrs`), so a typo is exit 10 naming the option.  A
 password is read from a file (``--password-file``, ``-`` for stdin), never from the
 command line, where any user of the host could read it in the process list; and it is
 sent only over TLS or to a ctrl on this host's loopback.
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from kibotos import cidrs, endpoints, ids
+from kibotos import endpoints
 from kibotos.cli.core.client import resource_path
 from kibotos.cli.core.options import (
     Invocation,
@@ -30,7 +30,8 @@ from kibotos.cli.core.options import (
     versioned_write_options,
 )
 from kibotos.cli.core.output import Row, Section, dash, yes_no
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import cidrs, ids
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 
 #: RFC 1929's limit, as ctrl checks it.
 MAX_CREDENTIAL_BYTES = 255

@@ -24,7 +24,7 @@ from kibotos.cli.core.options import (
 )
 from kibotos.cli.core.output import confirm_or_abort
 from kibotos.cli.core.paging import read_pages, say_more
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, Unavailable
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 
 #: How often `drain --wait` asks ctrl for the node (a fixed interval, per the spec).
 DRAIN_POLL_INTERVAL = 2.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kibotos.cli.core.output import Section, dash, yes_no
-from kibotos.units import format_bytes, format_cores
+from kibotos.core.units import format_bytes, format_cores
 
 LIST_COLUMNS = ("NODE", "STATUS", "RELEASE", "CLOCK", "INSTANCES", "CPU_ALLOC/SCHED",
                 "MEM_ALLOC/SCHED", "MEM_TIGHT")

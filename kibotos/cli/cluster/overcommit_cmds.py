@@ -1,6 +1,6 @@
 """``kibo node overcommit``: the ratios that turn reported resources into schedulable ones.
 
-Ratios are checked here with `kibotos.units.parse_ratio` (0–16, at most three decimal
+Ratios are checked here with `kibotos.core.units.parse_ratio` (0–16, at most three decimal
 places) and sent in canonical form (``"2.50"`` goes as ``"2.5"``), so bad input never
 reaches ctrl and a replay of the same command ID sees the same input however it was
 spelled.  A command changes only the items given; ctrl keeps the other.  With an
@@ -23,7 +23,7 @@ from kibotos.cli.core.options import (
     versioned_write_options,
 )
 from kibotos.cli.core.output import Section, dash
-from kibotos.units import format_ratio, parse_ratio
+from kibotos.core.units import format_ratio, parse_ratio
 
 
 @click.group("overcommit")

@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core.client import resource_path
 from kibotos.cli.core.options import (
     Invocation,
@@ -22,8 +21,9 @@ from kibotos.cli.core.options import (
     versioned_write_options,
 )
 from kibotos.cli.core.output import Section, confirm_or_abort, dash, yes_no
-from kibotos.errors import InvalidArgument
-from kibotos.units import format_bytes, parse_size
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument
+from kibotos.core.units import format_bytes, parse_size
 
 LIST_COLUMNS = ("POOL", "MODE", "CAPACITY", "RESERVED", "FREE", "MEMBERS", "AVAILABLE",
                 "STATE")

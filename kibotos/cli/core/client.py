@@ -1,6 +1,6 @@
 """The operator CLI's synchronous client for ctrl's HTTP API.
 
-One place translates everything foreign into `kibotos.errors`: an ``{"error": …}``
+One place translates everything foreign into `kibotos.core.errors`: an ``{"error": …}``
 response becomes the class its code names (`error_from_wire`), a refused or dropped
 connection becomes `Unavailable` naming the URL, a timeout `DeadlineExceeded`.  Nothing
 above this module sees a socket or protocol exception.  The connection itself
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from kibotos.cli.core.http_transport import ConnectError, Connection, Target
-from kibotos.errors import (
+from kibotos.core.errors import (
     ERROR_CLASSES,
     Aborted,
     DeadlineExceeded,
@@ -38,7 +38,7 @@ from kibotos.errors import (
     Unavailable,
     error_from_wire,
 )
-from kibotos.ids import new_id
+from kibotos.core.ids import new_id
 from kibotos.tls.contexts import require_secure, verification_error
 
 if TYPE_CHECKING:

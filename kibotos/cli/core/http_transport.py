@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import h11
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 if TYPE_CHECKING:
     import ssl

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos.errors import InvalidArgument
-from kibotos.toml_file import read_toml
+from kibotos.core.errors import InvalidArgument
+from kibotos.core.toml_file import read_toml
 
 #: Seconds per HTTP request when the file does not say.
 DEFAULT_TIMEOUT = 30.0

@@ -1,9 +1,9 @@
-"""click parameter types for numbers, read as `kibotos.units` reads them: ASCII digits.
+"""click parameter types for numbers, read as `kibotos.core.units` reads them: ASCII digits.
 
 click's own ``INT``, ``IntRange`` and ``FloatRange`` call `int` and `float`, which take
 ``1_0``, `` 5 ``, ``+5``, ``1e3``, ``nan`` and Unicode digits (``٣``); an option then
 means something other than what the operator sees.  These types take only what
-`kibotos.units.parse_int` and `kibotos.units.parse_decimal` take, with click's usage
+`kibotos.core.units.parse_int` and `kibotos.core.units.parse_decimal` take, with click's usage
 error (exit code 2) naming the option otherwise.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from kibotos import units
-from kibotos.errors import InvalidArgument
+from kibotos.core import units
+from kibotos.core.errors import InvalidArgument
 
 
 class AsciiInt(click.ParamType[int, Any]):

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core import kibo_config
 from kibotos.cli.core.client import Client, Deadline
 from kibotos.cli.core.numbers import AsciiInt
 from kibotos.cli.core.output import Output, Row
-from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument, KibotosError
+from kibotos.core.units import parse_duration
 from kibotos.tls.contexts import client_context
-from kibotos.units import parse_duration
 
 if TYPE_CHECKING:  # imported by client_context for an https:// data plane only
     import ssl

@@ -35,8 +35,8 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from kibotos.cli.core import plain_text
-from kibotos.control_chars import escape_controls
-from kibotos.errors import KibotosError
+from kibotos.core.control_chars import escape_controls
+from kibotos.core.errors import KibotosError
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kibotos.cli.core.options import Invocation
-from kibotos.errors import DeadlineExceeded, Unavailable
+from kibotos.core.errors import DeadlineExceeded, Unavailable
 
 #: The longest one wait request asks ctrl to hold (ctrl's limit is 60 s).
 WAIT_SLICE = 20.0

@@ -19,8 +19,8 @@ from typing import Any
 import click
 
 from kibotos import config as config_mod
-from kibotos.errors import InvalidArgument, KibotosError
-from kibotos.units import parse_duration
+from kibotos.core.errors import InvalidArgument, KibotosError
+from kibotos.core.units import parse_duration
 
 
 def _fail_cleanly(fn: Callable[..., None]) -> Callable[..., None]:

@@ -18,8 +18,8 @@ import click
 
 from kibotos.cli.core.numbers import AsciiInt
 from kibotos.cli.core.output import Output
-from kibotos.errors import KibotosError
-from kibotos.units import parse_duration
+from kibotos.core.errors import KibotosError
+from kibotos.core.units import parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,7 +143,7 @@ def down_command(directory: Path, grace: float) -> None:
     out = Output(False)
     cluster = DevCluster(directory)
     if not cluster.layout.exists():
-        from kibotos.errors import NotFound
+        from kibotos.core.errors import NotFound
 
         raise NotFound(f"{cluster.dir} holds no dev cluster")
     stopped = cluster.down(grace=grace)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import trio
 
-from kibotos.errors import KibotosError
+from kibotos.core.errors import KibotosError
 
 if TYPE_CHECKING:
     from kibotos.backends import Supervisor, UnitInfo

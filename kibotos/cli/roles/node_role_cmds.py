@@ -19,7 +19,7 @@ import trio
 
 from kibotos import config as config_mod
 from kibotos.config import NodeConfig
-from kibotos.errors import KibotosError
+from kibotos.core.errors import KibotosError
 
 
 @click.group("node")
@@ -35,7 +35,7 @@ def _fail(exc: KibotosError) -> NoReturn:
 async def _run_until_signal(cfg: NodeConfig) -> None:
     """Run the node; SIGTERM or SIGINT cancel it, so the session closes cleanly and the
     owner lock is released before the process ends."""
-    from kibotos.logs import EventLogger
+    from kibotos.core.logs import EventLogger
     from kibotos.node.serve import serve_node
 
     log = EventLogger()
@@ -63,7 +63,7 @@ def serve_command(config_path: Path) -> None:
         cfg = config_mod.load(NodeConfig, config_path)
     except KibotosError as exc:
         _fail(exc)
-    from kibotos import logs
+    from kibotos.core import logs
     from kibotos.node.session.control import NodeIsolated
 
     logs.configure()
@@ -81,7 +81,7 @@ def serve_command(config_path: Path) -> None:
 
 
 def _report_and_exit(exc: KibotosError, isolated: type[KibotosError]) -> NoReturn:
-    from kibotos.logs import EventLogger
+    from kibotos.core.logs import EventLogger
 
     log = EventLogger()
     if isinstance(exc, isolated):

@@ -17,7 +17,7 @@ import click
 
 from kibotos import config as config_mod
 from kibotos.cli.core.output import Output
-from kibotos.errors import KibotosError
+from kibotos.core.errors import KibotosError
 from kibotos.plugins import BlockedPlugin, PluginInfo, load_plugins
 
 

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core.options import Invocation, kibo_options
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core import ids
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 
 if TYPE_CHECKING:  # for an https:// data plane only
     import ssl

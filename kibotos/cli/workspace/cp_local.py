@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import trio
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     FailedPrecondition,
     Internal,
     KibotosError,

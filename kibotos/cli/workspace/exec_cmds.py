@@ -35,9 +35,9 @@ from typing import Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core.options import Invocation, kibo_options
-from kibotos.errors import DeadlineExceeded, InvalidArgument
+from kibotos.core import ids
+from kibotos.core.errors import DeadlineExceeded, InvalidArgument
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 

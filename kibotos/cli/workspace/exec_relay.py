@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from kibotos.core.errors import DeadlineExceeded, Unavailable
 from kibotos.dataplane.clients import exec_blocking
 from kibotos.dataplane.clients.exec_wire import ExecRequest, Output
-from kibotos.errors import DeadlineExceeded, Unavailable
 
 if TYPE_CHECKING:  # for a wss:// data plane only
     import ssl

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core.options import Invocation, kibo_options
-from kibotos.errors import (
+from kibotos.core import ids
+from kibotos.core.errors import (
     DeadlineExceeded,
     Internal,
     InvalidArgument,

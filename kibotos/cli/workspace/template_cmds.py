@@ -16,7 +16,6 @@ from urllib.parse import quote
 
 import click
 
-from kibotos import ids
 from kibotos._version import __version__
 from kibotos.cli.core.options import (
     Invocation,
@@ -27,9 +26,10 @@ from kibotos.cli.core.options import (
 from kibotos.cli.core.output import Section, dash
 from kibotos.cli.workspace import template_images
 from kibotos.cli.workspace.template_images import Blob, Made
-from kibotos.errors import InvalidArgument
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument
+from kibotos.core.units import format_bytes
 from kibotos.platform.cache import default_cache_root
-from kibotos.units import format_bytes
 
 
 @click.group("template")

@@ -42,8 +42,8 @@ from typing import IO, Any
 
 import zstandard
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.platform import build_template as bt
 from kibotos.platform.build_platform import build_platform
 from kibotos.platform.cache import cached_build, input_key

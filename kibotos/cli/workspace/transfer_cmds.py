@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core.options import (
     Invocation,
     check_command_id,
@@ -25,7 +24,8 @@ from kibotos.cli.core.options import (
     new_volume_options,
 )
 from kibotos.cli.core.output import Section
-from kibotos.units import format_bytes
+from kibotos.core import ids
+from kibotos.core.units import format_bytes
 
 #: One export or import request may run this long on ctrl (its own limit is 6 h).
 TRANSFER_WAIT = 6 * 3600.0 + 60.0

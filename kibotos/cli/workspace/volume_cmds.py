@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from kibotos import ids
 from kibotos.cli.core import waiting
 from kibotos.cli.core.client import resource_path
 from kibotos.cli.core.numbers import AsciiInt
@@ -30,8 +29,9 @@ from kibotos.cli.core.options import (
 )
 from kibotos.cli.core.output import Row, Section, dash
 from kibotos.cli.core.paging import read_pages, say_more
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from kibotos.units import format_bytes, parse_size
+from kibotos.core import ids
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from kibotos.core.units import format_bytes, parse_size
 from kibotos.volume_mounts import check_mount_point
 
 SETTLED = frozenset({"AVAILABLE", "FAILED", "DELETED"})

@@ -16,7 +16,6 @@ from urllib.parse import quote
 
 import click
 
-from kibotos import ids
 from kibotos.cli.cluster import network_cmds as network
 from kibotos.cli.core import waiting
 from kibotos.cli.core.lazy_group import LazyGroup
@@ -33,14 +32,15 @@ from kibotos.cli.core.options import (
 from kibotos.cli.core.paging import read_pages, say_more
 from kibotos.cli.workspace import volume_cmds
 from kibotos.cli.workspace import workspace_render as render
-from kibotos.errors import (
+from kibotos.core import ids
+from kibotos.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     KibotosError,
     NotFound,
 )
-from kibotos.units import format_bytes, parse_decimal, parse_size
+from kibotos.core.units import format_bytes, parse_decimal, parse_size
 
 SETTLED = frozenset({"AVAILABLE", "STOPPED", "FAILED", "DELETED"})
 

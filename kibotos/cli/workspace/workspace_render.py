@@ -13,7 +13,7 @@ from typing import Any
 
 from kibotos.cli.cluster.network_cmds import describe_policy
 from kibotos.cli.core.output import Row, Section, dash
-from kibotos.units import format_bytes, format_cores
+from kibotos.core.units import format_bytes, format_cores
 
 LIST_COLUMNS = ("WORKSPACE", "STATE", "TEMPLATE", "CPU", "MEMORY", "LABELS")
 WIDE_COLUMNS = (*LIST_COLUMNS, "INSTANCE", "NODE")

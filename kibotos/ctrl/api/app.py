@@ -5,7 +5,7 @@ The app is built on ctrl's live services (`CtrlServices`, built once by
 act through, and none builds one of its own.
 
 Errors leave in one shape, ``{"error": {"code", "message", "details"?}}``, with the HTTP
-status of `kibotos.errors`: a `KibotosError` as it is, a pydantic validation error as
+status of `kibotos.core.errors`: a `KibotosError` as it is, a pydantic validation error as
 ``invalid_argument`` naming the bad field, an unknown route as ``not_found``, anything
 else as ``internal`` (and logged).  Tests drive this app in-process through
 ``httpx.ASGITransport``; `serve.py` serves it with hypercorn.
@@ -26,7 +26,8 @@ from starlette.routing import BaseRoute, Match, WebSocketRoute
 from starlette.routing import Route as StarletteRoute
 from starlette.websockets import WebSocket
 
-from kibotos.control_chars import CONTROL_CHARACTERS
+from kibotos.core.control_chars import CONTROL_CHARACTERS
+from kibotos.core.errors import Internal, InvalidArgument, KibotosError, NotFound
 from kibotos.ctrl.api import enrollment as api_enrollment
 from kibotos.ctrl.api import network as api_network
 from kibotos.ctrl.api import nodes as api_nodes
@@ -43,7 +44,6 @@ from kibotos.ctrl.api.openapi import build_openapi
 from kibotos.ctrl.api.routing import Api, BodyTooLarge, Route, endpoint
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.live.services import CtrlServices
-from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
 
 log = logging.getLogger("kibotos.ctrl.api.app")
 

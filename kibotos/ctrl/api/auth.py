@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import PermissionDenied, Unauthenticated
 from kibotos.ctrl.model.enrollment import IDENTITY_PREFIX, hash_secret, secret_matches
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Identity
-from kibotos.errors import PermissionDenied, Unauthenticated
 
 
 @dataclass(frozen=True)

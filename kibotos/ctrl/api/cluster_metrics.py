@@ -28,12 +28,12 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model.placement import CapacityIndex, pools_of
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.store.models import Command, Instance, StoragePool, Workspace
-from kibotos.errors import KibotosError
 
 if TYPE_CHECKING:
     from kibotos.ctrl.live.context import CtrlContext

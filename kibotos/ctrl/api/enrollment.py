@@ -22,8 +22,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
 from kibotos._version import __version__
+from kibotos.core import ids
+from kibotos.core.errors import FailedPrecondition
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, identity_of, read_body
 from kibotos.ctrl.model import api_keys, enrollment
@@ -49,7 +50,6 @@ from kibotos.ctrl.wire.base import (
     RevokeOut,
     WhoAmIOut,
 )
-from kibotos.errors import FailedPrecondition
 from kibotos.protocol import CloseReason
 
 

@@ -25,7 +25,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import PermissionDenied
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Handler, Route, identity_of, read_body, read_query
 from kibotos.ctrl.live.workspace_service import WorkspaceService
@@ -44,7 +45,6 @@ from kibotos.ctrl.wire.network import (
     ResolverListOut,
     ResolverOut,
 )
-from kibotos.errors import PermissionDenied
 
 
 def _name(request: Request, kind: str) -> str:

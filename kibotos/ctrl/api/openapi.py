@@ -7,7 +7,7 @@ does, because tools (schemathesis in tests/ctrl, generated clients) hold the ser
 it: every path parameter has the pattern its check enforces, HEAD is listed wherever
 GET is (starlette serves both), blobs are ``application/octet-stream`` both ways, and
 each operation lists the errors its shape can give (the API's envelope, with the status
-of `kibotos.errors`), and ``default`` for the ones its outcome can.
+of `kibotos.core.errors`), and ``default`` for the ones its outcome can.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from kibotos import ids
 from kibotos._version import __version__
+from kibotos.core import ids
+from kibotos.core.errors import ERROR_CLASSES
 from kibotos.ctrl.api.routing import JSON, OCTET_STREAM, Route
 from kibotos.ctrl.wire.base import ErrorOut
-from kibotos.errors import ERROR_CLASSES
 
 _REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"{(\w+)}")

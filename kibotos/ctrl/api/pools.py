@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
+from kibotos.core import ids
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, read_body, require_true
 from kibotos.ctrl.pools import operator_writes as pool_ops

@@ -20,12 +20,12 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument
 from kibotos.ctrl.api.auth import Authenticator, Caller
 from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.store.journal import Journal, Txn
 from kibotos.ctrl.wire.base import WaitQuery, WriteRequest
-from kibotos.errors import InvalidArgument
 from kibotos.protocol import json_text
 
 #: The service call a plain write on one object is: its ID, the checked body, and the

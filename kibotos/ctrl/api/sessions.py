@@ -2,7 +2,7 @@
 
 An operator asks for access to a running Workspace; ctrl answers with where its data
 plane is and a credential the data plane verifies on its own
-(`kibotos.credentials`, docs/dataplane.md)::
+(`kibotos.core.credentials`, docs/dataplane.md)::
 
     {"dataplane_url": "https://10.0.0.7:7500", "credential": "eyJ….MEUC…",
      "expires_at": "2026-01-01T00:05:00.000Z", "instance_id": "inst-…"}
@@ -35,13 +35,13 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos.credentials import LIFETIME, OPERATIONS
+from kibotos.core.credentials import LIFETIME, OPERATIONS
+from kibotos.core.errors import FailedPrecondition, NotFound
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import Api, Route, path_workspace_id, read_body
 from kibotos.ctrl.model.network_records import node_trusted
 from kibotos.ctrl.store.models import Node, Workspace
 from kibotos.ctrl.wire.base import Result, WriteRequest, iso
-from kibotos.errors import FailedPrecondition, NotFound
 from kibotos.protocol.certificates import (
     DataplaneCertificate,
     DataplaneCertificateRequest,
@@ -50,7 +50,7 @@ from kibotos.protocol.certificates import (
     load_public_key,
 )
 
-#: `kibotos.credentials.OPERATIONS` as a type (a test keeps the two equal).
+#: `kibotos.core.credentials.OPERATIONS` as a type (a test keeps the two equal).
 Operation = Literal["exec", "files", "ports"]
 
 

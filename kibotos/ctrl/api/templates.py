@@ -25,7 +25,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import Aborted, FailedPrecondition, NotFound
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import OCTET_STREAM, Api, Route, declares, read_body
 from kibotos.ctrl.store.artifacts import ArtifactStore, BlobResponse
@@ -40,7 +41,6 @@ from kibotos.ctrl.wire.base import (
     as_utc,
     iso,
 )
-from kibotos.errors import Aborted, FailedPrecondition, NotFound
 
 #: ext4's superblock magic sits at byte 1080 of the image (0xEF53, little-endian).
 EXT4_MAGIC = (1080, b"\x53\xef")

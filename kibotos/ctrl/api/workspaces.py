@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from starlette.requests import Request
 
+from kibotos.core.errors import FailedPrecondition
 from kibotos.ctrl.api.auth import Caller
 from kibotos.ctrl.api.routing import (
     Api,
@@ -51,7 +52,6 @@ from kibotos.ctrl.wire.workspaces import (
     WorkspaceStartIn,
     WorkspaceStopIn,
 )
-from kibotos.errors import FailedPrecondition
 
 
 def _node_or_404(session: Session, node_id: str) -> Node:

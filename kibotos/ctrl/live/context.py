@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from kibotos.config import CtrlConfig
-from kibotos.credentials import SigningKey
+from kibotos.core.credentials import SigningKey
 from kibotos.ctrl.api.metrics import CtrlMetrics
 from kibotos.ctrl.model.nodes import IsolateReleaser
 from kibotos.ctrl.store.db import Store

@@ -27,12 +27,9 @@ import trio
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from kibotos import ids
 from kibotos.config import CtrlSection
-from kibotos.ctrl.api.auth import Authenticator, Caller
-from kibotos.ctrl.model import session_store as ss
-from kibotos.ctrl.store.db import Store
-from kibotos.errors import (
+from kibotos.core import ids
+from kibotos.core.errors import (
     DeadlineExceeded,
     KibotosError,
     PermissionDenied,
@@ -40,6 +37,9 @@ from kibotos.errors import (
     Unavailable,
     error_from_wire,
 )
+from kibotos.ctrl.api.auth import Authenticator, Caller
+from kibotos.ctrl.model import session_store as ss
+from kibotos.ctrl.store.db import Store
 from kibotos.protocol import (
     Args,
     ClockProbe,

@@ -25,12 +25,12 @@ import logging
 from functools import partial
 from typing import Any
 
+from kibotos.core.errors import FailedPrecondition, KibotosError
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import object_op_txns as ot
 from kibotos.ctrl.wire.volumes import ExpandIn, MoveIn
-from kibotos.errors import FailedPrecondition, KibotosError
 from kibotos.protocol import (
     Args,
     LayerDeleteArgs,

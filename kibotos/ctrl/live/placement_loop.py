@@ -23,19 +23,19 @@ from typing import Any
 import trio
 from sqlalchemy.orm import Session
 
-from kibotos import ids
-from kibotos.ctrl.live.runtime import Runtime
-from kibotos.ctrl.model import workspace_txns as tx
-from kibotos.ctrl.model.placement import CapacityIndex, Demand, NodeEntry, admit
-from kibotos.errors import (
+from kibotos.core import ids
+from kibotos.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     KibotosError,
     ResourceExhausted,
     Unavailable,
 )
+from kibotos.core.units import format_bytes, format_cores
+from kibotos.ctrl.live.runtime import Runtime
+from kibotos.ctrl.model import workspace_txns as tx
+from kibotos.ctrl.model.placement import CapacityIndex, Demand, NodeEntry, admit
 from kibotos.protocol import CreateSpec
-from kibotos.units import format_bytes, format_cores
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 

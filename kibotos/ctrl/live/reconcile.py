@@ -12,8 +12,8 @@ import logging
 
 import trio
 
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.live.node_sessions import NodeSession, SessionHub
-from kibotos.errors import KibotosError
 from kibotos.protocol import ProtocolError
 
 log = logging.getLogger("kibotos.ctrl.live.reconcile")

@@ -28,12 +28,12 @@ import trio
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.store.models import Instance, Workspace
 from kibotos.ctrl.wire.base import as_utc, parse_time
-from kibotos.errors import KibotosError
 from kibotos.protocol import LIST_LIMIT, RegistryDeleteArgs, RegistryListArgs
 
 log = logging.getLogger("kibotos.ctrl.live.registry_sweep")

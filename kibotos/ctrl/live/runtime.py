@@ -23,12 +23,12 @@ from typing import Any
 
 import trio
 
+from kibotos.core.errors import KibotosError, Unavailable
 from kibotos.ctrl.live.context import CtrlContext
 from kibotos.ctrl.live.store_watch import StoreWatch
 from kibotos.ctrl.model.placement import CapacityIndex
 from kibotos.ctrl.store.changes import Change, NodeSnapshot
 from kibotos.ctrl.store.journal import Journal
-from kibotos.errors import KibotosError, Unavailable
 
 # The name this logging had before the services were split (operators filter on it).
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")

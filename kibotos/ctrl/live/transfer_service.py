@@ -34,7 +34,9 @@ from typing import Any
 
 import trio
 
-from kibotos import ids, transfer_archive
+from kibotos import transfer_archive
+from kibotos.core import ids
+from kibotos.core.errors import FailedPrecondition, Unavailable
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.volume_service import VolumeService
 from kibotos.ctrl.pools import capacity as pool_capacity
@@ -43,7 +45,6 @@ from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.store.artifacts import ArtifactStore
 from kibotos.ctrl.wire.transfers import TransferExportIn, TransferImportIn
 from kibotos.ctrl.wire.volumes import MIN_VOLUME_BYTES
-from kibotos.errors import FailedPrecondition, Unavailable
 from kibotos.protocol import ObjectExportArgs, ObjectImportArgs, ObjectKind
 
 #: Packing or unpacking streams the whole (sparse) block file through zstd and HTTP.

@@ -27,14 +27,8 @@ from typing import Any
 
 import trio
 
-from kibotos import ids
-from kibotos.ctrl.live.runtime import Runtime
-from kibotos.ctrl.live.single_flight import SingleFlight
-from kibotos.ctrl.model import workspace_txns as tx
-from kibotos.ctrl.pools import volume_txns as vt
-from kibotos.ctrl.wire.base import VersionedWrite
-from kibotos.ctrl.wire.volumes import VolumeCreateIn
-from kibotos.errors import (
+from kibotos.core import ids
+from kibotos.core.errors import (
     Aborted,
     DeadlineExceeded,
     FailedPrecondition,
@@ -42,6 +36,12 @@ from kibotos.errors import (
     KibotosError,
     Unavailable,
 )
+from kibotos.ctrl.live.runtime import Runtime
+from kibotos.ctrl.live.single_flight import SingleFlight
+from kibotos.ctrl.model import workspace_txns as tx
+from kibotos.ctrl.pools import volume_txns as vt
+from kibotos.ctrl.wire.base import VersionedWrite
+from kibotos.ctrl.wire.volumes import VolumeCreateIn
 from kibotos.protocol import Args, VolumeCreateArgs, VolumeDeleteArgs
 
 log = logging.getLogger("kibotos.ctrl.live.volume_service")

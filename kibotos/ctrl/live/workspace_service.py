@@ -31,7 +31,8 @@ from typing import Any
 import trio
 from sqlalchemy.orm import Session
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, KibotosError, Unavailable
 from kibotos.ctrl.live.node_feed import NodeFeed
 from kibotos.ctrl.live.placement_loop import Args, Commit, PlacementLoop
 from kibotos.ctrl.live.runtime import Runtime
@@ -53,7 +54,6 @@ from kibotos.ctrl.store.models import Instance, Node
 from kibotos.ctrl.wire.base import VersionedWrite
 from kibotos.ctrl.wire.network import WorkspaceSetNetworkIn
 from kibotos.ctrl.wire.workspaces import WorkspaceCreateIn, WorkspaceStartIn, WorkspaceStopIn
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, KibotosError, Unavailable
 from kibotos.protocol import (
     CreateSpec,
     Hello,

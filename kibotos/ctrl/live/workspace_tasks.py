@@ -17,6 +17,7 @@ import logging
 from collections.abc import Iterable
 from functools import partial
 
+from kibotos.core.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
 from kibotos.ctrl.live.runtime import Runtime
 from kibotos.ctrl.live.single_flight import SingleFlight
 from kibotos.ctrl.model import instances as inst_mod
@@ -25,7 +26,6 @@ from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.pools import operator_writes as pool_ops
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import volume_attach as va
-from kibotos.errors import DeadlineExceeded, KibotosError, NotFound, Unavailable
 from kibotos.protocol import Args, DestroyArgs, DrainArgs, LayerDeleteArgs, StopArgs
 
 log = logging.getLogger("kibotos.ctrl.model.workspace_records")

@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import FailedPrecondition, NotFound, Unauthenticated
 from kibotos.ctrl.model.enrollment import hash_secret, new_secret, secret_matches
 from kibotos.ctrl.store.models import ApiKey
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import FailedPrecondition, NotFound, Unauthenticated
 
 KEY_PREFIX = "kak"
 

@@ -26,11 +26,11 @@ from cryptography.hazmat.primitives.serialization import (
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.store.models import EnrollmentGrant, Identity, Node
 from kibotos.ctrl.wire.base import as_utc, iso
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 
 GRANT_PREFIX = "kgr"
 IDENTITY_PREFIX = "kid"

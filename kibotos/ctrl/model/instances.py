@@ -28,12 +28,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import KibotosError
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model.nodes import IsolateCounts
 from kibotos.ctrl.pools import handoffs, use_rights
 from kibotos.ctrl.store.models import Allocation, Instance, Workspace
 from kibotos.ctrl.wire.base import as_utc, iso, parse_time
-from kibotos.errors import KibotosError
 from kibotos.protocol import InstanceStatus
 
 # The node's Instance states, by their short names here (plain strings, as the store

@@ -30,11 +30,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import Aborted, FailedPrecondition, NotFound
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model.nodes import record_event
 from kibotos.ctrl.store.models import Egress, Instance, Resolver, Workspace
-from kibotos.errors import Aborted, FailedPrecondition, NotFound
 from kibotos.protocol import EgressRef, NetworkPolicy, ResolverRef
 
 

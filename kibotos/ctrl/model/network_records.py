@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model.nodes import record_event
@@ -39,7 +40,6 @@ from kibotos.ctrl.store.models import (
 from kibotos.ctrl.store.secret_box import SecretBox
 from kibotos.ctrl.wire.base import as_utc, iso
 from kibotos.ctrl.wire.network import EgressCreateIn, EgressUpdateIn, ResolverCreateIn
-from kibotos.errors import Aborted, AlreadyExists, FailedPrecondition, NotFound
 
 #: How many referencing Workspaces a refusal names.
 NAMED = 5

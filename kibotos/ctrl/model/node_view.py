@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kibotos.core.units import format_ratio
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.nodes import NodeFacts
 from kibotos.ctrl.wire.base import iso
-from kibotos.units import format_ratio
 
 
 def _session(node: NodeFacts) -> dict[str, Any] | None:

@@ -17,10 +17,10 @@ from typing import Any, Protocol, cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition, check_expected_version
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
 from kibotos.ctrl.store.models import EnrollmentGrant, Event, Node, existing
 from kibotos.ctrl.wire.base import as_utc
-from kibotos.errors import FailedPrecondition, check_expected_version
 
 #: Placement puts nothing new on a node whose clock offset, less its uncertainty, is
 #: beyond this (spec: nodes, "list and get").

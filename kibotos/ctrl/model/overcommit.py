@@ -1,6 +1,6 @@
 """Overcommit ratios: the cluster default, per-node overrides, and what placement uses.
 
-Ratios are kept in thousandths (`kibotos.units.parse_ratio`), so ``2.5`` is 2500 and
+Ratios are kept in thousandths (`kibotos.core.units.parse_ratio`), so ``2.5`` is 2500 and
 comparisons are exact.  The schedulable amount is what the node reported times the
 effective ratio.  Whenever a node's effective ratio changes, its
 ``overcommit_sent_serial`` goes up; the node is not placeable until it acknowledges that
@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import Aborted
+from kibotos.core.units import format_ratio, parse_ratio
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.store.models import ClusterSetting, Node
-from kibotos.errors import Aborted
-from kibotos.units import format_ratio, parse_ratio
 
 DEFAULT_KEY = "overcommit_default"
 ONE = 1000  # a ratio of 1, in thousandths

@@ -12,7 +12,7 @@ import base64
 import binascii
 import json
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 
 def encode_token(after: str) -> str:

@@ -39,6 +39,7 @@ from kibotos.backends import (
     PlacementPolicy,
     PlacementRequest,
 )
+from kibotos.core.errors import FailedPrecondition, KibotosError, NotFound, ResourceExhausted
 from kibotos.ctrl.model import nodes, overcommit
 from kibotos.ctrl.model.network_policy import NetworkNeed, NodeNetwork, node_network, refusal
 from kibotos.ctrl.model.nodes import NodeFacts
@@ -49,7 +50,6 @@ from kibotos.ctrl.store.changes import (
     SettingSnapshot,
 )
 from kibotos.ctrl.store.models import Allocation, Node
-from kibotos.errors import FailedPrecondition, KibotosError, NotFound, ResourceExhausted
 
 log = logging.getLogger("kibotos.ctrl.model.placement")
 

@@ -26,11 +26,11 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import Unavailable
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.store import relay_queue
 from kibotos.ctrl.store.models import CtrlLease, CtrlReplica, Node
 from kibotos.ctrl.wire.base import as_utc
-from kibotos.errors import Unavailable
 
 #: The name of the one lease row (created by the migration).
 SINGLETON = "singleton"

@@ -22,12 +22,12 @@ from pydantic.config import JsonDict
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
-from kibotos import ids
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument, check_expected_version
 from kibotos.ctrl.model.nodes import record_event, record_transition
 from kibotos.ctrl.model.page_tokens import decode_token, encode_token
 from kibotos.ctrl.store.models import Instance, Workspace, WorkspaceLabel, existing
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import InvalidArgument, check_expected_version
 
 CREATING = "CREATING"
 STARTING = "STARTING"

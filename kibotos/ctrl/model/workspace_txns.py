@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition, NotFound
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import network_policy as netpol
 from kibotos.ctrl.model import nodes, overcommit
@@ -33,7 +34,6 @@ from kibotos.ctrl.store.models import (
     Workspace,
     WorkspaceLabel,
 )
-from kibotos.errors import FailedPrecondition, NotFound
 from kibotos.protocol import NetworkPolicy
 
 

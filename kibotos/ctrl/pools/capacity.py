@@ -27,12 +27,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import ResourceExhausted
+from kibotos.core.units import format_bytes
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import use_rights, volume_pools
 from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
-from kibotos.errors import ResourceExhausted
-from kibotos.units import format_bytes
 
 
 @dataclass(frozen=True)

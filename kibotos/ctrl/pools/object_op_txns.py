@@ -18,13 +18,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model.nodes import record_event
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.store.models import ObjectOperation, UseRight, Volume, Workspace
-from kibotos.errors import FailedPrecondition, InvalidArgument
 
 EXPAND = "expand"
 MOVE = "move"

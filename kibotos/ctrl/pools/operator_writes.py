@@ -34,6 +34,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition, NotFound, check_expected_version
+from kibotos.core.units import format_bytes
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import capacity as pool_capacity
@@ -41,8 +43,6 @@ from kibotos.ctrl.pools import facts as pool_facts
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import view as pool_view
 from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
-from kibotos.errors import FailedPrecondition, NotFound, check_expected_version
-from kibotos.units import format_bytes
 
 #: Workspace states in which something may still run on a node.
 _EXECUTING = (w.CREATING, w.STARTING, w.AVAILABLE, w.STOPPING)

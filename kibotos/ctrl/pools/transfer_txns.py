@@ -11,11 +11,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition
 from kibotos.ctrl.model.nodes import record_event
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.pools import volume_txns as vt
 from kibotos.ctrl.store.models import UseRight, Volume
-from kibotos.errors import FailedPrecondition
 
 
 def _exportable(session: Session, volume_id: str) -> tuple[UseRight, int]:

@@ -17,12 +17,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import NotFound
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import facts as pool_facts
 from kibotos.ctrl.store.models import Node, StoragePool
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import NotFound
 
 
 def member_entries(session: Session) -> dict[str, list[tuple[Node, dict[str, Any]]]]:

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.model.nodes import record_event
 from kibotos.ctrl.model.workspace_txns import RightPlan, Stale
@@ -30,7 +31,6 @@ from kibotos.ctrl.pools.volume_txns import (
     get_volume,
 )
 from kibotos.ctrl.store.models import ObjectOperation, UseRight, Volume
-from kibotos.errors import FailedPrecondition
 
 # ------------------------------------------------------------------------ attach, detach
 

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kibotos.core.errors import FailedPrecondition, check_expected_version
 from kibotos.ctrl.model import instances as inst_mod
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.model.nodes import record_event, record_transition
@@ -31,7 +32,6 @@ from kibotos.ctrl.pools import capacity as pool_capacity
 from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.store.models import ObjectOperation, UseRight, Volume, Workspace, existing
 from kibotos.ctrl.wire.base import iso
-from kibotos.errors import FailedPrecondition, check_expected_version
 
 CREATING = "CREATING"
 AVAILABLE = "AVAILABLE"

@@ -34,9 +34,9 @@ from starlette.responses import (
 )
 from starlette.types import Receive, Scope, Send
 
-from kibotos import atomicfile, ids
 from kibotos.config import CtrlConfig
-from kibotos.errors import FailedPrecondition, InvalidArgument, NotFound
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from kibotos.pieces import write_in_pieces
 
 #: Bytes gathered from the request before one write (and hash update) in a thread.

@@ -36,7 +36,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from kibotos.errors import Internal, Unavailable
+from kibotos.core.errors import Internal, Unavailable
 
 T = TypeVar("T")
 

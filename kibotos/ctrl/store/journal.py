@@ -28,10 +28,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kibotos.ctrl.store.db import Store
-from kibotos.ctrl.store.models import Command
-from kibotos.ctrl.wire.base import WriteRequest
-from kibotos.errors import (
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     Internal,
@@ -39,6 +36,9 @@ from kibotos.errors import (
     NotFound,
     error_from_wire,
 )
+from kibotos.ctrl.store.db import Store
+from kibotos.ctrl.store.models import Command
+from kibotos.ctrl.wire.base import WriteRequest
 
 STORED_ERRORS: tuple[type[KibotosError], ...] = (NotFound, FailedPrecondition, AlreadyExists)
 

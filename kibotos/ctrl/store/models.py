@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from kibotos.errors import NotFound
+from kibotos.core.errors import NotFound
 
 
 class Base(DeclarativeBase):

@@ -25,8 +25,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from kibotos import key_files
-from kibotos.errors import FailedPrecondition, Internal
+from kibotos.core import key_files
+from kibotos.core.errors import FailedPrecondition, Internal
 
 KEY_FILE = "egress-secrets.key"
 KEY_SIZE = 32

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StrictStr
 
-from kibotos import ids
+from kibotos.core import ids
 from kibotos.ctrl.wire.base import Request, Result, WriteRequest
 from kibotos.protocol.ids import RESOURCE_NAME_PATTERN, as_validator
 

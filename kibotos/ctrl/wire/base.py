@@ -5,7 +5,7 @@ it instead of a silently ignored option.  Bodies are strict (pydantic's strict m
 ``true`` is not 1, ``"1"`` is not 1, a capacity sent as a string is refused, because a
 lax reading turned ``"cpu_millis": true`` into a 0.001-CPU Workspace.  Every integer
 has a ceiling, so nothing reaches the store that SQLite cannot hold.  Query strings
-are text by nature: `Query` reads their numbers as `kibotos.units` does (ASCII digits
+are text by nature: `Query` reads their numbers as `kibotos.core.units` does (ASCII digits
 only) and their booleans as ``true`` or ``false``.  Values that have a documented shape (IDs,
 ratios, command IDs) are checked here, before the command journal sees the request:
 bad input writes nothing, not even a journal row.  Result models describe what the
@@ -22,8 +22,8 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
-from kibotos import units
-from kibotos.errors import InvalidArgument
+from kibotos.core import units
+from kibotos.core.errors import InvalidArgument
 from kibotos.protocol.ids import CommandId, Digest, NodeId
 from kibotos.protocol.values import MAX_COUNTER, Printable, parse_rfc3339
 

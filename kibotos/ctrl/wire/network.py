@@ -3,7 +3,7 @@
 
 Every model here is strict (``"true"`` is not a boolean, ``1`` is not a string) and
 refuses unknown fields, and every value with a shape is checked before the command
-journal sees the request: CIDRs by `kibotos.cidrs` (the protocol's `Cidr`, kept in
+journal sees the request: CIDRs by `kibotos.core.cidrs` (the protocol's `Cidr`, kept in
 canonical text), names by the Template name rule, endpoints by `kibotos.endpoints`.
 A password is a `SecretStr`: it never shows in a model's text, its dump or a
 validation error, and no result model has a field for it except the credentials a
@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from kibotos import endpoints, ids
+from kibotos import endpoints
+from kibotos.core import ids
 from kibotos.ctrl.wire.base import Query, Request, Result, VersionedWrite, WriteRequest
 from kibotos.protocol.commands.network import MAX_CIDRS, Cidr
 from kibotos.protocol.ids import RESOURCE_NAME_PATTERN, as_validator

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from kibotos.core.errors import InvalidArgument
 from kibotos.ctrl.model import workspace_records as workspaces
 from kibotos.ctrl.wire.base import (
     Query,
@@ -22,7 +23,6 @@ from kibotos.ctrl.wire.base import (
 )
 from kibotos.ctrl.wire.network import AppliedNetworkOut, NetworkIn, WorkspaceNetworkOut
 from kibotos.ctrl.wire.volumes import VolumeAttachIn, check_attachments, whole_mib
-from kibotos.errors import InvalidArgument
 from kibotos.protocol.commands.instances import MAX_VOLUMES
 from kibotos.protocol.ids import InstanceId, NodeId, TemplateName
 from kibotos.protocol.values import (

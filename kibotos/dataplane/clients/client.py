@@ -35,6 +35,7 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
+from kibotos.core.errors import DeadlineExceeded, InvalidArgument, KibotosError, Unavailable
 from kibotos.dataplane.clients import exec_wire
 from kibotos.dataplane.clients.exec_wire import (
     MAX_MESSAGE,
@@ -48,7 +49,6 @@ from kibotos.dataplane.clients.exec_wire import (
 from kibotos.dataplane.clients.tls_client import connect_dataplane
 from kibotos.dataplane.clients.until_none import UntilNone
 from kibotos.dataplane.process.groups import sole_error
-from kibotos.errors import DeadlineExceeded, InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus
 
 __all__ = ["STDIN_CHUNK", "Event", "ExecClient", "Output", "Started", "exec_url", "open_exec",

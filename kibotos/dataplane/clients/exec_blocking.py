@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from kibotos.core.errors import DeadlineExceeded, KibotosError, Unavailable
 from kibotos.dataplane.clients import exec_wire, ws_client
 from kibotos.dataplane.clients.exec_wire import MAX_MESSAGE, ExecRequest, Exited, Started
 from kibotos.dataplane.clients.ws_client import (
@@ -34,7 +35,6 @@ from kibotos.dataplane.clients.ws_client import (
     Rejected,
     WsClient,
 )
-from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable
 
 if TYPE_CHECKING:  # ssl is imported for a wss:// data plane only
     import ssl

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kibotos.errors import Internal, InvalidArgument, KibotosError, error_from_wire
+from kibotos.core.errors import Internal, InvalidArgument, KibotosError, error_from_wire
 
 EXEC_PATH = "/v1/exec"
 STDIN, STDOUT, STDERR = 0, 1, 2

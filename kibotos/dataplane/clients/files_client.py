@@ -32,16 +32,16 @@ from typing import Any
 import h11
 import trio
 
-from kibotos.dataplane.clients.tls_client import connect_dataplane
-from kibotos.dataplane.clients.user_name import check_user_name
-from kibotos.dataplane.endpoints.files_api import FILES_PREFIX
-from kibotos.errors import (
+from kibotos.core.errors import (
     Internal,
     InvalidArgument,
     KibotosError,
     Unavailable,
     error_from_wire,
 )
+from kibotos.dataplane.clients.tls_client import connect_dataplane
+from kibotos.dataplane.clients.user_name import check_user_name
+from kibotos.dataplane.endpoints.files_api import FILES_PREFIX
 from kibotos.guest.files import FileEntry
 
 RECEIVE_CHUNK = 256 * 1024

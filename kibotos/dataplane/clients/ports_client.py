@@ -27,9 +27,9 @@ from contextlib import asynccontextmanager
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from kibotos.core.errors import InvalidArgument, KibotosError, Unavailable, error_from_wire
 from kibotos.dataplane.clients.client import open_websocket, ws_url
 from kibotos.dataplane.endpoints.ports_session import CLOSE_NORMAL, PORTS_PREFIX
-from kibotos.errors import InvalidArgument, KibotosError, Unavailable, error_from_wire
 
 #: Bytes are sent in messages of at most this size.
 SEND_CHUNK = 256 * 1024

@@ -15,7 +15,7 @@ import ssl
 
 import trio
 
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, KibotosError, Unavailable
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, KibotosError, Unavailable
 from kibotos.tls.contexts import verification_error
 
 

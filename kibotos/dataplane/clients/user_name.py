@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kibotos.control_chars import CONTROL_CHARACTERS
-from kibotos.errors import InvalidArgument
+from kibotos.core.control_chars import CONTROL_CHARACTERS
+from kibotos.core.errors import InvalidArgument
 
 #: The longest name (useradd's limit, and the guest agent's).
 MAX_USER_NAME = 32

@@ -29,15 +29,15 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from kibotos.credentials import SessionClaims
+from kibotos.core.credentials import SessionClaims
+from kibotos.core.errors import InvalidArgument, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.clients.exec_wire import STDERR, STDIN, STDOUT
 from kibotos.dataplane.clients.exec_wire import ExecRequest as ExecRequest  # the gateway's seam
 from kibotos.dataplane.clients.user_name import optional_user_name
 from kibotos.dataplane.endpoints.relay import Relay, control_message
 from kibotos.dataplane.process.metrics import DataplaneMetrics
-from kibotos.errors import InvalidArgument, KibotosError, Unavailable
 from kibotos.guest import ExitStatus, GuestChannel, GuestOutputStream, GuestProcess
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

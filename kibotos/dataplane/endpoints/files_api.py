@@ -40,15 +40,15 @@ from typing import Any
 
 import trio
 
-from kibotos.credentials import SessionClaims
+from kibotos.core.credentials import SessionClaims
+from kibotos.core.errors import InvalidArgument, KibotosError, NotFound, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.clients.user_name import optional_user_name
 from kibotos.dataplane.endpoints.http1 import HttpExchange, error_status
 from kibotos.dataplane.process.groups import sole_error
 from kibotos.dataplane.process.metrics import DataplaneMetrics
-from kibotos.errors import InvalidArgument, KibotosError, NotFound, Unavailable
 from kibotos.guest import GuestChannel
 from kibotos.guest.files import Download, GuestFiles, Upload
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

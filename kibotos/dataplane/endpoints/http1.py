@@ -26,9 +26,9 @@ import h11
 import trio
 from trio_websocket import WebSocketRequest, WebSocketServer
 
+from kibotos.core.errors import InvalidArgument, KibotosError
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.clients.until_none import UntilNone
-from kibotos.errors import InvalidArgument, KibotosError
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -30,13 +30,13 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from kibotos.credentials import SessionClaims
+from kibotos.core.credentials import SessionClaims
+from kibotos.core.errors import InvalidArgument, NotFound, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.endpoints.relay import Relay, control_message
 from kibotos.dataplane.process.metrics import DataplaneMetrics
-from kibotos.errors import InvalidArgument, NotFound, Unavailable
 from kibotos.guest import GuestChannel
 from kibotos.guest.ports import LOOPBACK_HOSTS, GuestPort
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.core.errors import InvalidArgument, KibotosError
 
 
 class Relay:

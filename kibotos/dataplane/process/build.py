@@ -15,8 +15,7 @@ import functools
 from kibotos import source_build
 
 #: What a data-plane process runs, relative to the package: directories and files.
-SOURCES = ("dataplane", "guest", "credentials.py", "control_socket.py", "fd_control.py",
-           "failpoints.py", "source_build.py")
+SOURCES = ("dataplane", "guest", "core", "control_socket.py", "source_build.py")
 
 
 @functools.cache

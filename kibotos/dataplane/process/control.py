@@ -30,8 +30,8 @@ import trio
 
 from kibotos import control_socket
 from kibotos.control_socket import MAX_LINE, MAX_SOCKET_PATH, check_socket_path
-from kibotos.errors import Internal, InvalidArgument
-from kibotos.logs import EventLogger
+from kibotos.core.errors import Internal, InvalidArgument
+from kibotos.core.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

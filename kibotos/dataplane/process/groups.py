@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import trio
 
-from kibotos.errors import KibotosError
+from kibotos.core.errors import KibotosError
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

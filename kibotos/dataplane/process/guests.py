@@ -16,11 +16,11 @@ from pathlib import Path
 
 import trio
 
+from kibotos.core.errors import KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.process.groups import kibotos_leaf
-from kibotos.errors import KibotosError, Unavailable
 from kibotos.guest import GuestChannel, connect_unix_with_retry, open_guest_channel
 from kibotos.guest.vsock import connect_vsock
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -10,7 +10,7 @@ are not touched.  The old one stops accepting only when the node tells it to
 Each generation serves ``<socket_dir>/dataplane/g<N>.sock`` (the same
 directory as the control socket, 0700; the socket 0600; peers checked by
 ``SO_PEERCRED``) for its whole life, so the node reaches a draining generation beside
-the one that holds ``control.sock``.  Requests (`kibotos.fd_control`, JSON lines with
+the one that holds ``control.sock``.  Requests (`kibotos.core.fd_control`, JSON lines with
 descriptors beside them):
 
 * ``{"type": "listeners"}`` → ``{generation, count, replay}`` and the listening
@@ -44,11 +44,11 @@ from typing import Any, Protocol
 
 import trio
 
-from kibotos import failpoints, fd_control
 from kibotos.control_socket import check_socket_path
-from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.fd_control import Message
-from kibotos.logs import EventLogger
+from kibotos.core import failpoints, fd_control
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.fd_control import Message
+from kibotos.core.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -43,8 +43,17 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest
 
-from kibotos import failpoints
-from kibotos.credentials import SessionClaims
+from kibotos.core import failpoints
+from kibotos.core.credentials import SessionClaims
+from kibotos.core.errors import (
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.clients.exec_wire import EXEC_PATH
 from kibotos.dataplane.endpoints.exec_session import ExecSession
 from kibotos.dataplane.endpoints.files_api import FilesRequest, route
@@ -68,17 +77,8 @@ from kibotos.dataplane.process.listen_handover import (
 from kibotos.dataplane.process.metrics import DataplaneMetrics
 from kibotos.dataplane.process.state import DataplaneState, parse_state
 from kibotos.dataplane.process.tls_listener import PLAIN_STATUS, DataplaneTls, check_plain
-from kibotos.errors import (
-    InvalidArgument,
-    KibotosError,
-    NotFound,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
-)
 from kibotos.guest import GuestChannel
 from kibotos.guest.ports import GuestPort
-from kibotos.logs import EventLogger
 
 log = EventLogger("kibotos.dataplane")
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kibotos import ids
-from kibotos.credentials import Verifier
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import ids
+from kibotos.core.credentials import Verifier
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 
 #: A unix socket path must fit ``sun_path`` (108 bytes with the terminating NUL).
 MAX_SOCKET_PATH = 107

@@ -29,7 +29,7 @@ from typing import Any
 import trio
 from cryptography import x509
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.tls.contexts import is_loopback
 from kibotos.tls.server import server_context
 

@@ -1,7 +1,7 @@
 """A gateway's client of ctrl's HTTP API, as its own operator identity: one call, the
 Workspaces it reads, and the data-plane session credentials it works with.
 
-Everything foreign becomes `kibotos.errors` here, as in the CLI's client: ctrl's
+Everything foreign becomes `kibotos.core.errors` here, as in the CLI's client: ctrl's
 ``{"error": …}`` the class its code names, a refused connection `Unavailable`, a
 timeout `DeadlineExceeded`, a certificate that does not verify `FailedPrecondition`
 (retrying cannot fix it).  Writes carry a command ID, so ctrl replays a write whose
@@ -21,14 +21,14 @@ from urllib.parse import quote
 
 import httpx
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     Internal,
     Unavailable,
     error_from_wire,
 )
-from kibotos.ids import new_id
+from kibotos.core.ids import new_id
 from kibotos.tls.contexts import client_context, verification_error
 
 #: A cached session credential is replaced this long before it expires.

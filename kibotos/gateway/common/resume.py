@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import trio
 
-from kibotos.errors import Aborted, FailedPrecondition, KibotosError
+from kibotos.core.errors import Aborted, FailedPrecondition, KibotosError
 
 log = logging.getLogger("kibotos.gateway")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 
 log = logging.getLogger("kibotos.gateway")
 

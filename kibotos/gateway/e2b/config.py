@@ -33,8 +33,8 @@ from pathlib import Path
 
 from pydantic import Field, StrictInt, StrictStr, field_validator
 
-from kibotos import ids
-from kibotos.errors import InvalidArgument
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument
 from kibotos.gateway.common.config import CtrlSection, Strict, as_path, check_listen
 
 

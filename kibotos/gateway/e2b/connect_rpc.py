@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError, Message
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from kibotos.errors import Internal, InvalidArgument, KibotosError
+from kibotos.core.errors import Internal, InvalidArgument, KibotosError
 
 log = logging.getLogger("kibotos.gateway.e2b")
 

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kibotos.errors import Internal, InvalidArgument, KibotosError, NotFound
+from kibotos.core.errors import Internal, InvalidArgument, KibotosError, NotFound
 from kibotos.gateway.e2b.ctrl_client import Team
 from kibotos.gateway.e2b.sandboxes import PAUSED_STATES, RUNNING_STATES, TEAM_LABEL, sandbox_id
 from kibotos.gateway.e2b.service import SandboxService

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from kibotos.errors import Unauthenticated
+from kibotos.core.errors import Unauthenticated
 from kibotos.gateway.common.ctrl_http import CtrlHttp, DataplaneSession
 
 __all__ = ["KEY_TTL", "CtrlClient", "DataplaneSession", "Team"]

@@ -27,14 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kibotos.dataplane.clients.user_name import check_user_name
-from kibotos.errors import (
+from kibotos.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     KibotosError,
     NotFound,
     Unauthenticated,
 )
+from kibotos.dataplane.clients.user_name import check_user_name
 from kibotos.gateway.e2b import envd_files
 from kibotos.gateway.e2b.connect_rpc import Unimplemented, server_stream, unary, unary_error
 from kibotos.gateway.e2b.ctrl_client import DataplaneSession

@@ -27,9 +27,9 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from kibotos.core.errors import AlreadyExists, InvalidArgument, KibotosError
 from kibotos.dataplane.clients.files_client import FilesClient
 from kibotos.dataplane.clients.user_name import check_user_name
-from kibotos.errors import AlreadyExists, InvalidArgument, KibotosError
 from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb
 from kibotos.guest.files import FileEntry
 

@@ -18,9 +18,9 @@ from typing import Any
 import trio
 from google.protobuf.message import Message
 
+from kibotos.core.errors import InvalidArgument, KibotosError
 from kibotos.dataplane.clients.client import Output
 from kibotos.dataplane.clients.exec_wire import ExecRequest
-from kibotos.errors import InvalidArgument, KibotosError
 from kibotos.gateway.e2b.processes import Event, Process, ProcessTable
 from kibotos.gateway.e2b.third_party.envd import process_pb2 as pb
 from kibotos.guest import ExitStatus

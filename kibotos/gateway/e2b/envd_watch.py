@@ -24,8 +24,14 @@ from typing import Any
 import trio
 from google.protobuf.message import Message
 
+from kibotos.core.errors import (
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from kibotos.dataplane.clients.files_client import FilesClient
-from kibotos.errors import InvalidArgument, KibotosError, NotFound, ResourceExhausted, Unavailable
 from kibotos.gateway.e2b.connect_rpc import Unimplemented
 from kibotos.gateway.e2b.third_party.envd import filesystem_pb2 as pb
 

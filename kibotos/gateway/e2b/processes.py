@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import trio
 
+from kibotos.core.errors import KibotosError, NotFound, Unavailable
 from kibotos.dataplane.clients.client import ExecClient, Output, Started, open_exec
 from kibotos.dataplane.clients.exec_wire import ExecRequest
-from kibotos.errors import KibotosError, NotFound, Unavailable
 from kibotos.guest import ExitStatus
 
 log = logging.getLogger("kibotos.gateway.e2b")

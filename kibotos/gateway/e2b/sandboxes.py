@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, NotFound
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, NotFound
 from kibotos.gateway.common import sandbox_labels
 
 TEAM_LABEL = sandbox_labels.TEAM_LABEL

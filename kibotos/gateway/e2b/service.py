@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, NotFound
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError, NotFound
 from kibotos.gateway.common.resume import WAKEABLE, Resumer
 from kibotos.gateway.common.sandbox_labels import (
     AUTO_RESUME_LABEL,

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from starlette.responses import JSONResponse
 
-from kibotos.errors import InvalidArgument, KibotosError
+from kibotos.core.errors import InvalidArgument, KibotosError
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 #: How long E2B lets one call ask for (seconds); kibotos adds its own cap from config.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kibotos.errors import NotFound, PermissionDenied, Unavailable
+from kibotos.core.errors import NotFound, PermissionDenied, Unavailable
 from kibotos.gateway.common.ctrl_http import CtrlHttp, DataplaneSession
 from kibotos.gateway.common.resume import WAKEABLE, Resumer
 from kibotos.gateway.common.sandbox_labels import (

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.gateway.common.config import CtrlSection, Strict, as_path, check_listen
 from kibotos.tls.contexts import is_loopback
 from kibotos.tls.server import server_context

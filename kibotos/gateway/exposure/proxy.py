@@ -24,7 +24,13 @@ import time
 import h11
 import trio
 
-from kibotos.errors import InvalidArgument, KibotosError, NotFound, PermissionDenied, Unavailable
+from kibotos.core.errors import (
+    InvalidArgument,
+    KibotosError,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 from kibotos.gateway.common.sandbox_labels import TRAFFIC_HEADER
 from kibotos.gateway.exposure.access import SandboxAccess
 from kibotos.gateway.exposure.config import Limits

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kibotos.errors import InvalidArgument, NotFound
+from kibotos.core.errors import InvalidArgument, NotFound
 
 _HOST = re.compile(r"([0-9]{1,5})-([0-9a-z]{26})\.([0-9a-z.-]+?)\.?(?::[0-9]{1,5})?")
 _SANDBOX_ID = re.compile(r"[0-9a-z]{26}")

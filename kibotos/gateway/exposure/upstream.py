@@ -13,8 +13,14 @@ from contextlib import AsyncExitStack
 
 import h11
 
+from kibotos.core.errors import (
+    KibotosError,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 from kibotos.dataplane.clients.ports_client import PortConnection, open_port
-from kibotos.errors import KibotosError, NotFound, PermissionDenied, Unauthenticated, Unavailable
 from kibotos.gateway.exposure.access import SandboxAccess
 from kibotos.gateway.exposure.metrics import ExposureMetrics
 from kibotos.gateway.exposure.routing import Target

@@ -19,7 +19,7 @@ MAX_USER_NAME = 32
 
 class AgentError(Exception):
     """An error answered to the host as ``{code, message, details?}``; the codes are
-    kibotos's (`kibotos/errors.py`), which the client turns back into its exceptions."""
+    kibotos's (`kibotos/core/errors.py`), which the client turns back into its exceptions."""
 
     def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)

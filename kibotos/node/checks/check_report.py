@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from kibotos import procfs
-from kibotos.errors import FailedPrecondition
+from kibotos.core import procfs
+from kibotos.core.errors import FailedPrecondition
 
 OK, BLOCKED, PENDING, NOTE = "ok", "blocked", "pending", "note"
 #: Exit status of a report with a ``blocked:`` line (the CLI's failed-precondition code).

@@ -36,7 +36,7 @@ from typing import Any
 
 from kibotos.backends import Supervisor, UnitInfo
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.checks.check_report import (
     ReadOnlyOwnerLock,
     Report,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.checks.check_report import Report
 from kibotos.node.network.names import NETNS_DIR, node_scope, scope_netns_prefix
 from kibotos.node.network.records import NetworkRecords

@@ -34,8 +34,8 @@ from jeepney import DBusAddress, MessageType, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.low_level import HeaderFields
 
-from kibotos import procfs
-from kibotos.errors import FailedPrecondition
+from kibotos.core import procfs
+from kibotos.core.errors import FailedPrecondition
 
 DEFAULT_SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
 _SYSTEMD = "org.freedesktop.systemd1"

@@ -33,10 +33,10 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
 from kibotos.backends import VmmBackend
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition, KibotosError
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, KibotosError
 from kibotos.guest import open_guest_channel
 from kibotos.node.checks import maintenance_check
 from kibotos.node.checks.check_report import ReadOnlyOwnerLock, Report, RuntimeInUse

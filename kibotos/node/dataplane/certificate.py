@@ -36,10 +36,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from kibotos import atomicfile, failpoints
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import FailedPrecondition, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.process.control import control_call
-from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
-from kibotos.logs import EventLogger
 from kibotos.node.session.backoff import Backoff
 from kibotos.node.session.ctrl_http import refusal
 from kibotos.protocol.certificates import DataplaneCertificate

@@ -39,16 +39,16 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile, failpoints
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
-from kibotos.credentials import parse_public_key
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.credentials import parse_public_key
+from kibotos.core.errors import InvalidArgument, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.dataplane.process import listen_handover
 from kibotos.dataplane.process.build import source_build_id
 from kibotos.dataplane.process.control import check_socket_path, control_call, control_path
 from kibotos.dataplane.process.metrics import MetricsSum
 from kibotos.dataplane.process.state import Target, state_message
-from kibotos.errors import InvalidArgument, KibotosError, Unavailable
-from kibotos.logs import EventLogger
 from kibotos.node.dataplane.generations import ADOPT, HAND_OVER, REBIND, Decision, decide
 from kibotos.node.network.names import node_scope
 from kibotos.node.runtime.process_units import ProcessUnits

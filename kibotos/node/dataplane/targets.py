@@ -36,8 +36,8 @@ import trio
 
 from kibotos.backends import VmmBackend
 from kibotos.config import NodeConfig
+from kibotos.core.errors import InvalidArgument
 from kibotos.dataplane.process.state import Target
-from kibotos.errors import InvalidArgument
 from kibotos.node.dataplane.certificate import CertificateKeeper, CtrlIssuer
 from kibotos.node.dataplane.supervisor import DataplaneSupervisor
 from kibotos.node.instances.contract import (
@@ -121,7 +121,7 @@ class DataplaneTargets:
         try:
             await self.dataplane.set_public_key(key)
         except InvalidArgument as exc:
-            from kibotos.logs import EventLogger
+            from kibotos.core.logs import EventLogger
 
             EventLogger().error("ctrl sent an unusable session signing public key",
                                 error=exc.message)

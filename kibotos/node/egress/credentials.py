@@ -3,7 +3,7 @@ own identity, kept one file per revision, deleted as soon as nothing references 
 
 ``<storage.root>/state/egress-credentials/<name>@<revision>.json``: the directory 0700,
 each file 0600, both root's (spec: "Egress processes").  A file is written atomically
-(`kibotos.atomicfile`) before the revision is used, so a node that restarts restores
+(`kibotos.core.atomicfile`) before the revision is used, so a node that restarts restores
 its egress from these files alone, without contacting ctrl; ctrl is asked only for a
 revision that has no file.  The password appears in no log, no error and no ``repr``.
 
@@ -28,9 +28,9 @@ from urllib.parse import quote
 import httpx
 import trio
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, Unavailable
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.node.session.ctrl_http import refusal
 from kibotos.tls.contexts import client_context, require_secure
 

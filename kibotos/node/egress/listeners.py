@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kibotos.core.errors import FailedPrecondition
 from kibotos.egress.sockets import EGRESS_ROLES, ROLES, SIOCGSKNS, matches_role, roles_for
-from kibotos.errors import FailedPrecondition
 from kibotos.node.network import netns as ns
 from kibotos.node.network.names import DNS_PORT, EGRESS_PORT, NETNS_DIR
 from kibotos.node.network.policy import parse_policy

@@ -38,10 +38,10 @@ from typing import Any
 import trio
 
 from kibotos.backends import Supervisor, UnitInfo, UnitSpec
+from kibotos.core.errors import KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.egress import wire
 from kibotos.egress.build import source_build_id
-from kibotos.errors import KibotosError, Unavailable
-from kibotos.logs import EventLogger
 from kibotos.node.dataplane.supervisor import scope_of
 from kibotos.node.egress import units
 from kibotos.node.egress.credentials import Credential, CredentialStore, Key

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kibotos.backends import Supervisor, UnitInfo
-from kibotos.errors import FailedPrecondition
-from kibotos.logs import EventLogger
+from kibotos.core.errors import FailedPrecondition
+from kibotos.core.logs import EventLogger
 from kibotos.node.dataplane.supervisor import scope_of
 from kibotos.node.runtime.process_units import ProcessUnits
 

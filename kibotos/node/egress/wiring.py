@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError, Unavailable
-from kibotos.logs import EventLogger
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.node.egress.credentials import CredentialClient, CredentialStore
 from kibotos.node.egress.listeners import EgressInstance
 from kibotos.node.egress.supervisor import EgressSupervisor, EgressTiming

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 from kibotos.protocol import ClockReply, SyncStatus
 
 log = EventLogger()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kibotos import atomicfile, failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import FailedPrecondition
 
 
 def read_incarnation(path: Path) -> int | None:

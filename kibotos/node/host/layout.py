@@ -16,10 +16,10 @@ from pathlib import Path
 from types import TracebackType
 
 from kibotos.config import NodeConfig, PoolSection
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
+from kibotos.core.path_tables import Below
 from kibotos.node.host.vmm_access import hand_path_to_instances
 from kibotos.node.storage.pools.dirs import SUBDIRS, prepare_pool_dirs
-from kibotos.path_tables import Below
 
 #: Subdirectories of ``<storage.root>`` (docs/architecture.md, "Node state on disk").
 ROOT_DIRS = ("pki", "state", "runtime", "installations", "template-cache", "network",

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import trio
 
-from kibotos import procfs
-from kibotos.logs import EventLogger
+from kibotos.core import procfs
+from kibotos.core.logs import EventLogger
 
 log = EventLogger()
 

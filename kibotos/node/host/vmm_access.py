@@ -23,7 +23,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 VMM_GROUP = "kibotos-vmm"
 #: The storage root, runtime/, runtime/instances/: the VMM group may pass, not list.

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from kibotos import procfs
+from kibotos.core import procfs
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 

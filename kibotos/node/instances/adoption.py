@@ -45,10 +45,10 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile, procfs
 from kibotos.backends import Supervisor, UnitInfo
-from kibotos.errors import FailedPrecondition, KibotosError
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile, procfs
+from kibotos.core.errors import FailedPrecondition, KibotosError
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.adoption_background import SetState, Takeover
 from kibotos.node.instances.contract import CREATING, FAILED, RUNNING, STOPPING
 from kibotos.node.instances.lifecycle import Instance, unit_name_for

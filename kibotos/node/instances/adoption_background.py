@@ -45,9 +45,9 @@ from typing import Any
 import trio
 
 from kibotos.backends import Supervisor
-from kibotos.errors import FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError
+from kibotos.core.logs import EventLogger
 from kibotos.guest import GuestInfo, open_guest_channel
-from kibotos.logs import EventLogger
 from kibotos.node.instances.contract import FAILED, RUNNING
 from kibotos.node.instances.lifecycle import HeldObject, Instance, Launcher
 from kibotos.node.network.enforce import REWRITTEN_LOG

@@ -23,8 +23,8 @@ from typing import Any
 
 import trio
 
-from kibotos.errors import DeadlineExceeded, KibotosError, Unavailable
-from kibotos.logs import EventLogger
+from kibotos.core.errors import DeadlineExceeded, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.contract import DESTROYED
 from kibotos.node.instances.lifecycle import Instance, Launcher
 from kibotos.node.records import instance_records as records

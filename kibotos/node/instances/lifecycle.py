@@ -42,16 +42,16 @@ from typing import Any
 
 import trio
 
-from kibotos import failpoints, ids
 from kibotos.backends import Supervisor, UnitInfo, VmmBackend
-from kibotos.errors import FailedPrecondition, KibotosError, Unavailable
+from kibotos.core import failpoints, ids
+from kibotos.core.errors import FailedPrecondition, KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.guest import (
     Dns,
     GuestChannel,
     LaunchConfig,
     open_guest_channel,
 )
-from kibotos.logs import EventLogger
 from kibotos.node.host.vmstats import read_process
 from kibotos.node.instances.contract import CREATING, HOLDING_STATES
 from kibotos.node.instances.network_step import NetworkStep

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     KibotosError,
@@ -33,7 +33,7 @@ from kibotos.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 from kibotos.node.host.vmstats import VmUsageMeter
 from kibotos.node.instances import adoption, network_switch
 from kibotos.node.instances.adoption_background import TAKEOVER_POOL_WAIT, Takeover

@@ -40,8 +40,8 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from kibotos import failpoints
-from kibotos.errors import FailedPrecondition, KibotosError
+from kibotos.core import failpoints
+from kibotos.core.errors import FailedPrecondition, KibotosError
 from kibotos.guest import GuestAddress, GuestNetwork
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import enforce, host_table, netns, plumbing

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kibotos.errors import FailedPrecondition
-from kibotos.logs import EventLogger
+from kibotos.core.errors import FailedPrecondition
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.contract import RUNNING
 from kibotos.node.instances.lifecycle import Instance, Launcher
 from kibotos.protocol import CreateSpec, NetworkPolicy

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kibotos.config import NodeConfig
-from kibotos.errors import InvalidArgument
-from kibotos.logs import EventLogger
+from kibotos.core.errors import InvalidArgument
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.lifecycle import Launcher, Settings
 from kibotos.node.instances.manager import VmInstanceManager
 from kibotos.node.instances.network_step import NetworkStep

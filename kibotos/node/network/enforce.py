@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos import failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import failpoints
+from kibotos.core.errors import FailedPrecondition
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
 from kibotos.node.network import nft

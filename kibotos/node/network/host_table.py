@@ -21,8 +21,8 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from kibotos import cidrs
-from kibotos.errors import FailedPrecondition
+from kibotos.core import cidrs
+from kibotos.core.errors import FailedPrecondition
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import netns as ns
 from kibotos.node.network import nft

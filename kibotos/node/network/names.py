@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kibotos import ids
-from kibotos.errors import InvalidArgument
+from kibotos.core import ids
+from kibotos.core.errors import InvalidArgument
 
 #: Where named network namespaces live (``ip netns`` reads the same directory).
 NETNS_DIR = Path("/run/netns")

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 T = TypeVar("T")
 

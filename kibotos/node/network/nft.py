@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kibotos.errors import FailedPrecondition, Internal
+from kibotos.core.errors import FailedPrecondition, Internal
 from kibotos.node.network.netns import in_netns, in_scratch_netns
 
 LIBRARY = "libnftables.so.1"

@@ -28,8 +28,8 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from kibotos import failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import failpoints
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.network import netns as ns
 from kibotos.node.network.names import (
     HOST_VETH_PREFIX,

@@ -35,8 +35,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kibotos import cidrs
-from kibotos.errors import InvalidArgument
+from kibotos.core import cidrs
+from kibotos.core.errors import InvalidArgument
 from kibotos.network_config import NetworkSection
 from kibotos.protocol import NetworkPolicy
 from kibotos.protocol.codec import describe

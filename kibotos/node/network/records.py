@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.network_config import NetworkSection
 from kibotos.node.network.names import NetworkNames
 from kibotos.node.network.policy import NetworkPolicy, to_record

@@ -47,7 +47,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kibotos import cidrs
+from kibotos.core import cidrs
 from kibotos.network_config import NetworkSection
 from kibotos.node.network.names import DNS_PORT, EGRESS_PORT, NS_VETH, TABLE, TABLE_FAMILY, TAP
 from kibotos.node.network.policy import NetworkPolicy, parse_policy

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kibotos.errors import InvalidArgument, ResourceExhausted
+from kibotos.core.errors import InvalidArgument, ResourceExhausted
 from kibotos.network_config import SLOT_SIZE, NetworkSection
 
 PREFIX4 = 31

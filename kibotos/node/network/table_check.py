@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kibotos import cidrs
+from kibotos.core import cidrs
 from kibotos.network_config import NetworkSection
 from kibotos.node.network import nft
 from kibotos.node.network.names import NETNS_DIR, TABLE, TABLE_FAMILY

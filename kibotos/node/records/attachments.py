@@ -11,7 +11,7 @@ attaches them, and other nodes never read it::
 "every object an Instance of this node has open has a record naming it"; a record may
 outlive the open for a moment, never the other way round:
 
-* the record is written (`kibotos.atomicfile`: temp → fsync → rename, a local temporary
+* the record is written (`kibotos.core.atomicfile`: temp → fsync → rename, a local temporary
   name without a node ID) *before* the object is taken over and opened for the
   Instance (`kibotos.node.instances.lifecycle.Launcher.open_objects`, and again by adoption's
   reattach), and removed only *after* its release or fence is recorded in the pool;
@@ -52,9 +52,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile, ids
-from kibotos.errors import FailedPrecondition, InvalidArgument
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
+from kibotos.core.logs import EventLogger
 from kibotos.node.records import instance_records as records
 
 log = EventLogger()

@@ -25,8 +25,8 @@ from typing import Any
 import trio
 
 from kibotos.backends import Supervisor
-from kibotos.errors import FailedPrecondition, KibotosError
-from kibotos.logs import EventLogger
+from kibotos.core.errors import FailedPrecondition, KibotosError
+from kibotos.core.logs import EventLogger
 from kibotos.node.host.vmm_access import make_instance_dir
 from kibotos.node.instances.contract import CREATING, DESTROYED, FAILED, RUNNING, STOPPED, STOPPING
 from kibotos.node.instances.lifecycle import Instance

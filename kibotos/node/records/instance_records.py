@@ -18,7 +18,7 @@ registry entry an ended Instance leaves.
 Instance (state, when, what was released) until ctrl says it is no longer needed, so a
 repeated command about it still gets the same answer.
 
-Every write goes through `kibotos.atomicfile`: a crash leaves the old record or the new.
+Every write goes through `kibotos.core.atomicfile`: a crash leaves the old record or the new.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile
 from kibotos.backends import UnitInfo
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
 
 FORMAT = 1
 LAUNCH_RECORD = "systemd.json"

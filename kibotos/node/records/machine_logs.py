@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kibotos import atomicfile
+from kibotos.core import atomicfile
 
 #: How much of each log an ended Instance leaves.
 TAIL_BYTES = 256 * 1024

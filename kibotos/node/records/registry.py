@@ -14,7 +14,7 @@ Instances").
   preparation commands (``layer.delete`` …), so a repeat gets the same answer; each
   entry is kept `VOLUME_COMMAND_KEEP_S` (24 h), then pruned.
 
-Every write goes through `kibotos.atomicfile`; temporary files in this directory are
+Every write goes through `kibotos.core.atomicfile`; temporary files in this directory are
 deleted at node start (`kibotos.node.storage.pools.tempfiles.sweep_local`).
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.contract import CommandHandler
 from kibotos.node.records import instance_records as records
 from kibotos.protocol import LIST_LIMIT as LIST_LIMIT

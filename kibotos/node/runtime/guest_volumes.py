@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kibotos.backends import VmmBackend
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 from kibotos.guest import Volume
 from kibotos.protocol import CreateSpec
 

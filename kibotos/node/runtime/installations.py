@@ -28,7 +28,7 @@ pinned copy too).  The runtime version is the release of the build that made the
 installation; the identity is the sha256 of the canonical manifest (format, runtime
 version, every file's digest), so two builds with the same pieces and version share
 one installation.  The directory is built under a temporary name and renamed into
-place; ``installation.json`` is written with `kibotos.atomicfile`.
+place; ``installation.json`` is written with `kibotos.core.atomicfile`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import kibotos
-from kibotos import atomicfile
 from kibotos.backends import VmmBackend
-from kibotos.errors import FailedPrecondition
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
+from kibotos.core.logs import EventLogger
 from kibotos.node.records import instance_records as records
 from kibotos.node.runtime.build_identity import BuildIdentity, runtime_range_problem
 

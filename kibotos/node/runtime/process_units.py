@@ -21,10 +21,10 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile
 from kibotos.backends import Supervisor, UnitInfo
-from kibotos.errors import KibotosError, Unavailable
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile
+from kibotos.core.errors import KibotosError, Unavailable
+from kibotos.core.logs import EventLogger
 
 log = EventLogger()
 

@@ -31,8 +31,8 @@ from trio_websocket import (
 
 from kibotos._version import SOURCE_REVISION, release_version
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition, Internal, InvalidArgument, KibotosError
-from kibotos.logs import LOGGER_NAME, EventLogger
+from kibotos.core.errors import FailedPrecondition, Internal, InvalidArgument, KibotosError
+from kibotos.core.logs import LOGGER_NAME, EventLogger
 from kibotos.node.host.clock import NodeClock
 from kibotos.node.host.usage import UsageSampler
 from kibotos.node.instances.contract import InstanceManager

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 
-from kibotos.errors import KibotosError, Unavailable, error_from_wire
+from kibotos.core.errors import KibotosError, Unavailable, error_from_wire
 
 
 def refusal(resp: httpx.Response, what: str) -> KibotosError:

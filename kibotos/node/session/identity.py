@@ -21,10 +21,10 @@ import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kibotos import atomicfile, failpoints
 from kibotos.config import NodeConfig
-from kibotos.errors import FailedPrecondition, error_from_wire
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import FailedPrecondition, error_from_wire
+from kibotos.core.logs import EventLogger
 from kibotos.node.session.backoff import Backoff
 from kibotos.tls.contexts import verification_error
 

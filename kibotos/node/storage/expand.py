@@ -33,8 +33,8 @@ from pathlib import Path
 
 import trio
 
-from kibotos import failpoints
-from kibotos.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from kibotos.core import failpoints
+from kibotos.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 
 #: Spec: each tool at most 10 minutes, the whole expansion at most 45.
 TOOL_TIMEOUT = 600.0

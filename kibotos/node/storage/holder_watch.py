@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import trio
 
-from kibotos.errors import KibotosError
-from kibotos.logs import EventLogger
+from kibotos.core.errors import KibotosError
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.lifecycle import HeldObject, Instance, Launcher
 from kibotos.node.storage.objects import Holder
 

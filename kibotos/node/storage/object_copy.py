@@ -28,8 +28,8 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile, failpoints
-from kibotos.errors import AlreadyExists, NotFound
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import AlreadyExists, NotFound
 from kibotos.node.storage.object_records import claim, release_or_fence, update_metadata
 from kibotos.node.storage.objects import PoolObjects
 from kibotos.node.storage.pools.dirs import hand_block_file

@@ -10,7 +10,7 @@ or ``volumes``)::
                                         stopped writing
     <pool>/<kind>/locks/<id>.lock       flock, mutual exclusion on this machine only
 
-Every record is written temp → fsync → rename (`kibotos.atomicfile`, temporary names
+Every record is written temp → fsync → rename (`kibotos.core.atomicfile`, temporary names
 starting with this node's ID) and reread on every read.  Before opening a block file
 the node applies the spec's takeover table ("Epochs and takeover"): a newer epoch in the
 holder record refuses (the use right was taken over; retrying cannot help), the same
@@ -48,8 +48,8 @@ from typing import Any
 
 import trio
 
-from kibotos import atomicfile, failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile, failpoints
+from kibotos.core.errors import FailedPrecondition
 from kibotos.node.storage.pool_records import (
     KINDS,
     RECEIPT_WAIT,

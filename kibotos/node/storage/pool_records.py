@@ -2,7 +2,7 @@
 records (metadata, holder, release receipt) of one kind of object in one pool.
 
 `kibotos.node.storage.objects.PoolObjects` builds the takeover table, opening, releasing and
-fencing on this.  Records are written temp → fsync → rename (`kibotos.atomicfile`,
+fencing on this.  Records are written temp → fsync → rename (`kibotos.core.atomicfile`,
 temporary names starting with this node's ID, so a node sweeps only its own
 leftovers in a shared pool) and reread from disk on every read, never cached: two hosts
 never rewrite the same file, and decisions across hosts depend on no lock.
@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile, ids
-from kibotos.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
 
 RETAINED_LAYERS = "retained-layers"
 VOLUMES = "volumes"

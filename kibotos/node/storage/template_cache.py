@@ -41,19 +41,19 @@ from typing import Protocol
 import httpx
 import trio
 
-from kibotos import atomicfile, ids
-from kibotos.errors import (
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import (
     FailedPrecondition,
     KibotosError,
     NotFound,
     ResourceExhausted,
     Unavailable,
 )
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
+from kibotos.core.units import format_bytes
 from kibotos.node.session.ctrl_http import refusal
 from kibotos.pieces import write_in_pieces
 from kibotos.tls.contexts import client_context
-from kibotos.units import format_bytes
 
 log = EventLogger()
 

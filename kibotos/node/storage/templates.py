@@ -25,8 +25,8 @@ from typing import Protocol
 
 import trio
 
-from kibotos import ids
-from kibotos.errors import FailedPrecondition, KibotosError
+from kibotos.core import ids
+from kibotos.core.errors import FailedPrecondition, KibotosError
 from kibotos.node.storage.template_cache import TemplateCache
 from kibotos.protocol import TemplateRef
 

@@ -38,14 +38,15 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 
-from kibotos import atomicfile, ids, transfer_archive
-from kibotos.errors import (
+from kibotos import transfer_archive
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     NotFound,
     Unavailable,
 )
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 from kibotos.node.session.ctrl_http import refusal
 from kibotos.node.storage.objects import (
     RETAINED_LAYERS,

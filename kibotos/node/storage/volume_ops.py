@@ -36,14 +36,14 @@ from typing import Any, TypeVar
 
 import trio
 
-from kibotos.errors import (
+from kibotos.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
     KibotosError,
     NotFound,
 )
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 from kibotos.node.instances.lifecycle import Instance
 from kibotos.node.storage import expand
 from kibotos.node.storage.object_copy import copy_object

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.protocol.commands.base import Args, parse_args
 from kibotos.protocol.commands.instances import (
     CreateSpec,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 from kibotos.protocol.codec import describe
 
 

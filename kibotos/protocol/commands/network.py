@@ -17,7 +17,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, Field, StrictBool, StrictStr, model_validator
 
-from kibotos import cidrs
+from kibotos.core import cidrs
 from kibotos.protocol.commands.base import Args, Part
 from kibotos.protocol.ids import InstanceId, TemplateName
 from kibotos.protocol.values import Revision

@@ -22,8 +22,8 @@ import trio
 
 from kibotos.backends import Availability, HostPaths, PoolSpec, StorageDriver
 from kibotos.config import PoolSection
-from kibotos.errors import KibotosError
-from kibotos.logs import EventLogger
+from kibotos.core.errors import KibotosError
+from kibotos.core.logs import EventLogger
 from kibotos.node.storage.pools.marker import MarkerProblem, check_marker
 
 log = EventLogger()

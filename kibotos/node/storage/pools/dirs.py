@@ -19,7 +19,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from kibotos.errors import FailedPrecondition
+from kibotos.core.errors import FailedPrecondition
 
 # The VMM group and the handing of paths to it live with the host layout (one place
 # for the storage root and the pools); re-exported for the pools' code.

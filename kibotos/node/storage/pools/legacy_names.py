@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from kibotos import atomicfile, failpoints, ids
-from kibotos.errors import InvalidArgument, Unavailable
-from kibotos.logs import EventLogger
+from kibotos.core import atomicfile, failpoints, ids
+from kibotos.core.errors import InvalidArgument, Unavailable
+from kibotos.core.logs import EventLogger
 from kibotos.node.records.attachments import Attachments
 from kibotos.node.storage.objects import Holder, Opened, PoolObjects, UseRightTakenOver
 from kibotos.node.storage.pools.dirs import RETAINED_LAYERS, VOLUMES

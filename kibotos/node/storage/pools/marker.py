@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kibotos import atomicfile, ids
-from kibotos.errors import FailedPrecondition, InvalidArgument
+from kibotos.core import atomicfile, ids
+from kibotos.core.errors import FailedPrecondition, InvalidArgument
 from kibotos.node.storage.pools.dirs import TOP_MODE, vmm_gid
 
 MARKER_NAME = ".kibotos-storage-pool"

@@ -18,7 +18,7 @@ from typing import Any
 
 from kibotos.backends import HostPaths
 from kibotos.config import NodeConfig, PoolSection
-from kibotos.logs import EventLogger
+from kibotos.core.logs import EventLogger
 from kibotos.node.storage.pools import legacy_names
 from kibotos.node.storage.pools.availability import PoolMonitor
 from kibotos.node.storage.pools.dirs import SUBDIRS, check_traversable, prepare_pool_dirs

@@ -1,7 +1,7 @@
 """Removal of temporary files left by interrupted writes (spec: node-and-vmm-processes,
 "Temporary files from interrupted writes").
 
-Every write goes to a temporary dot-file first (`kibotos.atomicfile.temp_name`:
+Every write goes to a temporary dot-file first (`kibotos.core.atomicfile.temp_name`:
 ``.<prefix>.<stem>-<random>.tmp``; staging archives end in ``.tar``) and is renamed
 when complete, so a file of that shape that exists at node start belongs to a write
 that will never finish.  Which ones go:

@@ -32,8 +32,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from kibotos import ids, key_files
-from kibotos.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
+from kibotos.core import ids, key_files
+from kibotos.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+)
 
 #: What a session credential may grant: ``exec`` (and terminals), ``files`` (file
 #: transfer and the file operations), ``ports`` (TCP connections to ports on the

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kibotos import failpoints
-from kibotos.errors import FailedPrecondition
+from kibotos.core import failpoints
+from kibotos.core.errors import FailedPrecondition
 
 
 def temp_name(target: Path, prefix: str = "") -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 _DECIMAL = re.compile(_NUMBER, re.ASCII)

@@ -31,8 +31,8 @@ import trio
 
 from kibotos import control_socket
 from kibotos.control_socket import MAX_LINE
-from kibotos.errors import InvalidArgument, KibotosError, PermissionDenied
-from kibotos.logs import EventLogger
+from kibotos.core.errors import InvalidArgument, KibotosError, PermissionDenied
+from kibotos.core.logs import EventLogger
 
 #: Descriptors in one line at most (the kernel's SCM_MAX_FD is 253).
 MAX_FDS = 64

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 
 def read_toml(path: Path) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-from kibotos import atomicfile
-from kibotos.errors import FailedPrecondition
+from kibotos.core import atomicfile
+from kibotos.core.errors import FailedPrecondition
 
 
 def read_if_present(path: Path, what: str) -> bytes | None:

@@ -12,7 +12,7 @@ import os
 import re
 import time
 
-from kibotos.errors import InvalidArgument
+from kibotos.core.errors import InvalidArgument
 
 # volume_id / opaque_ref: 1–32 bytes of lowercase letters, digits and hyphens, not
 # starting with a hyphen (spec: storage-pools-on-nfs, "File names and object IDs").
