@@ -113,6 +113,39 @@ async def test_report_is_stored_and_bumps_the_version(inprocess_ctrl: RunningCtr
             assert got["placement"]["reason"] == "host memory tight"
 
 
+async def test_an_unchanged_report_is_written_again_only_after_the_refresh(
+        inprocess_ctrl: RunningCtrl, autojump_clock: ThreadAwareClock) -> None:
+    """The second of two reports with the same figures writes nothing within 10 s (a
+    create's RUNNING report); a changed one, or the same one after 10 s, is written."""
+    from kibotos.ctrl.live.node_sessions import REPORT_REFRESH_S
+
+    ctrl = inprocess_ctrl
+    cred = await ctrl.enroll("node-a")
+    figures = {"instance_count": 3, "volume_count": 0,
+               "allocated": {"cpu_millis": 750, "memory_bytes": 3 << 30}}
+    async with ctrl.sim_node(cred, "node-a", 1) as node:
+        await node.send_report(**figures)
+
+        async def count(n: int) -> bool:
+            return (await ctrl.node("node-a"))["latest_report"]["instance_count"] == n
+        await wait_until(lambda: count(3), "first report stored")
+        first = await ctrl.node("node-a")
+        await node.send_report(**figures)
+        await node.send_report(**{**figures, "instance_count": 2})  # orders the check
+        await wait_until(lambda: count(2), "changed report stored")
+        changed = await ctrl.node("node-a")
+        # the repeat wrote nothing: one bump for the changed report only
+        assert changed["registration_version"] == first["registration_version"] + 1
+        await trio.sleep(REPORT_REFRESH_S + 1)
+        await node.send_report(**{**figures, "instance_count": 2})
+        await wait_until(
+            lambda: _later(ctrl, changed["latest_report"]["at"]), "refreshed report stored")
+
+
+async def _later(ctrl: RunningCtrl, at: str) -> bool:
+    return str((await ctrl.node("node-a"))["latest_report"]["at"]) > at
+
+
 async def test_same_incarnation_reconnect_replaces_the_session(
         inprocess_ctrl: RunningCtrl,
         autojump_clock: ThreadAwareClock) -> None:

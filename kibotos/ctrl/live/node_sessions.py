@@ -79,6 +79,11 @@ class _Waiter:
     error: KibotosError | None = None
 
 
+#: How long an unchanged report may go unwritten: a report's stored time is at most
+#: this old while the node keeps sending the same figures.
+REPORT_REFRESH_S = 10.0
+
+
 class NodeSession:
     def __init__(self, hub: SessionHub, ws: WebSocket, caller: Caller, hello: Hello,
                  session_id: str) -> None:
@@ -96,6 +101,8 @@ class NodeSession:
         self._scope = trio.CancelScope()
         self._overcommit_wanted = trio.Event()
         self._acked_serial = -1
+        #: The stored fields of the last report written, and when (`_store_report`).
+        self._report_kept: tuple[tuple[Any, ...], float] | None = None
         self._ack_changed = trio.Event()
 
     # -------------------------------------------------------------- used by others
@@ -145,6 +152,26 @@ class NodeSession:
             ss.store_clock, node_id=self.node_id, session_id=self.session_id,
             offset_ms=offset_ms, uncertainty_ms=uncertainty_ms,
             sync_status=reply.sync_status.value, now=self.hub.now()))
+
+    async def _store_report(self, report: Report) -> bool:
+        """Write the report's fields, unless they are the ones this session wrote less
+        than `REPORT_REFRESH_S` ago: a node reports whenever its Instance list changes
+        (twice per create), and the second write of a create would change nothing but
+        the report's time (docs/architecture.md, "Node reports").  Whether the report
+        counts (False: the node has since started another session)."""
+        kept = (report.allocated.cpu_millis, report.allocated.memory_bytes,
+                report.instance_count, report.volume_count, report.memory_tight,
+                report.memory_tight_since)
+        now = trio.current_time()
+        if (report.facts is None and self._report_kept is not None
+                and self._report_kept[0] == kept
+                and now - self._report_kept[1] < REPORT_REFRESH_S):
+            return True
+        stored: bool = await self.hub.store.write(partial(
+            ss.store_report, node_id=self.node_id, session_id=self.session_id,
+            report=report, now=self.hub.now()))
+        self._report_kept = (kept, now) if stored else None
+        return stored
 
     async def fetch_usage(self) -> None:
         waiter = await self.request(lambda i: UsageRequest(id=i),
@@ -254,9 +281,7 @@ class NodeSession:
                 waiter.event.set()
         elif kind == "report":
             report = parse(Report, data)
-            if await self.hub.store.write(partial(
-                    ss.store_report, node_id=self.node_id, session_id=self.session_id,
-                    report=report, now=self.hub.now())):
+            if await self._store_report(report):
                 await self.hub.notify("node_report", self.node_id, report)
         elif kind == "instance_state":
             await self.hub.notify("instance_state", self.node_id,

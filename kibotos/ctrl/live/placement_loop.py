@@ -17,7 +17,7 @@ node may hold unrecorded (the Workspace tasks destroy it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -43,8 +43,9 @@ log = logging.getLogger("kibotos.ctrl.model.workspace_records")
 CREATE_TIMEOUT = 30.0
 
 Commit = Callable[[str, str], Callable[[Session], dict[str, Any]]]
-#: The ``instance.create`` arguments for a candidate node and a new Instance ID.
-Args = Callable[[NodeEntry, str], CreateSpec]
+#: The ``instance.create`` arguments for a candidate node and a new Instance ID; may
+#: refuse the candidate first (a `KibotosError`, taken as the node's refusal).
+Args = Callable[[NodeEntry, str], Awaitable[CreateSpec]]
 
 
 class PlacementLoop:
@@ -107,7 +108,8 @@ class PlacementLoop:
         accepted = committed = False
         try:
             try:
-                await ctx.sessions.call(node_id, args(entry, instance_id), CREATE_TIMEOUT)
+                await ctx.sessions.call(node_id, await args(entry, instance_id),
+                                        CREATE_TIMEOUT)
                 accepted = True
                 ctx.metrics.node_answer("accepted")
             except KibotosError as exc:

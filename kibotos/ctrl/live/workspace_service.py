@@ -142,21 +142,21 @@ class WorkspaceService:
 
         async def attempt(grants: GrantScope) -> dict[str, Any]:
             template = await self.template(body.template)
-            volumes = await self.store.run(partial(
-                va.attach_plans, wanted=[(v.volume_id, v.mount()) for v in body.volumes]))
-            network = await self.store.run(partial(
-                netpol.resolve, policy=None if body.network is None else body.network.stored()))
+            volumes, network = await self.store.run(partial(
+                _create_plan, wanted=[(v.volume_id, v.mount()) for v in body.volumes],
+                policy=None if body.network is None else body.network.stored()))
             demand = Demand(body.cpu_millis, body.memory_bytes, None, body.labels,
                             frozenset(v.right.pool_id for v in volumes), network.need)
-            rooms = await self.store.run(pool_capacity.snapshot)
             default_capacity = self.runtime.default_capacity
             sent: dict[str, NetworkPolicy | None] = {}
 
-            def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
+            async def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
                 assert entry.default_pool is not None
-                # Refused before the node is asked: no block file for a full pool.
-                pool_capacity.check_snapshot(rooms, entry.default_pool.pool_id,
-                                             body.layer_size_bytes, "writable layer",
+                # Refused before the node is asked: no block file for a full pool.  The
+                # candidate's own pool only, so the read does not grow with the cluster.
+                room = await self.store.run(partial(pool_capacity.room,
+                                                    pool_id=entry.default_pool.pool_id))
+                pool_capacity.check_snapshot(room, body.layer_size_bytes, "writable layer",
                                              default_capacity)
                 policy = sent[instance_id] = network.for_node(entry.network)
                 grants.add(entry.node_id, policy)
@@ -212,7 +212,7 @@ class WorkspaceService:
                                 network=network.need)
                 sent: dict[str, NetworkPolicy | None] = {}
 
-                def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
+                async def args(entry: NodeEntry, instance_id: str) -> CreateSpec:
                     layers = [r for r in plan.rights if r.kind == "retained_layer"]
                     layer = layers[0]
                     policy = sent[instance_id] = network.for_node(entry.network)
@@ -453,6 +453,13 @@ class WorkspaceService:
 
     async def session_ended(self, node_id: str) -> None:
         self.runtime.wake()
+
+
+def _create_plan(session: Session, wanted: list[tuple[str, str]],
+                 policy: dict[str, Any] | None) -> tuple[list[va.AttachPlan], netpol.Resolved]:
+    """What a create checks before placing, in one transaction: its Volumes attachable
+    and its network policy's Egress and Resolver found."""
+    return va.attach_plans(session, wanted), netpol.resolve(session, policy)
 
 
 def _get_json(session: Session, workspace_id: str) -> dict[str, Any]:

@@ -12,10 +12,12 @@ Objects: the retained layer of every Workspace that is not DELETED (its
 and the room that running expansions and moves hold), so one function answers "what
 is reserved here".
 
-Two entry points for a create: `snapshot` + `check_snapshot` before the node is asked
+Two entry points for a create: `room` + `check_snapshot` before the node is asked
 (no node creates a block file that would be refused), and `check_room` inside the
 create's own transaction, with the pool row locked, which is the binding check (two
-creates racing for the last room cannot both pass).
+creates racing for the last room cannot both pass).  Both sum one pool's objects through
+the index on the Workspaces' layer pool, so a create costs the same whatever the number
+of pools and Workspaces; `snapshot` (every pool at once) is for the metrics.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import BindParameter, Select, bindparam, exists, func, select
 from sqlalchemy.orm import Session
 
 from kibotos.core.errors import ResourceExhausted
@@ -32,7 +34,7 @@ from kibotos.core.units import format_bytes
 from kibotos.ctrl.model import nodes
 from kibotos.ctrl.model import workspace_records as w
 from kibotos.ctrl.pools import use_rights, volume_pools
-from kibotos.ctrl.store.models import StoragePool, UseRight, Workspace
+from kibotos.ctrl.store.models import ObjectOperation, StoragePool, UseRight, Volume, Workspace
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,40 @@ class Room:
 
 
 def reserved_bytes(session: Session, pool_id: str) -> int:
-    """The sum of the capacities of the objects in the pool (every object not deleted)."""
-    layers = session.scalar(
-        select(func.coalesce(func.sum(Workspace.layer_size_bytes), 0))
-        .where(Workspace.layer_pool_id == pool_id, Workspace.state != w.DELETED))
-    return int(layers or 0) + volume_pools.reserved_bytes(session, pool_id)
+    """The sum of the capacities of the objects in the pool (every object not deleted):
+    an indexed sum over the pool's Workspaces (``ix_workspaces_layer_pool_state``)."""
+    return _room_row(session, pool_id)[1]
+
+
+def _room_row(session: Session, pool_id: str) -> tuple[int | None, int]:
+    """The pool's capacity and reservations.  One statement when no object operation
+    reserves room anywhere (the usual case, and every create reads it twice): the
+    capacity, the layers' sum and the Volumes' sum as scalar subqueries, beside whether
+    any operation is running.  With one, the Volume half is `volume_pools`' own."""
+    row = session.execute(_ROOM, {"pool_id": pool_id}).one()
+    capacity, layers, volumes, busy = row[0], row[1], row[2], row[3]
+    if busy:
+        volumes = volume_pools.reserved_bytes(session, pool_id)
+    return capacity, int(layers or 0) + int(volumes or 0)
+
+
+def _room_statement() -> Select[Any]:
+    pool: BindParameter[str] = bindparam("pool_id")
+    layers = (select(func.coalesce(func.sum(Workspace.layer_size_bytes), 0))
+              .where(Workspace.layer_pool_id == pool, Workspace.state != w.DELETED)
+              .scalar_subquery())
+    volumes = (select(func.coalesce(func.sum(Volume.capacity_bytes), 0))
+               .where(Volume.pool_id == pool, Volume.state != volume_pools.DELETED)
+               .scalar_subquery())
+    capacity = (select(StoragePool.capacity_bytes).where(StoragePool.pool_id == pool)
+                .scalar_subquery())
+    busy = exists().where(ObjectOperation.status.in_(volume_pools.RESERVING))
+    return select(capacity, layers, volumes, busy)
+
+
+#: Built once: a create runs it twice, and building a statement costs more than SQLite
+#: takes to answer it.
+_ROOM = _room_statement()
 
 
 def objects(session: Session, pool_id: str) -> list[dict[str, Any]]:
@@ -73,10 +104,16 @@ def objects(session: Session, pool_id: str) -> list[dict[str, Any]]:
     return out + volume_pools.objects(session, pool_id)
 
 
+def room(session: Session, pool_id: str) -> Room:
+    """One pool's room, read before its node is asked (not binding): the pool's own
+    objects only, so the read does not grow with the cluster."""
+    capacity, reserved = _room_row(session, pool_id)
+    return Room(pool_id, capacity, reserved)
+
+
 def snapshot(session: Session) -> dict[str, Room]:
-    """Every known pool's room, read once before a placement (not binding).  Three
-    queries whatever the number of pools (each node has its own default pool): summing
-    per pool made every create cost a query per node."""
+    """Every known pool's room (the metrics' view).  Three queries whatever the number
+    of pools (each node has its own default pool), not a query per pool."""
     layers = dict(session.execute(
         select(Workspace.layer_pool_id, func.sum(Workspace.layer_size_bytes))
         .where(Workspace.state != w.DELETED).group_by(Workspace.layer_pool_id)).all())
@@ -87,14 +124,13 @@ def snapshot(session: Session) -> dict[str, Room]:
                 select(StoragePool.pool_id, StoragePool.capacity_bytes)).all()}
 
 
-def check_snapshot(rooms: dict[str, Room], pool_id: str, add_bytes: int, what: str,
+def check_snapshot(seen: Room, add_bytes: int, what: str,
                    default_capacity: int | None = None) -> None:
-    """The check of `check_room` against a `snapshot`: refuse early, write nothing."""
-    room = rooms.get(pool_id)
-    capacity = room.capacity_bytes if room is not None else None
-    reserved = room.reserved_bytes if room is not None else 0
-    _verdict(pool_id, capacity if capacity is not None else default_capacity, reserved,
-             add_bytes, what)
+    """The check of `check_room` against a `room` read before: refuse early, write
+    nothing."""
+    capacity = seen.capacity_bytes
+    _verdict(seen.pool_id, capacity if capacity is not None else default_capacity,
+             seen.reserved_bytes, add_bytes, what)
 
 
 def check_room(session: Session, pool_id: str, add_bytes: int, what: str, now: datetime,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from kibotos.ctrl.pools import use_rights
@@ -25,9 +25,15 @@ DELETED = "DELETED"
 RESERVING = ("running", "cleanup", "failed")
 
 
-def _ops(session: Session) -> dict[tuple[str, str], ObjectOperation]:
-    return {(o.object_kind, o.object_id): o for o in session.scalars(
-        select(ObjectOperation).where(ObjectOperation.status.in_(RESERVING)))}
+def _ops(session: Session) -> dict[tuple[str, str], Row[Any]]:
+    """The operations that still reserve room, as plain rows (Core, not ORM objects: a
+    create reads them every time, and there are usually none)."""
+    o = ObjectOperation
+    rows: list[Row[Any]] = list(session.execute(
+        select(o.object_kind, o.object_id, o.op, o.status, o.pool_id, o.target_pool_id,
+               o.capacity_bytes, o.target_capacity_bytes)
+        .where(o.status.in_(RESERVING))))
+    return {(r.object_kind, r.object_id): r for r in rows}
 
 
 def reserved_bytes(session: Session, pool_id: str) -> int:
@@ -46,10 +52,11 @@ def reserved_by_pool(session: Session, pool_id: str | None = None) -> dict[str, 
             totals[pool] = totals.get(pool, 0) + amount
 
     ops = _ops(session)
-    volumes = select(Volume).where(Volume.state != DELETED)
+    volumes = select(Volume.volume_id, Volume.pool_id, Volume.capacity_bytes).where(
+        Volume.state != DELETED)
     if pool_id is not None:
         volumes = volumes.where(Volume.pool_id == pool_id)
-    for vol in session.scalars(volumes):
+    for vol in session.execute(volumes):
         op = ops.get((use_rights.VOLUME, vol.volume_id))
         target = op.target_capacity_bytes if op is not None and op.op == "expand" else None
         add(vol.pool_id, max(vol.capacity_bytes, target or 0))

@@ -223,6 +223,10 @@ class Workspace(Base):
     updated_at: Mapped[datetime]
     deleted_at: Mapped[datetime | None]
 
+    #: A create sums the reservations of one pool (`kibotos.ctrl.pools.capacity`): this
+    #: index keeps that sum to the pool's own Workspaces.
+    __table_args__ = (Index("ix_workspaces_layer_pool_state", "layer_pool_id", "state"),)
+
 
 class WorkspaceLabel(Base):
     """One label of a Workspace, so ``--label k=v`` filters with an index instead of
