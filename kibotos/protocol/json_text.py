@@ -39,11 +39,13 @@ class JsonTextError(ValueError):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise JsonTextError(f"duplicate key {key!r} in a JSON object")
-        out[key] = value
+    out = dict(pairs)  # built in C; a shorter dict means a key came twice
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JsonTextError(f"duplicate key {key!r} in a JSON object")
+            seen.add(key)
     return out
 
 
@@ -95,6 +97,10 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise JsonTextError("JSON text is not UTF-8") from None
     except ValueError as exc:
         raise JsonTextError(f"not valid JSON: {exc}") from None
-    if _too_deep(value, max_depth):
+    # Nesting cannot go deeper than the brackets the text opens: counted in C, this
+    # spares the walk for every frame of ordinary size.
+    opened = (text.count("{") + text.count("[") if isinstance(text, str)
+              else text.count(b"{") + text.count(b"["))
+    if opened > max_depth and _too_deep(value, max_depth):
         raise JsonTextError(f"JSON nested deeper than {max_depth} levels")
     return value

@@ -78,6 +78,10 @@ def _room_statement() -> Select[Any]:
     return select(capacity, layers, volumes, busy)
 
 
+#: The pool row's capacity, locked: a plain row, as every create reads it.
+_POOL_FOR_UPDATE = (select(StoragePool.capacity_bytes)
+                    .where(StoragePool.pool_id == bindparam("pool_id")).with_for_update())
+
 #: Built once: a create runs it twice, and building a statement costs more than SQLite
 #: takes to answer it.
 _ROOM = _room_statement()
@@ -142,9 +146,11 @@ def check_room(session: Session, pool_id: str, add_bytes: int, what: str, now: d
 
     `default_capacity` is ctrl's ``[testing] pool_capacity``: a pool with no capacity
     gets it, recorded as if the operator had set it."""
-    row = session.get(StoragePool, pool_id, with_for_update=True)
-    capacity = row.capacity_bytes if row is not None else None
-    if capacity is None and default_capacity is not None and row is not None:
+    locked = session.execute(_POOL_FOR_UPDATE, {"pool_id": pool_id}).first()
+    capacity = locked[0] if locked is not None else None
+    if capacity is None and default_capacity is not None and locked is not None:
+        row = session.get(StoragePool, pool_id, with_for_update=True)
+        assert row is not None
         row.capacity_bytes = capacity = default_capacity
         row.revision += 1
         row.updated_at = now

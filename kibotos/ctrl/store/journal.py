@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import insert, text
+from sqlalchemy import bindparam, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -88,6 +88,19 @@ class _Stored:
 
 def _stored(row: Command) -> _Stored:
     return _Stored(row.operation, row.input_digest, row.status, row.result, row.error)
+
+
+#: The entry's columns as a plain row (Core, not an ORM object: every journaled write
+#: reads it, usually to find nothing).  Built once.
+_ENTRY = select(Command.operation, Command.input_digest, Command.status, Command.result,
+                Command.error).where(Command.command_id == bindparam("command_id"))
+_ENTRY_FOR_UPDATE = _ENTRY.with_for_update()
+
+
+def _entry(session: Session, command_id: str, for_update: bool) -> _Stored | None:
+    row = session.execute(_ENTRY_FOR_UPDATE if for_update else _ENTRY,
+                          {"command_id": command_id}).first()
+    return None if row is None else _Stored(row[0], row[1], row[2], row[3], row[4])
 
 
 class Journal:
@@ -173,15 +186,14 @@ class Journal:
 
     @staticmethod
     def _read(command_id: str, session: Session) -> _Stored | None:
-        row = session.get(Command, command_id)
-        return None if row is None else _stored(row)
+        return _entry(session, command_id, for_update=False)
 
     def _run(self, command_id: str, operation: str, digest: str, identity_id: str | None,
              fn: Txn, session: Session) -> dict[str, Any] | _Stored:
         _lock_command_id(session, command_id)
-        row = session.get(Command, command_id, with_for_update=True)
-        if row is not None:
-            return _stored(row)
+        stored = _entry(session, command_id, for_update=True)
+        if stored is not None:
+            return stored
         result = fn(session)
         # A plain INSERT: the entry is never changed in this transaction, so the ORM's
         # unit of work would only add its bookkeeping to every journaled write.
