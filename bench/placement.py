@@ -11,6 +11,16 @@ returns once a node accepted it and ctrl recorded it, so each is one whole place
     .venv/bin/python bench/placement.py [--nodes 1000] [--creates 10000]
         [--concurrency 64] [--policy binpack] [--profile ctrl.prof]
         [--group-max N] [--switch-interval S]
+        [--store sqlite,postgresql] [--replicas 1,2,3]
+
+``--store`` and ``--replicas`` take comma lists and measure every combination, each on
+a fresh cluster (`placement_cluster.py`): PostgreSQL is a server of its own under the
+run's directory (fsync on), replicas share it and an artifact directory, replica N gets
+copies of replica 1's shared keys (docs/replicas.md); the callers and the node sessions
+are spread over the replicas (i mod N), so commands for a node on another replica go
+through ctrl's relay.  Several replicas need PostgreSQL (SQLite x2 is skipped).  The end
+is one table: placements/s, p50/p99 latency, ctrl CPU per placement summed over every
+replica, the PostgreSQL server's CPU apart, each beside the first combination's.
 
 At the end it checks the outcome through the API: every Workspace recorded once, every
 node within its schedulable CPU and memory, and how many reached AVAILABLE.  It prints
@@ -80,6 +90,37 @@ the trio thread ~43%):
   placement itself (admission and ranking from the in-memory index) is well under
   0.1 ms.
 
+Issue 14's round (200 nodes, 2,000 creates, binpack, concurrency 64, SQLite FULL, load
+0.6-1.9, unprofiled): the run took 23.1 ms of ctrl CPU per placement at 44/s at its
+start (more than the figures above: replicas, the relay and FULL came since).  The
+pool-capacity reads were the largest cause: each create summed every pool before the
+node was asked, and its own pool again in the create's transaction, through four
+statements on unindexed columns.  Now a room read is one statement built once, through
+an index on the Workspaces' layer pool (migration 0011), for the candidate's pool only;
+the journal entry and the pool row are read as plain rows; the second node report of a
+create (same figures) is not written again within 10 s; the Volume and network checks
+are one transaction.  After: 69/s at 12.3 ms (x0.53 of the CPU, x1.57 the rate, same
+load).  The store threads are now about half of ctrl's CPU: SQLAlchemy's per-statement
+work (~0.2 ms a statement, ~15 statements a create: the five row INSERTs, the RUNNING
+frame's Instance and Workspace reads and writes, the journal, the report) and the
+worker-thread hops (6 a create); the other half is the trio thread (HTTP through
+hypercorn and starlette, ~6 WebSocket frames a create, trio's scheduling).
+
+The store/replica matrix, small (30 nodes, 300 creates, load 0.3-2 for the first two):
+SQLite x1 73/s at 13.2 ms of ctrl CPU; PostgreSQL x1 26/s at 32.6 ms of ctrl CPU plus
+14.0 ms of the server's (x0.36 the rate: every statement is a round trip and psycopg's
+work, where SQLite is a call); PostgreSQL x2 3/s at 407 ms of ctrl CPU for both replicas
+and 280 ms of the server's, load average 27: two replicas collapse instead of scaling.
+Every check passed in all three (each Workspace once, AVAILABLE, no node over its
+amount), so it is cost, not correctness; the cause is not found yet.  Suspects, to
+measure next with ``--profile`` on x2: creates placed on a replica that does not hold
+the node's session go through the relay (a queued row, NOTIFY, the other replica's
+pick-up and answer: several transactions and a wake per create where x1 has none), the
+in-store node check (`verify_node`, a locked sum over the node's Allocations, run only
+when the store is shared), and the node rows both replicas lock for reports.  The first
+fix to try is placing on the replica that holds the candidate's session (forwarding the
+create, not each command), which makes x2 what x1 is per create.
+
 Reaching 1,500/s (0.6 ms per placement) still needs a different store path rather than
 tuning: the pool reservations kept as running totals (or an index on the Workspaces'
 pool) instead of summed per create, Core SQL instead of the ORM on the report and
@@ -90,6 +131,7 @@ changes the placement rules tested here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -105,6 +147,7 @@ from typing import Any
 import httpx
 import trio
 from benchlib import enroll_node, operator_credential, percentile, spawn_ctrl
+from placement_cluster import CtrlCluster, Spawned
 
 HERE = Path(__file__).resolve()
 
@@ -113,7 +156,8 @@ HERE = Path(__file__).resolve()
 
 
 def start_ctrl(workdir: Path, policy: str, profile: str | None, group_max: int | None,
-               switch_interval: float | None) -> tuple[subprocess.Popen[bytes], str, Path]:
+               switch_interval: float | None, database_url: str = "",
+               artifact_dir: Path | None = None) -> tuple[subprocess.Popen[bytes], str, Path]:
     argv = [sys.executable, str(HERE), "--role", "ctrl"]
     if profile:
         argv += ["--profile", profile]
@@ -121,8 +165,11 @@ def start_ctrl(workdir: Path, policy: str, profile: str | None, group_max: int |
         argv += ["--group-max", str(group_max)]
     if switch_interval is not None:
         argv += ["--switch-interval", str(switch_interval)]
+    store = ""
+    if database_url:  # replicas share the store and the artifact directory
+        store = f'database_url = "{database_url}"\nartifact_dir = "{artifact_dir}"\n'
     config = (f'[ctrl]\nlisten = "127.0.0.1:0"\nstate_dir = "{workdir / "state"}"\n'
-              f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n'
+              f'reconcile_interval = "60s"\nplacement_policy = "{policy}"\n{store}'
               '[testing]\npool_capacity = "1P"\n'
               # Placement is measured, not TLS: plain HTTP, which loopback allows.
               '[tls]\nenabled = false\n')
@@ -244,15 +291,16 @@ async def setup(http: httpx.AsyncClient, nodes: int) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------ nodes
 
 
-async def hold_sessions(url: str, creds_file: str) -> None:
-    """The node process: one simulated session per node until killed."""
+async def hold_sessions(urls: list[str], creds_file: str) -> None:
+    """The node process: one simulated session per node until killed, node i on
+    replica i mod N."""
     from kibotos.testing.fake_node import open_sim_node
     from kibotos.testing.sim_instances import SimInstances
 
     creds = json.loads(await trio.Path(creds_file).read_text())
     connected = 0
 
-    async def one(node_id: str, credential: str) -> None:
+    async def one(url: str, node_id: str, credential: str) -> None:
         nonlocal connected
         async with open_sim_node(url, credential, node_id, 1, ping_interval=5.0,
                                  sim=SimInstances()) as node:
@@ -263,8 +311,8 @@ async def hold_sessions(url: str, creds_file: str) -> None:
             await trio.sleep_forever()
 
     async with trio.open_nursery() as nursery:
-        for node_id, credential in creds:
-            nursery.start_soon(one, node_id, credential)
+        for i, (node_id, credential) in enumerate(creds):
+            nursery.start_soon(one, urls[i % len(urls)], node_id, credential)
             await trio.sleep(0.002)
 
 
@@ -287,13 +335,14 @@ async def wait_eligible(http: httpx.AsyncClient, count: int) -> None:
 # ------------------------------------------------------------------------ load
 
 
-async def load(http: httpx.AsyncClient, creates: int, concurrency: int,
+async def load(clients: list[httpx.AsyncClient], creates: int, concurrency: int,
                body: dict[str, Any], phase: str) -> tuple[float, list[float], dict[str, int]]:
+    """`concurrency` callers, caller i sending through replica i mod N."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
     counter = iter(range(creates))
 
-    async def caller() -> None:
+    async def caller(http: httpx.AsyncClient) -> None:
         for i in counter:
             t0 = time.perf_counter()
             resp = await http.post("/v1/workspaces", json={**body, "command_id": f"{phase}-{i}"})
@@ -304,8 +353,8 @@ async def load(http: httpx.AsyncClient, creates: int, concurrency: int,
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(caller)
+        for n in range(concurrency):
+            nursery.start_soon(caller, clients[n % len(clients)])
     return time.perf_counter() - t0, latencies, errors
 
 
@@ -341,21 +390,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(args: argparse.Namespace, url: str, operator: str, workdir: Path,
-              ctrl_pid: int) -> None:
-    limits = httpx.Limits(max_connections=args.concurrency + 8,
-                          max_keepalive_connections=args.concurrency + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits,
-                                 headers={"Authorization": f"Bearer {operator}"}) as http:
+async def run(args: argparse.Namespace, cluster: CtrlCluster, operator: str,
+              workdir: Path) -> dict[str, Any]:
+    """One measurement against `cluster`'s replicas; its figures."""
+    urls = cluster.urls
+    per_replica = args.concurrency // len(urls) + 8
+    limits = httpx.Limits(max_connections=per_replica, max_keepalive_connections=per_replica)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(
+            base_url=url, timeout=120, limits=limits,
+            headers={"Authorization": f"Bearer {operator}"})) for url in urls]
+        http = clients[0]
         t0 = time.monotonic()
         creds = await setup(http, args.nodes)
         print(f"enrolled {len(creds)} nodes in {time.monotonic() - t0:.1f}s", flush=True)
         creds_file = workdir / "creds.json"
         await trio.Path(creds_file).write_text(json.dumps(creds))
         nodes = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
-            [sys.executable, str(HERE), "--role", "nodes", "--url", url, "--creds",
-             str(creds_file)], stdout=subprocess.PIPE, start_new_session=True)
-        pids = {"ctrl": ctrl_pid, "nodes": nodes.pid, "load": os.getpid()}
+            [sys.executable, str(HERE), "--role", "nodes", "--url", ",".join(urls),
+             "--creds", str(creds_file)], stdout=subprocess.PIPE, start_new_session=True)
+        pids = {**{f"ctrl-{n}": pid for n, pid in enumerate(cluster.pids, 1)},
+                "nodes": nodes.pid, "load": os.getpid()}
         try:
             t0 = time.monotonic()
             await wait_eligible(http, args.nodes)
@@ -364,11 +419,13 @@ async def run(args: argparse.Namespace, url: str, operator: str, workdir: Path,
             body = {"template": "bench", "cpu_millis": args.cpu_millis,
                     "memory_bytes": args.memory_mib << 20, "layer_size_bytes": 1 << 30}
             warm = min(200, args.creates // 10)
-            await load(http, warm, args.concurrency, body, "warm")
+            await load(clients, warm, args.concurrency, body, "warm")
             cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            elapsed, lat, errors = await load(http, args.creates - warm, args.concurrency,
+            pg0 = cluster.postgres_cpu()
+            elapsed, lat, errors = await load(clients, args.creates - warm, args.concurrency,
                                               body, "run")
             cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+            pg = cluster.postgres_cpu() - pg0
             done = len(lat) - sum(errors.values())
             await trio.sleep(2.0)  # let the last boots report
             states = await verify(http, args.creates - sum(errors.values()))
@@ -376,17 +433,68 @@ async def run(args: argparse.Namespace, url: str, operator: str, workdir: Path,
             os.killpg(nodes.pid, signal.SIGTERM)
             nodes.wait(timeout=30)
     ms = [v * 1000 for v in lat]
-    print(f"\n{done} placements in {elapsed:.2f}s: {done / elapsed:.0f} placements/s "
-          f"(policy {args.policy}, {args.nodes} nodes, concurrency {args.concurrency}, "
-          f"group commit {args.group_max or 'default'}, switch interval "
-          f"{args.switch_interval or 'default'})")
-    print(f"create latency: p50 {percentile(ms, 0.5):.1f} ms, p99 {percentile(ms, 0.99):.1f} "
+    per = 1000 / max(done, 1)
+    ctrl_cpu = sum(v for name, v in cpu.items() if name.startswith("ctrl-"))
+    figures = {"store": cluster.store, "replicas": len(urls), "placements_s": done / elapsed,
+               "p50_ms": percentile(ms, 0.5), "p99_ms": percentile(ms, 0.99),
+               "ctrl_ms": ctrl_cpu * per, "postgres_ms": pg * per,
+               "nodes_ms": cpu["nodes"] * per, "load_ms": cpu["load"] * per,
+               "errors": errors, "states": states,
+               "load_average": os.getloadavg()[0]}
+    print(f"\n{cluster.store} x{len(urls)}: {done} placements in {elapsed:.2f}s: "
+          f"{done / elapsed:.0f} placements/s (policy {args.policy}, {args.nodes} nodes, "
+          f"concurrency {args.concurrency}, group commit {args.group_max or 'default'}, "
+          f"switch interval {args.switch_interval or 'default'})")
+    print(f"create latency: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} "
           f"ms, mean {statistics.fmean(ms):.1f} ms")
     print(f"errors: {errors or 'none'}; Workspace states: {states}")
     print("CPU per placement: " + ", ".join(
-        f"{name} {1000 * seconds / max(done, 1):.2f} ms" for name, seconds in cpu.items())
-        + f" (machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")
-    print("(target: >= 1,500 placements/s)")
+        f"{name} {seconds * per:.2f} ms" for name, seconds in cpu.items())
+        + (f", postgres {pg * per:.2f} ms" if cluster.postgres else "")
+        + f" (machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})",
+        flush=True)
+    return figures
+
+
+def measure(args: argparse.Namespace, store: str, replicas: int) -> dict[str, Any]:
+    """Start a fresh cluster of `replicas` ctrl processes on `store`, measure, stop."""
+    with tempfile.TemporaryDirectory(prefix="kibotos-bench-placement-") as tmp:
+        cluster = CtrlCluster(Path(tmp), store)
+
+        def spawn(replica_dir: Path, database_url: str, artifacts: Path | None,
+                  first: bool) -> Spawned:
+            return start_ctrl(replica_dir, args.policy, args.profile if first else None,
+                              args.group_max, args.switch_interval, database_url, artifacts)
+
+        try:
+            cluster.start(replicas, spawn)
+            _, url, config = cluster.replicas[0]
+            operator = operator_credential(config, url)
+            return trio.run(run, args, cluster, operator, Path(tmp))
+        except BaseException:
+            cluster.logs()
+            raise
+        finally:
+            cluster.stop(signal.SIGUSR1 if args.profile else signal.SIGTERM)
+            if args.profile:
+                print(f"ctrl-1 profile written to {args.profile}")
+
+
+def table(results: list[dict[str, Any]]) -> None:
+    """Every combination's figures, each beside the first combination's (x1.00)."""
+    base = results[0]
+    print(f"\nplacements, {len(results)} combination(s); ratios against "
+          f"{base['store']} x{base['replicas']} of this run")
+    print(f"{'store':<11}{'replicas':>8}{'placed/s':>10}{'ratio':>7}{'p50 ms':>9}"
+          f"{'p99 ms':>9}{'ctrl CPU ms':>13}{'ratio':>7}{'pg CPU ms':>11}{'nodes ms':>10}"
+          f"{'load ms':>9}  checks")
+    for r in results:
+        ok = "passed" if not r["errors"] else f"errors {r['errors']}"
+        print(f"{r['store']:<11}{r['replicas']:>8}{r['placements_s']:>10.0f}"
+              f"{r['placements_s'] / base['placements_s']:>7.2f}{r['p50_ms']:>9.0f}"
+              f"{r['p99_ms']:>9.0f}{r['ctrl_ms']:>13.2f}{r['ctrl_ms'] / base['ctrl_ms']:>7.2f}"
+              f"{r['postgres_ms']:>11.2f}{r['nodes_ms']:>10.2f}{r['load_ms']:>9.2f}  {ok}")
+    print("(targets: >= 1,500 placements/s, ctrl CPU <= 1.2 ms per placement)")
 
 
 def main() -> None:
@@ -397,7 +505,12 @@ def main() -> None:
     parser.add_argument("--policy", default="binpack")
     parser.add_argument("--cpu-millis", type=int, default=250)
     parser.add_argument("--memory-mib", type=int, default=256)
-    parser.add_argument("--profile", help="write ctrl's cProfile statistics to this file")
+    parser.add_argument("--store", default="sqlite",
+                        help="comma list of sqlite, postgresql (default sqlite)")
+    parser.add_argument("--replicas", default="1",
+                        help="comma list of ctrl replica counts (default 1; more than "
+                             "one only on postgresql)")
+    parser.add_argument("--profile", help="write ctrl-1's cProfile statistics to this file")
     parser.add_argument("--switch-interval", type=float,
                         help="ctrl's sys.setswitchinterval (s), for comparison")
     parser.add_argument("--group-max", type=int,
@@ -413,23 +526,20 @@ def main() -> None:
         run_ctrl(args.config, args.profile, args.group_max, args.switch_interval)
         return
     if args.role == "nodes":
-        trio.run(hold_sessions, args.url, args.creds)
+        trio.run(hold_sessions, args.url.split(","), args.creds)
         return
-    with tempfile.TemporaryDirectory(prefix="kibotos-bench-placement-") as tmp:
-        proc, url, config = start_ctrl(Path(tmp), args.policy, args.profile,
-                                       args.group_max, args.switch_interval)
-        try:
-            operator = operator_credential(config, url)
-            trio.run(run, args, url, operator, Path(tmp), proc.pid)
-        except BaseException:
-            log = (Path(tmp) / "ctrl.log").read_text(errors="replace").splitlines()
-            print("ctrl.log (last 40 lines):", *log[-40:], sep="\n", file=sys.stderr)
-            raise
-        finally:
-            os.killpg(proc.pid, signal.SIGUSR1 if args.profile else signal.SIGTERM)
-            proc.wait(timeout=60)
-            if args.profile:
-                print(f"ctrl profile written to {args.profile}")
+    stores = args.store.split(",")
+    counts = [int(n) for n in args.replicas.split(",")]
+    if not set(stores) <= {"sqlite", "postgresql"} or min(counts) < 1:
+        parser.error("--store takes sqlite and postgresql, --replicas counts from 1")
+    results = []
+    for store in stores:
+        for count in counts:
+            if store == "sqlite" and count > 1:
+                print(f"skipping sqlite x{count}: several replicas need PostgreSQL")
+                continue
+            results.append(measure(args, store, count))
+    table(results)
 
 
 if __name__ == "__main__":
