@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +29,12 @@ from kibotos.core import ids
 from kibotos.core.errors import DeadlineExceeded, KibotosError, Unavailable, error_from_wire
 from kibotos.ctrl.live.node_sessions import SessionHub
 from kibotos.ctrl.model import workspace_txns as tx
+from kibotos.ctrl.store import allocation_notes
 from kibotos.ctrl.store import relay_queue as q
 from kibotos.ctrl.store.changes import Change, NodeSnapshot
 from kibotos.ctrl.store.db import Store
 from kibotos.ctrl.store.models import Node
-from kibotos.protocol import Args, CloseReason, CreateSpec
+from kibotos.protocol import Args, CloseReason, CreateSpec, DestroyArgs
 
 if TYPE_CHECKING:  # psycopg is the optional PostgreSQL extra: imported where used
     import psycopg
@@ -50,8 +52,9 @@ RELAY_MARGIN = 5.0
 CLOSE_KIND = "session.close"
 #: How long a relayed close may take.
 CLOSE_TIMEOUT = 10.0
-#: How often a relayed create's record is looked for.
-RECORD_POLL_INTERVAL = 0.2
+#: How often a relayed create's record is looked for in the store when no
+#: notification said it was recorded (or given up: its destroy relayed here).
+RECORD_POLL_INTERVAL = 1.0
 #: Committed changes of node rows (payload ``<replica_id> <node_id>``).
 NODE_CHANNEL = "kibotos_nodes"
 
@@ -86,12 +89,18 @@ class CommandRelay:
         self._nodes_changed = trio.Event()
         #: Nodes whose live session another live replica holds, as last read.
         self.elsewhere: set[str] = set()
+        #: Relayed creates sent here whose record (or destroy) is awaited, by Instance.
+        self._awaited: dict[str, trio.Event] = {}
         store.listen("after_flush", _announce_nodes(replica_id))
+        store.listen("before_commit", allocation_notes.announcer(replica_id))
 
     # ------------------------------------------------------------------ sender
 
     def is_alive_elsewhere(self, node_id: str) -> bool:
         return node_id in self.elsewhere
+
+    def alive_elsewhere(self) -> AbstractSet[str]:
+        return self.elsewhere
 
     async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         """Have the replica holding the node's session send the command; its result,
@@ -165,18 +174,28 @@ class CommandRelay:
         node's first frames of it wait (`NodeFeed`) instead of reading as an Instance
         nobody recorded, which would be destroyed."""
         instance_id = queued.args.get("instance_id")
+        if queued.kind == DestroyArgs.KIND and isinstance(instance_id, str):
+            # The sender gave the create up (its record went stale): stop waiting.
+            awaited = self._awaited.get(instance_id)
+            if awaited is not None:
+                awaited.set()
         if queued.kind != CreateSpec.KIND or not isinstance(instance_id, str) or \
                 instance_id in self._inflight:
             await self._send_and_store(queued)
             return
         recorded = self._inflight[instance_id] = trio.Event()
+        awaited = self._awaited[instance_id] = trio.Event()
         try:
             if await self._send_and_store(queued):
                 with trio.move_on_after(queued.timeout_s + RELAY_MARGIN):
-                    while not await self._recorded(instance_id):
-                        await trio.sleep(RECORD_POLL_INTERVAL)
+                    while True:
+                        with trio.move_on_after(RECORD_POLL_INTERVAL):
+                            await awaited.wait()
+                        if awaited.is_set() or await self._recorded(instance_id):
+                            break
         finally:
             del self._inflight[instance_id]
+            self._awaited.pop(instance_id, None)
             recorded.set()
 
     async def _recorded(self, instance_id: str) -> bool:
@@ -233,13 +252,20 @@ class CommandRelay:
         import psycopg
 
         conn = psycopg.connect(self._conninfo, autocommit=True)
-        for channel in (q.WORK_CHANNEL, q.DONE_CHANNEL, NODE_CHANNEL):
+        for channel in (q.WORK_CHANNEL, q.DONE_CHANNEL, NODE_CHANNEL,
+                        allocation_notes.CHANNEL):
             conn.execute(f"LISTEN {channel}")
         return conn
 
     @staticmethod
     def _wait(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
-        return [(n.channel, n.payload) for n in conn.notifies(timeout=POLL_INTERVAL)]
+        """What arrived by the first notification (with any that came in the same
+        packet), or nothing after `POLL_INTERVAL`.  Without ``stop_after`` the wait
+        would collect for the whole interval, delaying every notification by up to a
+        second: each relayed command's hand-over and answer, every other replica's
+        node and Allocation changes."""
+        return [(n.channel, n.payload)
+                for n in conn.notifies(timeout=POLL_INTERVAL, stop_after=1)]
 
     async def _listen(self) -> None:
         import psycopg
@@ -265,12 +291,27 @@ class CommandRelay:
             waiter = self._done.get(payload)
             if waiter is not None:
                 waiter.set()
+        elif channel == allocation_notes.CHANNEL:
+            self._allocations_noted(payload)
         elif channel == NODE_CHANNEL:
             replica_id, _, node_id = payload.partition(" ")
             if replica_id != self.replica_id and node_id:
                 self._changed_nodes.add(node_id)
                 self._nodes_changed.set()
                 self._work.set()  # re-read who holds which session
+
+    def _allocations_noted(self, payload: str) -> None:
+        """Another replica's committed Allocations: into the index at once, and a
+        relayed create waiting for its record is recorded."""
+        changes: list[Change] = []
+        for replica_id, snap in allocation_notes.decode(payload):
+            awaited = self._awaited.get(snap.instance_id)
+            if awaited is not None:
+                awaited.set()
+            if replica_id != self.replica_id:
+                changes.append(snap)
+        if changes:
+            self._publish(changes)
 
 
 def _node_snapshots(session: Session, node_ids: set[str]) -> list[NodeSnapshot]:

@@ -9,6 +9,7 @@ not in here: they take the context, never the reverse.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -33,6 +34,10 @@ class SessionRegistry(Protocol):
 
     def is_alive(self, node_id: str) -> bool:
         """Whether the node has a live control session right now."""
+
+    def elsewhere(self) -> AbstractSet[str]:
+        """The nodes whose live session another ctrl replica holds, so that commands to
+        them travel through the relay (empty for a lone ctrl)."""
 
     async def close(self, node_id: str, reason: CloseReason) -> None:
         """Send ``close{reason}`` to the node's session (if any) and end it."""

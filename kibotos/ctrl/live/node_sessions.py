@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, MutableMapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -348,6 +349,9 @@ class RemoteSessions(Protocol):
     def is_alive_elsewhere(self, node_id: str) -> bool:
         """Whether another live replica holds the node's live session (as last read)."""
 
+    def alive_elsewhere(self) -> AbstractSet[str]:
+        """Every node `is_alive_elsewhere` says so of (as last read)."""
+
     async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         """Have the replica holding the node's session send the command."""
 
@@ -389,6 +393,11 @@ class SessionHub:
     def is_alive(self, node_id: str) -> bool:
         return node_id in self._sessions or (
             self.remote is not None and self.remote.is_alive_elsewhere(node_id))
+
+    def elsewhere(self) -> AbstractSet[str]:
+        if self.remote is None:
+            return frozenset()
+        return self.remote.alive_elsewhere() - self._sessions.keys()
 
     async def close(self, node_id: str, reason: CloseReason) -> None:
         session = self._sessions.get(node_id)

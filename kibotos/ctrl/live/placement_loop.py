@@ -86,7 +86,15 @@ class PlacementLoop:
                     raise refusal.error(pinned)
                 node_id: str | None = pinned
             else:
-                node_id = self.index.best(demand, tried)
+                # Nodes whose session this replica holds first (a create placed
+                # through another replica's session goes through the store's relay:
+                # several transactions and a wake on each side, where a local one is
+                # one round trip); the others when none of these can take it
+                # (docs/replicas.md, "Placement").  A lone ctrl has no others.
+                remote = self.runtime.ctx.sessions.elsewhere()
+                node_id = self.index.best(demand, tried | remote) if remote else None
+                if node_id is None:
+                    node_id = self.index.best(demand, tried)
                 if node_id is None:
                     raise _exhausted(self.index, demand, tried, last)
             assert node_id is not None

@@ -1,0 +1,100 @@
+"""Placement across two ctrl replicas (real processes, a real PostgreSQL server), one
+simulated node on each: each replica places on the node whose session it holds first,
+turns to the other's node only when its own is full, and knows the Allocations the
+other replica committed (`kibotos.ctrl.store.allocation_notes`) without waiting for its
+minute resync, so it never asks a node the other replica filled."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ctrl_helpers import enroll_operator, exchange, result
+from replica_procs import sessions, start_replica, stop_all
+from ws_helpers import add_template
+
+from kibotos.ctrl.serve import open_store
+from kibotos.testing.fake_node import open_sim_node
+from kibotos.testing.sim_instances import SimInstances
+from kibotos.testing.waiting import wait_until
+from kibotos.tls.local_ctrl import client_tls
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+#: A node takes four of these (the simulated node has 4 CPUs).
+CPU = 1000
+
+
+def _creates(sim: SimInstances) -> int:
+    return sum(c.get("kind") == "instance.create" for c in sim.commands)
+
+
+async def test_each_replica_fills_its_own_nodes_first_and_sees_the_others(
+        tmp_path: Path, postgres_url: str) -> None:
+    a = await start_replica(tmp_path, "ctrl-a", postgres_url, None, "15s")
+    replicas = [a]
+    store = await open_store(a.config)
+    try:
+        b = await start_replica(tmp_path, "ctrl-b", postgres_url, tmp_path / "ctrl-a", "15s")
+        replicas.append(b)
+        tls = client_tls(a.config)
+        await store.write(add_template)
+        async with httpx.AsyncClient(base_url=a.url, verify=tls, timeout=60) as via_a, \
+                httpx.AsyncClient(base_url=b.url, verify=tls, timeout=60) as via_b:
+            operator = await enroll_operator(via_a, store)
+            creds = {}
+            for node_id in ("node-a", "node-b"):
+                grant = result(await via_a.post("/v1/enrollment/grants", headers=operator,
+                                                json={"kind": "node", "node_id": node_id}))
+                creds[node_id] = (await exchange(via_a, grant["token"]))["credential"]
+            sim_a, sim_b = SimInstances(), SimInstances()
+            async with open_sim_node(a.url, creds["node-a"], "node-a", 1, sim=sim_a,
+                                     ssl_context=tls) as node_a, \
+                    open_sim_node(b.url, creds["node-b"], "node-b", 1, sim=sim_b,
+                                  ssl_context=tls) as node_b:
+                assert node_a.welcomed
+                assert node_b.welcomed
+                held = await sessions(store)
+                assert held["node-a"]["replica"] != held["node-b"]["replica"]
+                counter = iter(range(1000))
+
+                async def create(via: httpx.AsyncClient, **body: Any) -> httpx.Response:
+                    return await via.post("/v1/workspaces", headers=operator, json={
+                        "template": "base", "cpu_millis": CPU,
+                        "command_id": f"create-{next(counter)}", **body})
+
+                def pinned(via: httpx.AsyncClient, node_id: str
+                           ) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+                    async def probe() -> dict[str, Any] | None:
+                        resp = await create(via, node_id=node_id)
+                        if resp.status_code == 429:  # not placeable from there yet (its
+                            return None              # session, then its clock measured)
+                        return result(resp)
+                    return probe
+
+                # One on each node through the replica that does not hold it, once that
+                # replica sees the node (through the relay).
+                await wait_until(pinned(via_a, "node-b"), "A places on node-b", timeout=30)
+                await wait_until(pinned(via_b, "node-a"), "B places on node-a", timeout=30)
+                # Binpack alone would pick by its ranking among equals; each replica
+                # takes its own node.
+                assert result(await create(via_b))["node_id"] == "node-b"
+                for _ in range(3):  # node-a full
+                    assert result(await create(via_a))["node_id"] == "node-a"
+                # A's own node is full: the next goes to node-b, through the relay.
+                assert result(await create(via_a))["node_id"] == "node-b"
+                assert result(await create(via_b))["node_id"] == "node-b"  # full
+                # B has nothing left, and knows from A's notices that node-a is full
+                # (its own index resyncs only every minute): node-a is not asked.
+                asked_a = _creates(sim_a)
+                resp = await create(via_b)
+                assert resp.status_code == 429, resp.text
+                assert "not enough free CPU" in resp.text
+                assert _creates(sim_a) == asked_a, "B asked node-a, which A filled"
+                assert (asked_a, _creates(sim_b)) == (4, 4)
+    finally:
+        store.close()
+        await stop_all(replicas)
