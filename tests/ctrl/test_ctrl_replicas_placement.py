@@ -72,7 +72,8 @@ async def test_each_replica_fills_its_own_nodes_first_and_sees_the_others(
                         resp = await create(via, node_id=node_id)
                         if resp.status_code == 429:  # not placeable from there yet (its
                             return None              # session, then its clock measured)
-                        return result(resp)
+                        placed: dict[str, Any] = result(resp)
+                        return placed
                     return probe
 
                 # One on each node through the replica that does not hold it, once that
