@@ -184,6 +184,14 @@ def prepare_tls(config: CtrlConfig, ctx: CtrlContext) -> CtrlTls | None:
     return tls
 
 
+#: How long an idle keep-alive connection stays open.  Well above the clients' own
+#: (httpx closes a connection idle for 5 s, hypercorn's default is 5 s too): with equal
+#: timeouts a client could send a request on a connection just as the server closed
+#: it, and get "Server disconnected without sending a response" for a request ctrl never
+#: saw (seen in bench/placement.py's runs).  75 s, as nginx.
+KEEP_ALIVE_TIMEOUT = 75.0
+
+
 def hypercorn_config(listen: str, tls: CtrlTls | None = None) -> HypercornConfig:
     """hypercorn settings for the ctrl app (HTTPS with `tls`, else plain HTTP); also
     installs the `_guard_hypercorn_close` fix, so whoever serves the app with this
@@ -194,6 +202,7 @@ def hypercorn_config(listen: str, tls: CtrlTls | None = None) -> HypercornConfig
     hc.bind = [listen]
     hc.accesslog = None
     hc.graceful_timeout = 5.0
+    hc.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
     # The control session has its own pings and timeout; hypercorn's would only add
     # a second, differently tuned liveness check.
     hc.websocket_ping_interval = None

@@ -28,7 +28,7 @@ else:
         PROTOCOL_VERSION,
         main,
     )
-    from kibotos.guest.kibotos_guest.framing import (
+    from kibotos.guest.kibotos_guest.runtime.framing import (
         DATA_CHUNK,
         DEFAULT_WINDOW,
         FLAG_EOF,
@@ -46,8 +46,8 @@ else:
         encode_data,
         encode_frame,
     )
-    from kibotos.guest.kibotos_guest.sysio import FIFREEZE, FITHAW
-    from kibotos.guest.kibotos_guest.transport import find_port_device
+    from kibotos.guest.kibotos_guest.runtime.sysio import FIFREEZE, FITHAW
+    from kibotos.guest.kibotos_guest.runtime.transport import find_port_device
 
     __all__ = [
         "AGENT_VERSION", "CAPABILITIES", "DATA_CHUNK", "DEFAULT_PORT_NAME", "DEFAULT_WINDOW",

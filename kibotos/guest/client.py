@@ -41,7 +41,7 @@ from kibotos.core.errors import (
     error_of,
 )
 from kibotos.guest.files import Download, GuestFiles, Upload, require_capability, user_fields
-from kibotos.guest.kibotos_guest.framing import (
+from kibotos.guest.kibotos_guest.runtime.framing import (
     DEFAULT_WINDOW,
     KIND_CONTROL,
     RESYNC_PREAMBLE_SIZE,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from kibotos.core.errors import FailedPrecondition, Internal, KibotosError, error_of
-from kibotos.guest.kibotos_guest.framing import DEFAULT_WINDOW, MAX_PAYLOAD
+from kibotos.guest.kibotos_guest.runtime.framing import DEFAULT_WINDOW, MAX_PAYLOAD
 from kibotos.guest.streams import GuestInputStream, GuestOutputStream
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import trio
 
 from kibotos.core.errors import FailedPrecondition, KibotosError
-from kibotos.guest.kibotos_guest.framing import DATA_CHUNK, encode_control, encode_data
+from kibotos.guest.kibotos_guest.runtime.framing import DATA_CHUNK, encode_control, encode_data
 from kibotos.guest.model import ExitStatus
 
 

@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kibotos
@@ -76,8 +76,9 @@ def agent_files(agent: Path | None = None) -> dict[str, tuple[Path, int]]:
     files = {AGENT_GUEST_PATH: (agent, 0o755)}
     package = agent.parent / AGENT_PACKAGE
     if package.is_dir():
-        for src in sorted(package.glob("*.py")):
-            files[f"{AGENT_GUEST_DIR}/{AGENT_PACKAGE}/{src.name}"] = (src, 0o644)
+        for src in sorted(package.rglob("*.py")):
+            rel = src.relative_to(package).as_posix()
+            files[f"{AGENT_GUEST_DIR}/{AGENT_PACKAGE}/{rel}"] = (src, 0o644)
     return files
 
 
@@ -172,16 +173,18 @@ def _precompile_agent(stage: Path, files: dict[str, tuple[Path, int]]) -> None:
     A tree without python3 is left alone (nothing in it could run the agent, and the
     guest init refuses to start it); a compile that fails fails the build."""
     package = f"{AGENT_GUEST_DIR}/{AGENT_PACKAGE}"
-    modules = sorted(Path(d).stem for d in files
+    modules = sorted(PurePosixPath(d[len(package) + 1:]) for d in files
                      if d.startswith(package + "/") and d.endswith(".py"))
     if not modules or not os.path.lexists(stage / "usr/bin/python3"):
         return
-    pycache = stage / package.lstrip("/") / "__pycache__"
-    if pycache.is_symlink() or pycache.is_file():
-        pycache.unlink()
-    elif pycache.is_dir():
-        shutil.rmtree(pycache)  # bytecode of an older agent (an imported tree): unlinked,
-        #                         never rewritten through a link into a cache
+    pycaches = sorted({stage / package.lstrip("/") / m.parent / "__pycache__"
+                       for m in modules})
+    for pycache in pycaches:
+        if pycache.is_symlink() or pycache.is_file():
+            pycache.unlink()
+        elif pycache.is_dir():
+            shutil.rmtree(pycache)  # bytecode of an older agent (an imported tree):
+            #                         unlinked, never rewritten through a link into a cache
     argv = ["chroot", str(stage), "/usr/bin/python3", "-I", "-B", "-m", "compileall", "-q",
             "--invalidation-mode", "checked-hash", package]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
@@ -189,14 +192,17 @@ def _precompile_agent(stage: Path, files: dict[str, tuple[Path, int]]) -> None:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     except FileNotFoundError:
         raise FailedPrecondition("build template: chroot is not installed") from None
-    missing = [m for m in modules if not list(pycache.glob(f"{m}.*.pyc"))]
+    root = stage / package.lstrip("/")
+    missing = [str(m) for m in modules
+               if not list((root / m.parent / "__pycache__").glob(f"{m.stem}.*.pyc"))]
     if proc.returncode != 0 or missing:
         detail = (proc.stderr or proc.stdout).strip()[-1000:] or f"no bytecode for {missing}"
         raise FailedPrecondition("build template: byte-compiling the guest agent with the "
                                  f"Template's python3 failed: {detail}")
-    for pyc in pycache.iterdir():
-        os.chmod(pyc, 0o644)
-        os.chown(pyc, 0, 0)
+    for pycache in pycaches:
+        for pyc in pycache.iterdir():
+            os.chmod(pyc, 0o644)
+            os.chown(pyc, 0, 0)
 
 
 def image_from_tree(stage: Path, image: Path, *, name: str,

@@ -15,11 +15,12 @@ import pytest
 from guest_harness import GUEST_PYTHON, TIMEOUT, spawn
 
 from kibotos.guest import AGENT_PACKAGE_DIR, AGENT_PATH
-from kibotos.guest.kibotos_guest import cli, tasks
-from kibotos.guest.kibotos_guest import loop as gloop
-from kibotos.guest.kibotos_guest.framing import KIND_CONTROL, Frame, FrameDecoder
+from kibotos.guest.kibotos_guest import cli
+from kibotos.guest.kibotos_guest.runtime import loop as gloop
+from kibotos.guest.kibotos_guest.runtime import tasks
+from kibotos.guest.kibotos_guest.runtime.framing import KIND_CONTROL, Frame, FrameDecoder
 
-MODULES = sorted(AGENT_PACKAGE_DIR.glob("*.py"))
+MODULES = sorted(AGENT_PACKAGE_DIR.rglob("*.py"))
 
 #: Modules the agent must not import on the way to its first hello: each costs tens to
 #: hundreds of milliseconds in a TCG guest, and none is needed before a request.
@@ -31,14 +32,20 @@ HEAVY = {"asyncio", "logging", "argparse", "dataclasses", "typing", "subprocess"
 def test_every_module_is_small_and_imports_only_the_standard_library() -> None:
     assert len(MODULES) >= 10
     assert len(AGENT_PATH.read_text().splitlines()) < 80  # the launcher stays a launcher
+    assert {p.parent.name for p in MODULES} == {"kibotos_guest", "runtime", "services"}
     for path in MODULES:
         source = path.read_text()
         assert len(source.splitlines()) <= 400, f"{path.name} is over 400 lines"
+        # A relative import stays inside the package (it is copied alone to the guest).
+        depth = len(path.relative_to(AGENT_PACKAGE_DIR).parts)
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level <= depth, f"{path.name} imports from outside the package"
+                continue
             else:
                 continue
             for name in names:

@@ -33,9 +33,11 @@ needs_chroot_python = pytest.mark.skipif(
 def test_agent_files_are_the_launcher_and_every_module() -> None:
     files = bt.agent_files()
     assert files[bt.AGENT_GUEST_PATH] == (AGENT_PATH, 0o755)
-    modules = {f"{PACKAGE}/{p.name}": (p, 0o644) for p in AGENT_PACKAGE_DIR.glob("*.py")}
+    modules = {f"{PACKAGE}/{p.relative_to(AGENT_PACKAGE_DIR).as_posix()}": (p, 0o644)
+               for p in AGENT_PACKAGE_DIR.rglob("*.py")}
     assert {k: v for k, v in files.items() if k != bt.AGENT_GUEST_PATH} == modules
     assert f"{PACKAGE}/__init__.py" in files
+    assert f"{PACKAGE}/runtime/framing.py" in files  # the tree, not only the top
     assert bt.default_recipe().files == files
 
 
@@ -87,8 +89,10 @@ def test_the_package_is_byte_compiled_by_the_guest_python(tmp_path: Path) -> Non
     image = tmp_path / "image"
     bt.image_from_tree(stage, image, name="agent-test", files=bt.agent_files())
 
-    for src in AGENT_PACKAGE_DIR.glob("*.py"):
-        pyc = read_file(image, f"{PACKAGE}/__pycache__/{src.stem}.cpython-311.pyc")
+    for src in AGENT_PACKAGE_DIR.rglob("*.py"):
+        rel = src.relative_to(AGENT_PACKAGE_DIR).parent.as_posix()
+        where = PACKAGE if rel == "." else f"{PACKAGE}/{rel}"
+        pyc = read_file(image, f"{where}/__pycache__/{src.stem}.cpython-311.pyc")
         magic, flags, source_hash = _pyc_header(pyc)
         assert magic == importlib.util.MAGIC_NUMBER  # this venv is 3.11 too
         assert flags == 0b11  # hash-based, checked: never used for a changed source
@@ -99,6 +103,8 @@ def test_the_package_is_byte_compiled_by_the_guest_python(tmp_path: Path) -> Non
          "import sys; sys.path.insert(0, '/usr/lib/kibotos-guest'); import kibotos_guest.cli"],
         capture_output=True, text=True, check=True)
     assert f"code object from '{PACKAGE}/__pycache__/cli.cpython-311.pyc'" in proc.stderr
+    assert (f"code object from '{PACKAGE}/runtime/__pycache__/channel.cpython-311.pyc'"
+            in proc.stderr)
     assert f"# wrote '{PACKAGE}" not in proc.stderr
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kibotos.guest.kibotos_guest.framing import DATA_CHUNK
+from kibotos.guest.kibotos_guest.runtime.framing import DATA_CHUNK
 from kibotos.guest.streams import RECEIVE_COALESCE, GuestOutputStream
 
 

@@ -216,8 +216,11 @@ def test_every_builtin_plugin_and_the_guest_agent(root: Path) -> None:
     for module in _plugins().values():
         assert (site / module / "__init__.py").is_file(), module
     assert (site / "kibotos/guest/agent.py").is_file()
-    agent = sorted(p.name for p in (REPO / "kibotos/guest/kibotos_guest").glob("*.py"))
-    assert sorted(p.name for p in (site / "kibotos/guest/kibotos_guest").glob("*.py")) == agent
+    def agent_modules(package: Path) -> list[str]:
+        return sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+    agent = agent_modules(REPO / "kibotos/guest/kibotos_guest")
+    assert "runtime/framing.py" in agent
+    assert agent_modules(site / "kibotos/guest/kibotos_guest") == agent
     # The runtime directory check-upgrade is pointed at is the venv's site-packages.
     assert os.readlink(root / "usr/lib/kibotos/node") == "venv/lib/python3.11/site-packages"
 

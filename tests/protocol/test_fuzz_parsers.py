@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kibotos.guest.kibotos_guest.framing import (
+from kibotos.guest.kibotos_guest.runtime.framing import (
     HEADER_SIZE,
     KIND_CONTROL,
     KIND_DATA,

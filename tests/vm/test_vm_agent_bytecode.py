@@ -39,9 +39,12 @@ async def test_the_guest_imports_the_precompiled_agent(platform_dir: Path,
             assert status.returncode == 0, err
             text = err.decode(errors="replace")
             package = f"{bt.AGENT_GUEST_DIR}/{bt.AGENT_PACKAGE}"
-            for module in ("__init__", "cli", "core", "channel", "framing", "loop"):
-                pattern = (rf"code object from '{re.escape(package)}/__pycache__/"
-                           rf"{module}\.cpython-3\d+\.pyc'")
+            for module in ("__init__", "cli", "core", "runtime/channel", "runtime/framing",
+                           "runtime/loop"):
+                folder, _, name = module.rpartition("/")
+                where = f"{package}/{folder}" if folder else package
+                pattern = (rf"code object from '{re.escape(where)}/__pycache__/"
+                           rf"{name}\.cpython-3\d+\.pyc'")
                 assert re.search(pattern, text), f"{module} was not loaded from bytecode"
             assert f"# wrote '{package}" not in text
             await guest.exec(POWEROFF)

@@ -26,7 +26,7 @@ from kibotos.core.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from kibotos.guest.kibotos_guest.tarstream import Unpacker, pack
+from kibotos.guest.kibotos_guest.services.tarstream import Unpacker, pack
 
 CHUNK = 256 * 1024
 #: Chunks in flight between a worker thread and trio.

@@ -21,6 +21,10 @@ def hypercorn_config(listen: str) -> HypercornConfig:
     hc.bind = [listen]
     hc.accesslog = None
     hc.graceful_timeout = 5.0
+    # Idle keep-alive connections outlive the clients' (httpx: 5 s; SDKs similar), so
+    # a client never sends on a connection the server is closing (as ctrl's,
+    # `kibotos.ctrl.serve.KEEP_ALIVE_TIMEOUT`).
+    hc.keep_alive_timeout = 75.0
     return hc
 
 

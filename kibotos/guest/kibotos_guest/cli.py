@@ -17,12 +17,12 @@ import sys
 import time
 
 from . import DEFAULT_PORT_NAME, PROTOCOL_VERSION
-from .channel import Channel
 from .core import Agent
 from .log import log
-from .loop import Loop, get_loop
-from .tasks import Event
-from .transport import find_port_device, listen, listen_vsock, wait_for_device
+from .runtime.channel import Channel
+from .runtime.loop import Loop, get_loop
+from .runtime.tasks import Event
+from .runtime.transport import find_port_device, listen, listen_vsock, wait_for_device
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ async def serve(args: Options) -> None:
 
 def _init_as_pid1() -> None:
     """As PID 1 nothing mounted the kernel's file systems for us."""
-    from .sysio import sys_mount
+    from .runtime.sysio import sys_mount
 
     for target, fs_type in (("/proc", "proc"), ("/sys", "sysfs"), ("/dev", "devtmpfs")):
         if not os.path.ismount(target):

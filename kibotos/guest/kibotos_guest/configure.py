@@ -15,9 +15,9 @@ import re
 import stat
 
 from .errors import AgentError, field, guest_path, invalid
-from .processes import env_key_ok
-from .sysio import MS_RDONLY, atomic_write, mount_at, read_text, sys_mount
-from .tasks import run_in_thread
+from .runtime.sysio import MS_RDONLY, atomic_write, mount_at, read_text, sys_mount
+from .runtime.tasks import run_in_thread
+from .services.processes import env_key_ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ def _apply_config(agent: Agent, cfg: dict[str, Any], actions: list[str]) -> None
     if "hostname" in cfg:
         _apply_hostname(agent, cfg["hostname"], actions)
     if "network" in cfg:
-        from .netconf import apply
+        from .services.netconf import apply
 
         apply(cfg["network"], actions)
     if "dns" in cfg:

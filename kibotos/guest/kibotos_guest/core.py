@@ -12,21 +12,22 @@ import os
 import signal
 import time
 
-from . import AGENT_VERSION, CAPABILITIES, FILE_REQUESTS, PROTOCOL_VERSION, processes
+from . import AGENT_VERSION, CAPABILITIES, FILE_REQUESTS, PROTOCOL_VERSION
 from .errors import AgentError, invalid
 from .log import log
-from .loop import get_loop
-from .sysio import read_boot_id
-from .tasks import Lock, create_task
+from .runtime.loop import get_loop
+from .runtime.sysio import read_boot_id
+from .runtime.tasks import Lock, create_task
+from .services import processes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
     from typing import Any
 
-    from .channel import Channel
-    from .loop import Handle
-    from .tasks import Event, Task
+    from .runtime.channel import Channel
+    from .runtime.loop import Handle
+    from .runtime.tasks import Event, Task
 
     Result = dict[str, Any]
     Handler = Callable[[Channel, Result], Result | Coroutine[Any, Any, Result]]
@@ -224,13 +225,13 @@ class Agent:
         return sync_request(msg)
 
     def _files(self, ch: Channel, msg: dict[str, Any]) -> Coroutine[Any, Any, dict[str, Any]]:
-        from .transfers import REQUESTS
+        from .services.transfers import REQUESTS
 
         return REQUESTS[msg["type"]](self, ch, msg)
 
     def _ports(self, ch: Channel, msg: dict[str, Any]
                ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
-        from .ports import port_close, port_open
+        from .services.ports import port_close, port_open
 
         if msg["type"] == "port_close":
             return port_close(self, ch, msg)

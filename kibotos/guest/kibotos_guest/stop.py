@@ -15,10 +15,10 @@ import signal
 
 from .configure import retained
 from .errors import AgentError, field, guest_path, seconds_field
-from .loop import get_loop
-from .processes import members
-from .sysio import FIFREEZE, FITHAW, mount_at, syncfs_path
-from .tasks import run_in_thread, sleep, wait_for
+from .runtime.loop import get_loop
+from .runtime.sysio import FIFREEZE, FITHAW, mount_at, syncfs_path
+from .runtime.tasks import run_in_thread, sleep, wait_for
+from .services.processes import members
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .core import Agent
-    from .tasks import Future
+    from .runtime.tasks import Future
 
 #: After SIGKILL, how long the stragglers get to disappear.
 KILL_GRACE = 5.0

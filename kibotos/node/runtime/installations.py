@@ -15,7 +15,7 @@ What an installation holds (this codebase's choice).  A build's *runtime directo
 package may ship the same layout elsewhere, e.g. ``/usr/lib/kibotos/node``) contains
 the runtime pieces, copied into the installation under the same relative names:
 
-* ``kibotos/guest/agent.py`` and ``kibotos/guest/kibotos_guest/*.py``: the guest agent
+* ``kibotos/guest/agent.py`` and ``kibotos/guest/kibotos_guest/**/*.py``: the guest agent
   this build installs in Templates and runs as the guest of a light VMM, which is the
   guest protocol the node speaks to its guests;
 * the VMM executables a backend declares in ``RUNTIME_FILES`` (an optional member of
@@ -77,8 +77,9 @@ def required_files(backend: VmmBackend | type[VmmBackend] | None = None) -> list
     class) declares."""
     guest = Path(kibotos.__file__).resolve().parent / "guest"
     names = ["kibotos/guest/agent.py"]
-    names += sorted(f"kibotos/guest/kibotos_guest/{p.name}"
-                    for p in (guest / "kibotos_guest").glob("*.py"))
+    package = guest / "kibotos_guest"
+    names += sorted(f"kibotos/guest/kibotos_guest/{p.relative_to(package).as_posix()}"
+                    for p in package.rglob("*.py"))
     if backend is not None:
         names += [str(n) for n in backend.RUNTIME_FILES]
     return names

@@ -15,12 +15,12 @@ import os
 import re
 import stat
 
+from ..errors import AgentError, field, guest_path, int_field, invalid, user_field
+from ..runtime.framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW
+from ..runtime.sysio import write_stream
 from .bridge import Inbound, Transfer, check_digest, stream_id_field, writable
-from .errors import AgentError, field, guest_path, int_field, invalid, user_field
 from .fileinfo import Names, lstat_entry
 from .fileops import finish_file, fsync_dir, make_parents, owner_fields
-from .framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW
-from .sysio import write_stream
 from .tarstream import Unpacker, result
 
 TYPE_CHECKING = False
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
-    from .tasks import Future
+    from ..core import Agent
+    from ..runtime.channel import Channel
+    from ..runtime.tasks import Future
 
     Body = Callable[[], dict[str, Any]]
 

@@ -23,20 +23,20 @@ import collections
 import hashlib
 import threading
 
-from .errors import AgentError, int_field, invalid
+from ..errors import AgentError, int_field, invalid
+from ..log import log
+from ..runtime.framing import DATA_CHUNK, credited, encode_data
+from ..runtime.loop import get_loop
+from ..runtime.tasks import Future
 from .fileinfo import os_error
-from .framing import DATA_CHUNK, credited, encode_data
-from .log import log
-from .loop import get_loop
-from .tasks import Future
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
+    from ..core import Agent
+    from ..runtime.channel import Channel
 
     Body = Callable[[], dict[str, Any]]
 

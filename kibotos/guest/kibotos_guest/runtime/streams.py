@@ -11,15 +11,15 @@ from __future__ import annotations
 import errno
 import os
 
-from .errors import invalid
+from ..errors import invalid
+from ..log import log
 from .framing import DATA_CHUNK, credited, encode_data
-from .log import log
 from .loop import get_loop
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..services.processes import ManagedProcess
     from .channel import Channel
-    from .processes import ManagedProcess
 
 
 class OutputStream:

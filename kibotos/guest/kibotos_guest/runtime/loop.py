@@ -27,7 +27,7 @@ import select
 import signal
 import time
 
-from .log import log
+from ..log import log
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ import json
 import os
 import stat
 
+from ..errors import AgentError, field, guest_path, int_field, invalid
+from ..runtime.framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW
 from .bridge import Outbound, Transfer, stream_id_field
-from .errors import AgentError, field, guest_path, int_field, invalid
 from .fileinfo import Names, entry, lstat_entry
 from .fileops import walk
-from .framing import DATA_CHUNK, DEFAULT_WINDOW, MAX_WINDOW
 from .tarstream import pack
 
 TYPE_CHECKING = False
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
-    from .tasks import Future
+    from ..core import Agent
+    from ..runtime.channel import Channel
+    from ..runtime.tasks import Future
 
     Body = Callable[[], dict[str, Any]]
 

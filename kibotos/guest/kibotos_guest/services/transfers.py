@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
+    from ..core import Agent
+    from ..runtime.channel import Channel
 
 REQUESTS: dict[str, Callable[[Agent, Channel, dict[str, Any]],
                              Coroutine[Any, Any, dict[str, Any]]]] = {

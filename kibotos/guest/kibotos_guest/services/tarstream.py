@@ -29,9 +29,9 @@ import os
 import stat
 import tarfile
 
-from .errors import AgentError
-from .framing import DATA_CHUNK
-from .sysio import write_stream
+from ..errors import AgentError
+from ..runtime.framing import DATA_CHUNK
+from ..runtime.sysio import write_stream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class Unpacker:
 
     def commit(self) -> list[str]:
         """Durable, checked, then renamed into place; returns the top-level names."""
-        from .sysio import syncfs_path
+        from ..runtime.sysio import syncfs_path
 
         syncfs_path(self.staging)
         tops = sorted(os.listdir(self.staging))

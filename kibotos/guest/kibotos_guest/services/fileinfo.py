@@ -18,7 +18,7 @@ import os
 import stat
 import time
 
-from .errors import AgentError
+from ..errors import AgentError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -11,19 +11,19 @@ import json
 import os
 import select
 
-from .errors import AgentError
+from ..errors import AgentError
+from ..log import log
 from .framing import FLAG_EOF, KIND_CONTROL, Frame, FrameDecoder, FrameError, encode_control
-from .log import log
 from .loop import get_loop
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .bridge import Inbound, Outbound, Transfer
-    from .core import Agent
+    from ..core import Agent
+    from ..services.bridge import Inbound, Outbound, Transfer
+    from ..services.ports import PortStream
     from .loop import Handle
-    from .ports import PortStream
     from .streams import InputStream, OutputStream
 
 #: A host that reads nothing while this much is queued for it is dropped.

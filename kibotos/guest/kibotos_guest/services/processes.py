@@ -13,11 +13,11 @@ import os
 import signal
 import struct
 
-from .errors import AgentError, field, int_field, invalid, user_field
-from .framing import DEFAULT_WINDOW, MAX_WINDOW
-from .log import log
-from .streams import InputStream, OutputStream
-from .sysio import PR_SET_CHILD_SUBREAPER, libc_call
+from ..errors import AgentError, field, int_field, invalid, user_field
+from ..log import log
+from ..runtime.framing import DEFAULT_WINDOW, MAX_WINDOW
+from ..runtime.streams import InputStream, OutputStream
+from ..runtime.sysio import PR_SET_CHILD_SUBREAPER, libc_call
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     import subprocess
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
+    from ..core import Agent
+    from ..runtime.channel import Channel
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_KEY_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")

@@ -23,18 +23,18 @@ import contextlib
 import errno
 import socket
 
-from .errors import AgentError, field, int_field, invalid
-from .framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW, credited, encode_data
-from .log import log
-from .loop import get_loop
-from .tasks import Future, wait_for
+from ..errors import AgentError, field, int_field, invalid
+from ..log import log
+from ..runtime.framing import DEFAULT_WINDOW, MAX_PAYLOAD, MAX_WINDOW, credited, encode_data
+from ..runtime.loop import get_loop
+from ..runtime.tasks import Future, wait_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
+    from ..core import Agent
+    from ..runtime.channel import Channel
 
 #: A connect to the guest's loopback that has not finished by then is given up (a
 #: listener whose backlog is full drops SYNs, and connect would wait for minutes).

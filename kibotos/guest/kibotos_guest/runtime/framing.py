@@ -1,6 +1,6 @@
 """The frames of the guest protocol: a 24-byte header, then the payload.
 
-Both ends use this module (the host imports it as ``kibotos.guest.kibotos_guest.framing``),
+Both ends use this module (the host imports it as ``kibotos.guest.kibotos_guest.runtime.framing``),
 so they cannot drift apart.  The layout is in docs/guest-protocol.md, "Framing".
 
 `Frame` and `FrameError` are small slotted classes rather than dataclasses: importing
@@ -14,7 +14,7 @@ import binascii
 import json
 import struct
 
-from .errors import invalid
+from ..errors import invalid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

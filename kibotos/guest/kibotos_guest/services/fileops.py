@@ -11,18 +11,18 @@ from __future__ import annotations
 import os
 import stat
 
+from ..errors import AgentError, field, guest_path, int_field, invalid, user_field
+from ..runtime.tasks import run_in_thread
 from .bridge import writable
-from .errors import AgentError, field, guest_path, int_field, invalid, user_field
 from .fileinfo import Names, entry, lstat_entry, os_error
-from .tasks import run_in_thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
+    from ..core import Agent
+    from ..runtime.channel import Channel
 
 
 def fsync_dir(path: str) -> None:

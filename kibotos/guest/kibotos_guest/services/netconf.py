@@ -198,7 +198,7 @@ def apply(network: dict[str, Any], actions: list[str], wait_s: float = 10.0) -> 
     loaded: it is waited for up to `wait_s` seconds."""
     import time
 
-    from .errors import AgentError
+    from ..errors import AgentError
 
     with Netlink() as nl:
         deadline = time.monotonic() + wait_s

@@ -37,9 +37,9 @@ import re
 import select
 import struct
 
+from ..errors import AgentError, field, guest_path
 from .bridge import Outbound
 from .downloads import cleaned_up, start_download
-from .errors import AgentError, field, guest_path
 from .fileinfo import lstat_entry, os_error
 from .tarstream import STAGING_PREFIX
 
@@ -47,8 +47,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .channel import Channel
-    from .core import Agent
+    from ..core import Agent
+    from ..runtime.channel import Channel
     from .downloads import Body
 
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80

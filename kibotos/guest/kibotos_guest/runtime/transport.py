@@ -13,8 +13,8 @@ import os
 import stat
 import time
 
+from ..log import log
 from .channel import Channel
-from .log import log
 from .loop import get_loop
 from .tasks import sleep
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import socket
     from collections.abc import Callable
 
-    from .core import Agent
+    from ..core import Agent
 
 
 def find_port_device(name: str, sysfs: str = "/sys/class/virtio-ports", dev: str = "/dev") -> (
