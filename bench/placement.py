@@ -106,20 +106,54 @@ frame's Instance and Workspace reads and writes, the journal, the report) and th
 worker-thread hops (6 a create); the other half is the trio thread (HTTP through
 hypercorn and starlette, ~6 WebSocket frames a create, trio's scheduling).
 
-The store/replica matrix, small (30 nodes, 300 creates, load 0.3-2 for the first two):
-SQLite x1 73/s at 13.2 ms of ctrl CPU; PostgreSQL x1 26/s at 32.6 ms of ctrl CPU plus
-14.0 ms of the server's (x0.36 the rate: every statement is a round trip and psycopg's
-work, where SQLite is a call); PostgreSQL x2 3/s at 407 ms of ctrl CPU for both replicas
-and 280 ms of the server's, load average 27: two replicas collapse instead of scaling.
-Every check passed in all three (each Workspace once, AVAILABLE, no node over its
-amount), so it is cost, not correctness; the cause is not found yet.  Suspects, to
-measure next with ``--profile`` on x2: creates placed on a replica that does not hold
-the node's session go through the relay (a queued row, NOTIFY, the other replica's
-pick-up and answer: several transactions and a wake per create where x1 has none), the
-in-store node check (`verify_node`, a locked sum over the node's Allocations, run only
-when the store is shared), and the node rows both replicas lock for reports.  The first
-fix to try is placing on the replica that holds the candidate's session (forwarding the
-create, not each command), which makes x2 what x1 is per create.
+The store/replica matrix, small (30 nodes, 300 creates, load 0.3-2 for the first two),
+as first measured: SQLite x1 73/s at 13.2 ms of ctrl CPU; PostgreSQL x1 26/s at 32.6 ms
+of ctrl CPU plus 14.0 ms of the server's; PostgreSQL x2 3/s at 407 ms of ctrl CPU for
+both replicas and 280 ms of the server's, load average 27: two replicas collapsed.  The
+profile of x2 named it: 5,460 look-ups of a relayed create's record in one 90 s run.
+Each replica learned of the other's Allocations only at its minute resync, so under
+load both chose the same node, the later one's locked re-check in the store refused
+it, and the Instance the node had accepted was destroyed again, while the replica
+holding the node's session polled for a record that would never come, 5 times a second
+for 35 s.  Three fixes (docs/replicas.md, "Placement"): every committed Allocation is
+announced on a notification channel with its snapshot in the payload and applied to
+the other replicas' indexes at once (`kibotos.ctrl.store.allocation_notes`); each
+replica places on the nodes whose sessions it holds first, so most creates need no
+relay; and the relay's listener returns at the first notification (it collected for
+a whole second before, delaying every hand-over by half of that on average), the
+holder of a relayed create waiting on the Allocation notice instead of polling.
+
+After, unprofiled, every check passed in every combination (each Workspace once and
+AVAILABLE, no node over its amount):
+
+    30 nodes, 300 creates, load 2-4      placed/s  ctrl CPU/placement  PostgreSQL CPU
+    sqlite x1                                122         7.7 ms               -
+    postgresql x1                             49        18.3 ms            8.7 ms
+    postgresql x2                             76        15.8 ms            6.7 ms
+    postgresql x3                             76        16.0 ms            7.4 ms
+
+    200 nodes, 2,000 creates, load 2-16  placed/s  ctrl CPU/placement  PostgreSQL CPU
+    sqlite x1                                118         8.1 ms               -
+    postgresql x1                             44        20.1 ms           10.4 ms
+    postgresql x2                             62        19.0 ms            8.9 ms
+    postgresql x3                             60        20.8 ms            8.3 ms
+
+(ctrl CPU summed over the replicas.)  Two replicas place 1.4-1.55x what one does; a
+third adds nothing here because the two cores are full: ctrl's and PostgreSQL's CPU
+together are ~28 ms a placement, ~70/s for two cores.  The CPU per placement stays
+what one replica spends, so on more cores the rate should grow with the replicas until
+PostgreSQL's own CPU (8-10 ms a placement, ~100/s a core) is the limit.  The next
+bottleneck on PostgreSQL is the per-transaction cost: ~5.5 transactions a create (the
+journal look-up, the pool's room, the create's record, the RUNNING frame, a report),
+each a connection check-out with its pre-ping, BEGIN, the statements and COMMIT, every
+one a round trip through psycopg and SQLAlchemy (~0.3 ms of ctrl CPU each); the create's
+record alone (`Journal._run`: the locked node re-check, the pool's, eight INSERTs) is
+about half of the store's CPU.  Fewer round trips (the reads before placement in one
+transaction, the INSERTs in one statement, psycopg's pipeline mode) would come first.
+(An earlier run of this matrix lost its connections mid-run, "Server disconnected
+without sending a response": hypercorn closed idle keep-alive connections after 5 s,
+as httpx does, so a request could meet a connection being closed; ctrl now keeps them
+75 s.)
 
 Reaching 1,500/s (0.6 ms per placement) still needs a different store path rather than
 tuning: the pool reservations kept as running totals (or an index on the Workspaces'

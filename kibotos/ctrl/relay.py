@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 from sqlalchemy.orm import Session
@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from kibotos.core import ids
 from kibotos.core.errors import DeadlineExceeded, KibotosError, Unavailable, error_from_wire
 from kibotos.ctrl.live.node_sessions import SessionHub
+from kibotos.ctrl.model import nodes
 from kibotos.ctrl.model import workspace_txns as tx
 from kibotos.ctrl.store import allocation_notes
 from kibotos.ctrl.store import relay_queue as q
@@ -233,7 +234,8 @@ class CommandRelay:
         return error is None
 
     async def _follow_nodes(self) -> None:
-        """Read the node rows other replicas changed and hand them to the indexes."""
+        """Read the node rows other replicas changed and hand them to the indexes; push
+        overcommit ratios another replica changed to the nodes whose sessions are here."""
         while True:
             await self._nodes_changed.wait()
             self._nodes_changed = trio.Event()
@@ -245,6 +247,13 @@ class CommandRelay:
                 continue
             if snapshots:
                 self._publish(list(snapshots))
+            for snap in snapshots:
+                # New overcommit ratios set through another replica, for a node whose
+                # session is here: push them now, not at the node's next welcome (until
+                # the node confirms them, no replica places on it).
+                if self.hub.get(snap.node_id) is not None and \
+                        not nodes.overcommit_confirmed(cast(nodes.NodeFacts, snap)):
+                    self.hub.push_overcommit(snap.node_id)
 
     # ------------------------------------------------------------------ listener
 

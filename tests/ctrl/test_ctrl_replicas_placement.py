@@ -2,7 +2,8 @@
 simulated node on each: each replica places on the node whose session it holds first,
 turns to the other's node only when its own is full, and knows the Allocations the
 other replica committed (`kibotos.ctrl.store.allocation_notes`) without waiting for its
-minute resync, so it never asks a node the other replica filled."""
+minute resync, so it never asks a node the other replica filled; and new overcommit
+ratios set through one replica reach a node whose session the other holds at once."""
 
 from __future__ import annotations
 
@@ -96,6 +97,23 @@ async def test_each_replica_fills_its_own_nodes_first_and_sees_the_others(
                 assert "not enough free CPU" in resp.text
                 assert _creates(sim_a) == asked_a, "B asked node-a, which A filled"
                 assert (asked_a, _creates(sim_b)) == (4, 4)
+
+                # An overcommit override for node-b set through A: B, which holds the
+                # session, pushes it at once (the node-row notice), the node confirms,
+                # and node-b takes more (before, it waited for the node's next welcome,
+                # and no replica placed on node-b meanwhile).
+                node = result(await via_a.put("/v1/nodes/node-b/overcommit",
+                                              headers=operator, json={"cpu": "2"}))
+                assert node["overcommit"]["confirmed"] is False
+
+                async def confirmed() -> bool:
+                    node = result(await via_a.get("/v1/nodes/node-b", headers=operator))
+                    return bool(node["overcommit"]["confirmed"])
+                await wait_until(confirmed, "node-b confirms the ratio set through A",
+                                 timeout=10)
+                bigger = await wait_until(pinned(via_b, "node-b"), "node-b takes more",
+                                          timeout=10)
+                assert bigger["node_id"] == "node-b"
     finally:
         store.close()
         await stop_all(replicas)
