@@ -163,9 +163,15 @@ class CtrlConfig(_Strict):
 # ---------------------------------------------------------------------------- node
 
 
+#: At most this many ctrl URLs in ``[node] ctrl_url``.
+MAX_CTRL_URLS = 16
+
+
 class NodeSection(_Strict):
     id: NodeId
-    ctrl_url: str
+    #: ctrl's URL, or every ctrl replica's (docs/replicas.md): the node's processes use
+    #: the first that answers and move to the next when it stops answering.
+    ctrl_url: str | list[str]
     enrollment_grant_file: Path | None = None
     dataplane_listen: str = "127.0.0.1:7500"
     #: The data plane serves TLS with a certificate the node obtains from ctrl's
@@ -186,12 +192,24 @@ class NodeSection(_Strict):
 
     @field_validator("ctrl_url")
     @classmethod
-    def _secure(cls, v: str) -> str:
+    def _secure(cls, v: str | list[str]) -> str | list[str]:
+        urls = v if isinstance(v, list) else [v]
+        if not urls or len(urls) > MAX_CTRL_URLS:
+            raise ValueError(f"must be a URL or a list of 1 to {MAX_CTRL_URLS} URLs")
+        if len({u.rstrip("/") for u in urls}) != len(urls):
+            raise ValueError("lists a URL twice")
         try:
-            require_secure(v, "ctrl_url")
+            for url in urls:
+                require_secure(url, "ctrl_url")
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
         return v
+
+    @property
+    def ctrl_urls(self) -> tuple[str, ...]:
+        """Every ctrl URL, in the order tried, without a trailing slash."""
+        urls = self.ctrl_url if isinstance(self.ctrl_url, list) else [self.ctrl_url]
+        return tuple(u.rstrip("/") for u in urls)
 
     @field_validator("socket_dir")
     @classmethod

@@ -187,7 +187,12 @@ class DevCluster:
                 self._list_replicas_for_kibo(urls)
             ids = [f"node-{i}" for i in range(1, nodes + 1)]
             for i, node_id in enumerate(ids):
-                lay.write_node_config(self.layout, node_id, ctrl_url=urls[i % len(urls)],
+                # Node i starts on replica i mod N and lists the others after it, so a
+                # replica that stops takes its nodes' sessions to the next one.
+                k = i % len(urls)
+                node_urls: str | list[str] = urls[k:] + urls[:k] if len(urls) > 1 \
+                    else urls[0]
+                lay.write_node_config(self.layout, node_id, ctrl_url=node_urls,
                                       cpu=cpu,
                                       ctrl_ca_file=self.ctrl_ca_file(),
                                       memory=memory, shared_pool=shared_pool,

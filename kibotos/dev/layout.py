@@ -168,7 +168,8 @@ def write_ctrl_config(layout: Layout, *, listen: str, reconcile_interval: str | 
                  {"ctrl": section, "testing": {"pool_capacity": "1T"}}, CTRL_HEADER)
 
 
-def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str, cpu: str, memory: str,
+def write_node_config(layout: Layout, node_id: str, *, ctrl_url: str | list[str], cpu: str,
+                      memory: str,
                       shared_pool: bool, test_inputs: bool, ctrl_ca_file: Path | None = None,
                       vmm_backend: str | None = None, shared_default: bool = False,
                       vmm_options: Mapping[str, Any] | None = None,

@@ -196,16 +196,7 @@ async def _strike(cluster: Cluster, by_replica_id: dict[str, Replica], how: str,
     cluster.killed.set()
 
 
-#: The SIGSTOP variant still fails about one run in five (a Workspace left CREATING after
-#: the stopped holder resumes and closes its node sessions; once, an extra Workspace):
-#: a known defect of issue 14, open. It runs every time and reports its outcome; it
-#: does not fail the suite until it is fixed (then strict, as the kill variant is).
-STOP_KNOWN_DEFECT = pytest.mark.xfail(
-    reason="issue 14: a Workspace can stay CREATING after a SIGSTOPped lease holder "
-           "resumes (docs/replicas.md, 'Known defects')", strict=False)
-
-
-@pytest.mark.parametrize("how", ["kill", pytest.param("stop", marks=STOP_KNOWN_DEFECT)])
+@pytest.mark.parametrize("how", ["kill", "stop"])
 async def test_the_lease_holder_struck_in_a_stream_of_creates_stops_and_deletes(
         tmp_path: Path, postgres_url: str, how: str) -> None:
     replicas: list[Replica] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from kibotos.core.errors import FailedPrecondition, KibotosError, Unavailable
 from kibotos.core.logs import EventLogger
 from kibotos.dataplane.process.control import control_call
 from kibotos.node.session.backoff import Backoff
-from kibotos.node.session.ctrl_http import refusal
+from kibotos.node.session.ctrl_http import CtrlUrls, refusal
 from kibotos.protocol.certificates import DataplaneCertificate
 from kibotos.tls.ca import BACKDATE, key_pem, new_key
 
@@ -112,9 +112,10 @@ def renew_at(cert: x509.Certificate, fraction: float) -> dt.datetime:
 class CtrlIssuer:
     """`Issuer` through ctrl's API with the node's bearer credential."""
 
-    def __init__(self, ctrl_url: str, credential: Callable[[], str | None],
+    def __init__(self, ctrl_url: str | Sequence[str], credential: Callable[[], str | None],
                  verify: ssl.SSLContext, *, timeout: float = 30.0) -> None:
-        self.url = ctrl_url.rstrip("/") + ISSUE_PATH
+        #: ctrl's replicas: an issue that cannot reach one is retried on the next.
+        self.urls = CtrlUrls([ctrl_url] if isinstance(ctrl_url, str) else ctrl_url)
         self._credential = credential
         self._verify = verify
         self._timeout = timeout
@@ -124,13 +125,15 @@ class CtrlIssuer:
         if credential is None:
             raise Unavailable("the node has no credential yet to ask ctrl for a data-plane "
                               "certificate")
+        base = self.urls.current
         try:
             async with httpx.AsyncClient(verify=self._verify, timeout=self._timeout) as http:
-                resp = await http.post(self.url, json={"public_key": public_key},
+                resp = await http.post(base + ISSUE_PATH, json={"public_key": public_key},
                                        headers={"Authorization": f"Bearer {credential}"})
                 await resp.aread()
         except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach ctrl at {self.url}: "
+            self.urls.failed(base)
+            raise Unavailable(f"cannot reach ctrl at {base}{ISSUE_PATH}: "
                               f"{exc or type(exc).__name__}") from None
         if resp.status_code != 200:
             raise refusal(resp, "ctrl refused a data-plane certificate")

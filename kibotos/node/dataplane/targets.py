@@ -91,7 +91,7 @@ class DataplaneTargets:
             supervisor=supervisor, tls=config.node.dataplane_tls)
         certificates = CertificateKeeper(
             state_dir=config.storage.root / "state", control=dataplane.control,
-            issue=CtrlIssuer(config.node.ctrl_url, credential, config.node.ctrl_tls())) \
+            issue=CtrlIssuer(config.node.ctrl_urls, credential, config.node.ctrl_tls())) \
             if config.node.dataplane_tls else None
         backend: VmmBackend = regs.vmm.get(config.vmm.backend)(config.vmm.options())
         return cls(manager, dataplane, config.storage.root,

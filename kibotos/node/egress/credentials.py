@@ -19,7 +19,7 @@ import contextlib
 import os
 import re
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import trio
 from kibotos.core import atomicfile
 from kibotos.core.errors import FailedPrecondition, InvalidArgument, KibotosError, Unavailable
 from kibotos.core.logs import EventLogger
-from kibotos.node.session.ctrl_http import refusal
+from kibotos.node.session.ctrl_http import CtrlUrls, refusal
 from kibotos.tls.contexts import client_context, require_secure
 
 log = EventLogger()
@@ -97,12 +97,16 @@ def check_key(name: object, revision: object) -> Key:
 class CredentialClient:
     """Fetches one Egress revision's credentials from ctrl with the node's identity."""
 
-    def __init__(self, ctrl_url: str, credential: str | Callable[[], str | None], *,
+    def __init__(self, ctrl_url: str | Sequence[str],
+                 credential: str | Callable[[], str | None], *,
                  http: httpx.AsyncClient | None = None, timeout: float = 30.0,
                  verify: ssl.SSLContext | None = None) -> None:
-        require_secure(ctrl_url, "egress credentials are secrets: ctrl URL")
+        urls = [ctrl_url] if isinstance(ctrl_url, str) else list(ctrl_url)
+        for url in urls:
+            require_secure(url, "egress credentials are secrets: ctrl URL")
         self.verify = verify or client_context()
-        self.ctrl_url = ctrl_url.rstrip("/")
+        #: ctrl's replicas: a fetch that cannot reach one is retried on the next.
+        self.urls = CtrlUrls(urls)
         self._credential = credential
         self._http = http
         self._timeout = timeout
@@ -111,9 +115,14 @@ class CredentialClient:
         cred = self._credential() if callable(self._credential) else self._credential
         return {"Authorization": f"Bearer {cred}"} if cred else {}
 
+    @property
+    def ctrl_url(self) -> str:
+        return self.urls.current
+
     async def fetch(self, name: str, revision: int) -> Credential:
         check_key(name, revision)
-        url = f"{self.ctrl_url}/v1/egresses/{quote(name, safe='')}/credentials"
+        base = self.urls.current
+        url = f"{base}/v1/egresses/{quote(name, safe='')}/credentials"
         what = f"fetch the credentials of egress {name} revision {revision}"
         try:
             if self._http is not None:
@@ -125,7 +134,8 @@ class CredentialClient:
                     resp = await client.get(url, params={"revision": revision},
                                             headers=self._headers())
         except httpx.TransportError as exc:
-            raise Unavailable(f"{what}: cannot reach ctrl at {self.ctrl_url}: "
+            self.urls.failed(base)
+            raise Unavailable(f"{what}: cannot reach ctrl at {base}: "
                               f"{exc or type(exc).__name__}") from None
         if resp.status_code != 200:
             raise refusal(resp, what)

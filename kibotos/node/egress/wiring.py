@@ -83,7 +83,7 @@ class NodeEgress:
         client: CredentialClient | None = None
         no_ctrl = None
         try:
-            client = CredentialClient(ctrl_url or config.node.ctrl_url, credential,
+            client = CredentialClient(ctrl_url or config.node.ctrl_urls, credential,
                                       verify=config.node.ctrl_tls())
         except InvalidArgument as exc:  # http:// off loopback, or an unreadable CA file
             no_ctrl = exc.message

@@ -115,7 +115,7 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     root = config.storage.root
     cache = None
     if credential is not None:
-        cache = TemplateCache(root / "template-cache", ctrl_url=config.node.ctrl_url,
+        cache = TemplateCache(root / "template-cache", ctrl_url=config.node.ctrl_urls,
                               credential=credential, limit=config.storage.template_cache_limit,
                               verify=config.node.ctrl_tls())
     templates = NodeTemplates(cache, [root / "template-cache", *config.vmm.artifact_dirs])
@@ -140,7 +140,7 @@ def build_instance_manager(config: NodeConfig, *, memory_tight: Callable[[], boo
     if credential is not None:
         storage = manager.storage
         manager.transfers = NodeTransfers(
-            node_id=node_id, pool=launcher.pool, ctrl_url=config.node.ctrl_url,
+            node_id=node_id, pool=launcher.pool, ctrl_url=config.node.ctrl_urls,
             credential=credential, verify=config.node.ctrl_tls(),
             guard=lambda doing, key: storage._working(doing, key),
             held=lambda key: storage._kept(key, True))

@@ -37,6 +37,7 @@ from kibotos.node.host.clock import NodeClock
 from kibotos.node.host.usage import UsageSampler
 from kibotos.node.instances.contract import InstanceManager
 from kibotos.node.session.backoff import Backoff
+from kibotos.node.session.ctrl_http import CtrlUrls
 from kibotos.node.session.identity import NodeIdentity
 from kibotos.node.session.report import ReportBoard
 from kibotos.protocol import (
@@ -177,13 +178,20 @@ class ControlSession:
         self.timing = timing
         self.backoff = Backoff(initial=timing.backoff_initial, cap=timing.backoff_cap)
         self.ssl_context = ssl_context
-        self.url = session_url(config.node.ctrl_url)
+        #: ``[node] ctrl_url``'s replicas: a dropped session reconnects to the next.
+        self.urls = CtrlUrls(config.node.ctrl_urls)
+        session_url(self.urls.current)  # an unusable URL fails here, not at connect
         self.status = SessionStatus()
         self.commands: dict[str, CommandHandler] = {}
         #: ``facts.pools`` of hello and every report: the pool monitor's facts
         #: (`kibotos.node.storage.pools.availability.PoolMonitor.facts`); without one, the
         #: declared pools with no ``available`` flag.
         self.pools = pools
+
+    @property
+    def url(self) -> str:
+        """The session URL of the ctrl replica this session uses (or tries) now."""
+        return session_url(self.urls.current)
 
     # ------------------------------------------------------------------ outer loop
 
@@ -210,14 +218,19 @@ class ControlSession:
                 logging.getLogger(LOGGER_NAME).debug("traceback", exc_info=True)
                 drop = _Drop(f"internal error: {exc!r}")
             self._set_disconnected()
+            # With several replicas the next attempt goes to the next one: this one
+            # ended the session or could not hold one (down, stalled, shutting down).
+            was = self.url
+            self.urls.failed(self.urls.current)
             if drop.slow:
                 delay = self.timing.slow_retry
                 self.status.last_refusal = drop.reason
                 self.status._touch()
             else:
                 delay = self.backoff.next_delay()
-            log.warning("control session down", reason=drop.reason, url=self.url,
-                        retry_in=f"{delay:.1f}s")
+            log.warning("control session down", reason=drop.reason, url=was,
+                        retry_in=f"{delay:.1f}s",
+                        **({"next_url": self.url} if self.url != was else {}))
             await trio.sleep(delay)
 
     def _set_disconnected(self) -> None:

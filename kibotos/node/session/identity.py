@@ -26,6 +26,7 @@ from kibotos.core import atomicfile, failpoints
 from kibotos.core.errors import FailedPrecondition, error_from_wire
 from kibotos.core.logs import EventLogger
 from kibotos.node.session.backoff import Backoff
+from kibotos.node.session.ctrl_http import CtrlUrls
 from kibotos.tls.contexts import verification_error
 
 log = EventLogger()
@@ -107,12 +108,14 @@ def read_grant(path: Path | None) -> str:
     return token
 
 
-async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str, token: str,
+async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str | CtrlUrls, token: str,
                          public_key: str, *, backoff: Backoff | None = None) -> dict[str, Any]:
-    """POST the grant; retry while ctrl is unreachable or unavailable, fail on a refusal."""
+    """POST the grant; retry while ctrl is unreachable or unavailable (the next replica
+    when `ctrl_url` lists several), fail on a refusal."""
     backoff = backoff or Backoff()
-    url = ctrl_url.rstrip("/") + EXCHANGE_PATH
+    urls = ctrl_url if isinstance(ctrl_url, CtrlUrls) else CtrlUrls([ctrl_url])
     while True:
+        url = urls.current + EXCHANGE_PATH
         try:
             response = await client.post(url, json={"token": token, "public_key": public_key})
         except httpx.TransportError as exc:
@@ -122,12 +125,14 @@ async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str, token: str,
                     f"enrollment: ctrl at {url} presented a certificate that does not "
                     f"verify against node.ctrl_ca_file ({unverified.verify_message}); the "
                     "grant was not sent") from None
+            urls.failed(urls.current)
             delay = backoff.next_delay()
             log.warning("enrollment: ctrl unreachable, retrying", url=url, error=str(exc),
                         retry_in=f"{delay:.1f}s")
             await trio.sleep(delay)
             continue
         if response.status_code >= 500:
+            urls.failed(urls.current)
             delay = backoff.next_delay()
             log.warning("enrollment: ctrl unavailable, retrying", url=url,
                         status=response.status_code, retry_in=f"{delay:.1f}s")
@@ -159,7 +164,8 @@ async def enroll(config: NodeConfig, path: Path, *,
     own_client = client is None
     http = client or httpx.AsyncClient(timeout=30.0, verify=config.node.ctrl_tls())
     try:
-        result = await exchange_grant(http, config.node.ctrl_url, token, public_key_b64(key))
+        result = await exchange_grant(http, CtrlUrls(config.node.ctrl_urls), token,
+                                      public_key_b64(key))
     finally:
         if own_client:
             await http.aclose()
@@ -190,7 +196,7 @@ async def enroll(config: NodeConfig, path: Path, *,
     failpoints.hit("node.enroll.after-exchange")
     data = identity.to_json()
     data["enrolled_at"] = datetime.now(UTC).isoformat()
-    data["ctrl_url"] = config.node.ctrl_url
+    data["ctrl_url"] = config.node.ctrl_url  # as configured: one URL or the list
     atomicfile.write_json(path, data, mode=0o600)
     log.info("enrolled", node_id=config.node.id, identity_id=identity.identity_id)
     return identity

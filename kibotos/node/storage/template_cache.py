@@ -33,7 +33,7 @@ import hashlib
 import os
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -51,7 +51,7 @@ from kibotos.core.errors import (
 )
 from kibotos.core.logs import EventLogger
 from kibotos.core.units import format_bytes
-from kibotos.node.session.ctrl_http import refusal
+from kibotos.node.session.ctrl_http import CtrlUrls, refusal
 from kibotos.pieces import write_in_pieces
 from kibotos.tls.contexts import client_context
 
@@ -93,7 +93,7 @@ class _Flight:
 
 
 class TemplateCache:
-    def __init__(self, root: Path, *, ctrl_url: str,
+    def __init__(self, root: Path, *, ctrl_url: str | Sequence[str],
                  credential: str | Callable[[], str | None] | None, limit: int,
                  http: httpx.AsyncClient | None = None, timeout: float = 300.0,
                  verify: ssl.SSLContext | None = None) -> None:
@@ -101,7 +101,9 @@ class TemplateCache:
         #: Checks ctrl's certificate (``[node] ctrl_ca_file``; default the system store).
         self.verify = verify or client_context()
         self.blobs = root / "sha256"
-        self.ctrl_url = ctrl_url.rstrip("/")
+        #: ctrl's replicas (``[node] ctrl_url``): a fetch that cannot reach one retries
+        #: on the next.
+        self.urls = CtrlUrls([ctrl_url] if isinstance(ctrl_url, str) else ctrl_url)
         self._credential = credential
         self.limit = limit
         self._http = http
@@ -189,16 +191,22 @@ class TemplateCache:
         cred = self._credential() if callable(self._credential) else self._credential
         return {"Authorization": f"Bearer {cred}"} if cred else {}
 
+    @property
+    def ctrl_url(self) -> str:
+        return self.urls.current
+
     async def _fetch(self, hexdigest: str, target: Path) -> None:
-        url = f"{self.ctrl_url}/v1/artifacts/sha256/{hexdigest}"
         for attempt in range(1, FETCH_ATTEMPTS + 1):
+            base = self.urls.current
             try:
-                await self._download(url, hexdigest, target)
+                await self._download(f"{base}/v1/artifacts/sha256/{hexdigest}", hexdigest,
+                                     target)
                 return
             except httpx.TransportError as exc:
+                self.urls.failed(base)
                 if attempt == FETCH_ATTEMPTS:
                     raise Unavailable(f"fetch artifact sha256:{hexdigest}: cannot reach "
-                                      f"ctrl at {self.ctrl_url}: {exc or type(exc).__name__}"
+                                      f"ctrl at {base}: {exc or type(exc).__name__}"
                                       ) from None
             except _Corrupt as exc:
                 if attempt == FETCH_ATTEMPTS:

@@ -30,7 +30,7 @@ import hashlib
 import os
 import secrets
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -47,7 +47,7 @@ from kibotos.core.errors import (
     Unavailable,
 )
 from kibotos.core.logs import EventLogger
-from kibotos.node.session.ctrl_http import refusal
+from kibotos.node.session.ctrl_http import CtrlUrls, refusal
 from kibotos.node.storage.objects import (
     RETAINED_LAYERS,
     VOLUMES,
@@ -93,7 +93,7 @@ class NodeTransfers:
     of an object whose holder record now names this node (for ``volume_count``)."""
 
     def __init__(self, *, node_id: str, pool: Callable[[str, str], PoolObjects],
-                 ctrl_url: str, credential: Callable[[], str | None],
+                 ctrl_url: str | Sequence[str], credential: Callable[[], str | None],
                  guard: Guard | None = None, held: Callable[[Key], None] | None = None,
                  http: httpx.AsyncClient | None = None, timeout: float = 600.0,
                  verify: ssl.SSLContext | None = None) -> None:
@@ -101,7 +101,9 @@ class NodeTransfers:
         #: Checks ctrl's certificate (``[node] ctrl_ca_file``; default the system store).
         self.verify = verify or client_context()
         self.pool = pool
-        self.ctrl_url = ctrl_url.rstrip("/")
+        #: ctrl's replicas (``[node] ctrl_url``): a transfer that cannot reach one goes
+        #: to the next when it is retried.
+        self.urls = CtrlUrls([ctrl_url] if isinstance(ctrl_url, str) else ctrl_url)
         self.credential = credential
         self.guard = guard or _no_guard
         self.held = held or (lambda key: None)
@@ -125,6 +127,10 @@ class NodeTransfers:
         cred = self.credential()
         return {"Authorization": f"Bearer {cred}"} if cred else {}
 
+    @property
+    def ctrl_url(self) -> str:
+        return self.urls.current
+
     def _url(self, digest: str) -> str:
         return f"{self.ctrl_url}/v1/artifacts/sha256/{ids.digest_hex(digest)}"
 
@@ -144,8 +150,10 @@ class NodeTransfers:
                     headers={**self._headers(), "content-type": "application/octet-stream",
                              "content-length": str(size)})
         except httpx.TransportError as exc:
+            url = self.ctrl_url
+            self.urls.failed(url)
             raise Unavailable(f"upload Transfer archive {digest}: cannot reach ctrl at "
-                              f"{self.ctrl_url}: {exc or type(exc).__name__}") from None
+                              f"{url}: {exc or type(exc).__name__}") from None
         if resp.status_code != 200:
             raise refusal(resp, f"upload Transfer archive {digest}")
 
@@ -174,8 +182,10 @@ class NodeTransfers:
                 finally:
                     f.close()
         except httpx.TransportError as exc:
+            url = self.ctrl_url
+            self.urls.failed(url)
             raise Unavailable(f"download Transfer archive {digest}: cannot reach ctrl at "
-                              f"{self.ctrl_url}: {exc or type(exc).__name__}") from None
+                              f"{url}: {exc or type(exc).__name__}") from None
         if hasher.hexdigest() != hexdigest:
             raise Unavailable(f"download Transfer archive {digest}: the {size} bytes ctrl "
                               f"sent hash to sha256:{hasher.hexdigest()}; retry")
