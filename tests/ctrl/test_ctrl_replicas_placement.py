@@ -13,18 +13,19 @@ from typing import Any
 
 import httpx
 import pytest
-from ctrl_helpers import enroll_operator, exchange, result
-from replica_procs import sessions, start_replica, stop_all
-from ws_helpers import add_template
+from ctrl_helpers import result
+from replica_pair import two_replicas
+from replica_procs import sessions
 
-from kibotos.ctrl.serve import open_store
 from kibotos.testing.fake_node import open_sim_node
 from kibotos.testing.sim_instances import SimInstances
 from kibotos.testing.waiting import wait_until
-from kibotos.tls.local_ctrl import client_tls
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
+#: A pinned create's refusals that mean "that replica does not see the node ready yet"
+#: (its session, then its clock measured, learnt through the relay).
+NOT_YET = ("no live control session", "clock not measured in this session yet")
 #: A node takes four of these (the simulated node has 4 CPUs).
 CPU = 1000
 
@@ -35,85 +36,71 @@ def _creates(sim: SimInstances) -> int:
 
 async def test_each_replica_fills_its_own_nodes_first_and_sees_the_others(
         tmp_path: Path, postgres_url: str) -> None:
-    a = await start_replica(tmp_path, "ctrl-a", postgres_url, None, "15s")
-    replicas = [a]
-    store = await open_store(a.config)
-    try:
-        b = await start_replica(tmp_path, "ctrl-b", postgres_url, tmp_path / "ctrl-a", "15s")
-        replicas.append(b)
-        tls = client_tls(a.config)
-        await store.write(add_template)
-        async with httpx.AsyncClient(base_url=a.url, verify=tls, timeout=60) as via_a, \
-                httpx.AsyncClient(base_url=b.url, verify=tls, timeout=60) as via_b:
-            operator = await enroll_operator(via_a, store)
-            creds = {}
-            for node_id in ("node-a", "node-b"):
-                grant = result(await via_a.post("/v1/enrollment/grants", headers=operator,
-                                                json={"kind": "node", "node_id": node_id}))
-                creds[node_id] = (await exchange(via_a, grant["token"]))["credential"]
-            sim_a, sim_b = SimInstances(), SimInstances()
-            async with open_sim_node(a.url, creds["node-a"], "node-a", 1, sim=sim_a,
-                                     ssl_context=tls) as node_a, \
-                    open_sim_node(b.url, creds["node-b"], "node-b", 1, sim=sim_b,
-                                  ssl_context=tls) as node_b:
-                assert node_a.welcomed
-                assert node_b.welcomed
-                held = await sessions(store)
-                assert held["node-a"]["replica"] != held["node-b"]["replica"]
-                counter = iter(range(1000))
+    async with two_replicas(tmp_path, postgres_url) as pair:
+        store, tls, via_a, via_b, operator = (pair.store, pair.tls, pair.via_a, pair.via_b,
+                                              pair.operator)
+        creds = {n: (await pair.node_credential(n))["credential"]
+                 for n in ("node-a", "node-b")}
+        sim_a, sim_b = SimInstances(), SimInstances()
+        async with open_sim_node(pair.a.url, creds["node-a"], "node-a", 1, sim=sim_a,
+                                 ssl_context=tls) as node_a, \
+                open_sim_node(pair.b.url, creds["node-b"], "node-b", 1, sim=sim_b,
+                              ssl_context=tls) as node_b:
+            assert node_a.welcomed
+            assert node_b.welcomed
+            held = await sessions(store)
+            assert held["node-a"]["replica"] != held["node-b"]["replica"]
+            counter = iter(range(1000))
 
-                async def create(via: httpx.AsyncClient, **body: Any) -> httpx.Response:
-                    return await via.post("/v1/workspaces", headers=operator, json={
-                        "template": "base", "cpu_millis": CPU,
-                        "command_id": f"create-{next(counter)}", **body})
+            async def create(via: httpx.AsyncClient, **body: Any) -> httpx.Response:
+                return await via.post("/v1/workspaces", headers=operator, json={
+                    "template": "base", "cpu_millis": CPU,
+                    "command_id": f"create-{next(counter)}", **body})
 
-                def pinned(via: httpx.AsyncClient, node_id: str
-                           ) -> Callable[[], Awaitable[dict[str, Any] | None]]:
-                    async def probe() -> dict[str, Any] | None:
-                        resp = await create(via, node_id=node_id)
-                        if resp.status_code == 429:  # not placeable from there yet (its
-                            return None              # session, then its clock measured)
-                        placed: dict[str, Any] = result(resp)
-                        return placed
-                    return probe
+            def pinned(via: httpx.AsyncClient, node_id: str
+                       ) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+                async def probe() -> dict[str, Any] | None:
+                    resp = await create(via, node_id=node_id)
+                    if resp.status_code != 200 and any(why in resp.text for why in NOT_YET):
+                        return None  # not placeable from there yet
+                    placed: dict[str, Any] = result(resp)
+                    return placed
+                return probe
 
-                # One on each node through the replica that does not hold it, once that
-                # replica sees the node (through the relay).
-                await wait_until(pinned(via_a, "node-b"), "A places on node-b", timeout=30)
-                await wait_until(pinned(via_b, "node-a"), "B places on node-a", timeout=30)
-                # Binpack alone would pick by its ranking among equals; each replica
-                # takes its own node.
-                assert result(await create(via_b))["node_id"] == "node-b"
-                for _ in range(3):  # node-a full
-                    assert result(await create(via_a))["node_id"] == "node-a"
-                # A's own node is full: the next goes to node-b, through the relay.
-                assert result(await create(via_a))["node_id"] == "node-b"
-                assert result(await create(via_b))["node_id"] == "node-b"  # full
-                # B has nothing left, and knows from A's notices that node-a is full
-                # (its own index resyncs only every minute): node-a is not asked.
-                asked_a = _creates(sim_a)
-                resp = await create(via_b)
-                assert resp.status_code == 429, resp.text
-                assert "not enough free CPU" in resp.text
-                assert _creates(sim_a) == asked_a, "B asked node-a, which A filled"
-                assert (asked_a, _creates(sim_b)) == (4, 4)
+            # One on each node through the replica that does not hold it, once that
+            # replica sees the node (through the relay).
+            await wait_until(pinned(via_a, "node-b"), "A places on node-b", timeout=30)
+            await wait_until(pinned(via_b, "node-a"), "B places on node-a", timeout=30)
+            # Binpack alone would pick by its ranking among equals; each replica
+            # takes its own node.
+            assert result(await create(via_b))["node_id"] == "node-b"
+            for _ in range(3):  # node-a full
+                assert result(await create(via_a))["node_id"] == "node-a"
+            # A's own node is full: the next goes to node-b, through the relay.
+            assert result(await create(via_a))["node_id"] == "node-b"
+            assert result(await create(via_b))["node_id"] == "node-b"  # full
+            # B has nothing left, and knows from A's notices that node-a is full
+            # (its own index resyncs only every minute): node-a is not asked.
+            asked_a = _creates(sim_a)
+            resp = await create(via_b)
+            assert resp.status_code == 429, resp.text
+            assert "not enough free CPU" in resp.text
+            assert _creates(sim_a) == asked_a, "B asked node-a, which A filled"
+            assert (asked_a, _creates(sim_b)) == (4, 4)
 
-                # An overcommit override for node-b set through A: B, which holds the
-                # session, pushes it at once (the node-row notice), the node confirms,
-                # and node-b takes more (before, it waited for the node's next welcome,
-                # and no replica placed on node-b meanwhile).
-                node = result(await via_a.put("/v1/nodes/node-b/overcommit",
-                                              headers=operator, json={"cpu": "2"}))
-                assert node["overcommit"]["confirmed"] is False
+            # An overcommit override for node-b set through A: B, which holds the
+            # session, pushes it at once (the node-row notice), the node confirms,
+            # and node-b takes more (before, it waited for the node's next welcome,
+            # and no replica placed on node-b meanwhile).
+            node = result(await via_a.put("/v1/nodes/node-b/overcommit",
+                                          headers=operator, json={"cpu": "2"}))
+            assert node["overcommit"]["confirmed"] is False
 
-                async def confirmed() -> bool:
-                    node = result(await via_a.get("/v1/nodes/node-b", headers=operator))
-                    return bool(node["overcommit"]["confirmed"])
-                await wait_until(confirmed, "node-b confirms the ratio set through A",
-                                 timeout=10)
-                bigger = await wait_until(pinned(via_b, "node-b"), "node-b takes more",
-                                          timeout=10)
-                assert bigger["node_id"] == "node-b"
-    finally:
-        store.close()
-        await stop_all(replicas)
+            async def confirmed() -> bool:
+                node = result(await via_a.get("/v1/nodes/node-b", headers=operator))
+                return bool(node["overcommit"]["confirmed"])
+            await wait_until(confirmed, "node-b confirms the ratio set through A",
+                             timeout=10)
+            bigger = await wait_until(pinned(via_b, "node-b"), "node-b takes more",
+                                      timeout=10)
+            assert bigger["node_id"] == "node-b"

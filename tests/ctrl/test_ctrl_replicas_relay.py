@@ -12,15 +12,13 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from ctrl_helpers import enroll_operator, exchange, result
-from replica_procs import sessions, start_replica, stop_all
-from ws_helpers import add_template
+from ctrl_helpers import result
+from replica_pair import two_replicas
+from replica_procs import sessions
 
-from kibotos.ctrl.serve import open_store
 from kibotos.testing.fake_node import open_sim_node
 from kibotos.testing.sim_instances import SimInstances
 from kibotos.testing.waiting import wait_until
-from kibotos.tls.local_ctrl import client_tls
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -36,67 +34,55 @@ async def _settled(http: httpx.AsyncClient, headers: dict[str, str], workspace_i
 
 async def test_commands_through_one_replica_reach_a_node_on_the_other(
         tmp_path: Path, postgres_url: str) -> None:
-    a = await start_replica(tmp_path, "ctrl-a", postgres_url, None, "15s")
-    replicas = [a]
-    store = await open_store(a.config)
-    try:
-        b = await start_replica(tmp_path, "ctrl-b", postgres_url, tmp_path / "ctrl-a", "15s")
-        replicas.append(b)
-        tls = client_tls(a.config)
-        await store.write(add_template)
-        async with httpx.AsyncClient(base_url=a.url, verify=tls, timeout=30) as via_a, \
-                httpx.AsyncClient(base_url=b.url, verify=tls, timeout=30) as via_b:
-            operator = await enroll_operator(via_a, store)
-            grant = result(await via_a.post("/v1/enrollment/grants", headers=operator,
-                                            json={"kind": "node", "node_id": "node-a"}))
-            issued = await exchange(via_a, grant["token"])
-            cred = issued["credential"]
-            sim = SimInstances()
-            async with open_sim_node(b.url, cred, "node-a", 1, sim=sim,
-                                     ssl_context=tls) as node:
-                assert node.welcomed
-                held_by = (await sessions(store))["node-a"]["replica"]
-                # Replica A learns of the node's session on B (and of B measuring its
-                # clock) through the node-row notifications; until then it has no node
-                # to place on.
-                tries = iter(range(1000))
+    async with two_replicas(tmp_path, postgres_url, timeout=30) as pair:
+        store, tls, via_a, via_b, operator = (pair.store, pair.tls, pair.via_a, pair.via_b,
+                                              pair.operator)
+        issued = await pair.node_credential("node-a")
+        cred = issued["credential"]
+        b = pair.b
+        sim = SimInstances()
+        async with open_sim_node(b.url, cred, "node-a", 1, sim=sim,
+                                 ssl_context=tls) as node:
+            assert node.welcomed
+            held_by = (await sessions(store))["node-a"]["replica"]
+            # Replica A learns of the node's session on B (and of B measuring its
+            # clock) through the node-row notifications; until then it has no node
+            # to place on.
+            tries = iter(range(1000))
 
-                async def create() -> tuple[dict[str, Any], dict[str, Any]] | None:
-                    body = {"template": "base", "command_id": f"create-{next(tries)}"}
-                    resp = await via_a.post("/v1/workspaces", json=body, headers=operator)
-                    if resp.status_code == 429:  # node not placeable from A yet (its
-                        return None              # session, then its clock measured)
-                    return body, result(resp)
-                body, created = await wait_until(create, "replica A places on node-a",
-                                                 timeout=30)
-                assert created["node_id"] == "node-a"
-                ws_id = created["workspace_id"]
-                await _settled(via_a, operator, ws_id, "AVAILABLE")
-                # The same command ID on the other replica: the stored result.
-                replay = result(await via_b.post("/v1/workspaces", json=body,
-                                                 headers=operator))
-                assert replay["workspace_id"] == ws_id
-                assert replay["revision"] == created["revision"]
+            async def create() -> tuple[dict[str, Any], dict[str, Any]] | None:
+                body = {"template": "base", "command_id": f"create-{next(tries)}"}
+                resp = await via_a.post("/v1/workspaces", json=body, headers=operator)
+                if resp.status_code == 429:  # node not placeable from A yet (its
+                    return None              # session, then its clock measured)
+                return body, result(resp)
+            body, created = await wait_until(create, "replica A places on node-a",
+                                             timeout=30)
+            assert created["node_id"] == "node-a"
+            ws_id = created["workspace_id"]
+            await _settled(via_a, operator, ws_id, "AVAILABLE")
+            # The same command ID on the other replica: the stored result.
+            replay = result(await via_b.post("/v1/workspaces", json=body,
+                                             headers=operator))
+            assert replay["workspace_id"] == ws_id
+            assert replay["revision"] == created["revision"]
 
-                result(await via_a.post(f"/v1/workspaces/{ws_id}/stop",
-                                        json={"command_id": "stop-1"}, headers=operator))
-                await _settled(via_a, operator, ws_id, "STOPPED")
-                result(await via_a.post(f"/v1/workspaces/{ws_id}/delete",
-                                        json={"command_id": "delete-1"}, headers=operator))
-                await _settled(via_a, operator, ws_id, "DELETED")
-                # The node was commanded through its own replica's session only.
-                assert (await sessions(store))["node-a"]["replica"] == held_by
-                kinds = [c.get("kind") for c in sim.commands]
-                assert kinds[:2] == ["instance.create", "instance.stop"]
-                assert "layer.delete" in kinds
+            result(await via_a.post(f"/v1/workspaces/{ws_id}/stop",
+                                    json={"command_id": "stop-1"}, headers=operator))
+            await _settled(via_a, operator, ws_id, "STOPPED")
+            result(await via_a.post(f"/v1/workspaces/{ws_id}/delete",
+                                    json={"command_id": "delete-1"}, headers=operator))
+            await _settled(via_a, operator, ws_id, "DELETED")
+            # The node was commanded through its own replica's session only.
+            assert (await sessions(store))["node-a"]["replica"] == held_by
+            kinds = [c.get("kind") for c in sim.commands]
+            assert kinds[:2] == ["instance.create", "instance.stop"]
+            assert "layer.delete" in kinds
 
-                # Revoked through replica A: replica B, which holds the session, closes it.
-                result(await via_a.post("/v1/enrollment/revoke",
-                                        json={"id": issued["identity_id"]},
-                                        headers=operator))
-                with trio.fail_after(60):
-                    await node.closed.wait()
-                assert node.close_reason == "revoked"
-    finally:
-        store.close()
-        await stop_all(replicas)
+            # Revoked through replica A: replica B, which holds the session, closes it.
+            result(await via_a.post("/v1/enrollment/revoke",
+                                    json={"id": issued["identity_id"]},
+                                    headers=operator))
+            with trio.fail_after(60):
+                await node.closed.wait()
+            assert node.close_reason == "revoked"
