@@ -39,8 +39,15 @@ def get_default(session: Session, *, for_update: bool = False) -> DefaultRatios:
     row = session.get(ClusterSetting, DEFAULT_KEY, with_for_update=for_update)
     if row is None:
         return DefaultRatios()
-    return DefaultRatios(cpu=int(row.value["cpu"]), memory=int(row.value["memory"]),
-                         version=row.version)
+    return default_of(row.value, row.version)
+
+
+def default_of(value: dict[str, Any] | None, version: int | None) -> DefaultRatios:
+    """The default from its setting row's value and version (None: no row yet)."""
+    if value is None or version is None:
+        return DefaultRatios()
+    return DefaultRatios(cpu=int(value["cpu"]), memory=int(value["memory"]),
+                         version=int(version))
 
 
 def effective(node: nodes.NodeFacts, default: DefaultRatios) -> tuple[int, str, int, str]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from kibotos.core.errors import FailedPrecondition, NotFound
@@ -26,6 +26,7 @@ from kibotos.ctrl.pools import use_rights
 from kibotos.ctrl.store import changes as store_changes
 from kibotos.ctrl.store.models import (
     Allocation,
+    ClusterSetting,
     Event,
     Instance,
     Node,
@@ -83,21 +84,38 @@ def template_of(session: Session, name: str) -> dict[str, str]:
             "kernel_digest": row.kernel_digest, "initramfs_digest": row.initramfs_digest}
 
 
+#: The chosen node's row, locked: other replicas' records of it wait for this one.
+_NODE_FOR_UPDATE = (select(*Node.__table__.columns)
+                    .where(Node.node_id == bindparam("node_id")).with_for_update())
+#: What the node's unreleased Allocations hold, and the overcommit default, read in a
+#: statement of its own *after* the lock: in READ COMMITTED a statement sees what was
+#: committed when it started, so a sum in the locking statement could miss the
+#: Allocation of the transaction it waited for.
+_SETTING = ClusterSetting.__table__
+_USED = select(
+    func.coalesce(func.sum(Allocation.cpu_millis), 0),
+    func.coalesce(func.sum(Allocation.memory_bytes), 0),
+    select(_SETTING.c.value).where(_SETTING.c.key == overcommit.DEFAULT_KEY)
+    .scalar_subquery(),
+    select(_SETTING.c.version).where(_SETTING.c.key == overcommit.DEFAULT_KEY)
+    .scalar_subquery(),
+).where(Allocation.node_id == bindparam("node_id"), Allocation.released_at.is_(None))
+
+
 def verify_node(session: Session, node_id: str, cpu: int, mem: int) -> None:
     """The store's own verdict on the chosen node, in the transaction that records the
     Allocation: with several ctrl replicas the in-memory index of one does not see the
-    placements of another until they commit."""
-    node = session.get(Node, node_id, with_for_update=True)
+    placements of another until they commit.  Two plain statements (no ORM load): the
+    locked row, then the sum."""
+    node = session.execute(_NODE_FOR_UPDATE, {"node_id": node_id}).first()
     if node is None:
         raise Stale(f"node {node_id} is gone")
-    ok, reason = nodes.placeable(node)
+    facts = cast(nodes.NodeFacts, node)
+    ok, reason = nodes.placeable(facts)
     if not ok:
         raise Stale(f"node {node_id} is no longer placeable: {reason}")
-    used_cpu, used_mem = session.execute(
-        select(func.coalesce(func.sum(Allocation.cpu_millis), 0),
-               func.coalesce(func.sum(Allocation.memory_bytes), 0))
-        .where(Allocation.node_id == node_id, Allocation.released_at.is_(None))).one()
-    sched_cpu, sched_mem = overcommit.schedulable(node, overcommit.get_default(session))
+    used_cpu, used_mem, value, version = session.execute(_USED, {"node_id": node_id}).one()
+    sched_cpu, sched_mem = overcommit.schedulable(facts, overcommit.default_of(value, version))
     if used_cpu + cpu > sched_cpu or used_mem + mem > sched_mem:
         raise Stale(f"node {node_id} has no longer room for it")
 
