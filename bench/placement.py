@@ -138,7 +138,17 @@ AVAILABLE, no node over its amount):
     postgresql x2                             62        19.0 ms            8.9 ms
     postgresql x3                             60        20.8 ms            8.3 ms
 
-(ctrl CPU summed over the replicas.)  Two replicas place 1.4-1.55x what one does; a
+(ctrl CPU summed over the replicas.)  Then the in-store node check of each placement
+(`verify_node`, PostgreSQL only) read its rows through plain statements instead of ORM
+loads; the same 200-node matrix at load 0.5-2:
+
+    200 nodes, 2,000 creates             placed/s  ctrl CPU/placement  PostgreSQL CPU
+    sqlite x1                                119         7.8 ms               -
+    postgresql x1                             52        17.5 ms            9.0 ms
+    postgresql x2                             73        16.2 ms            7.9 ms
+    postgresql x3                             69        18.1 ms            7.6 ms
+
+Two replicas place 1.4-1.55x what one does; a
 third adds nothing here because the two cores are full: ctrl's and PostgreSQL's CPU
 together are ~28 ms a placement, ~70/s for two cores.  The CPU per placement stays
 what one replica spends, so on more cores the rate should grow with the replicas until
