@@ -97,9 +97,6 @@ class CommandRelay:
 
     # ------------------------------------------------------------------ sender
 
-    def is_alive_elsewhere(self, node_id: str) -> bool:
-        return node_id in self.elsewhere
-
     def alive_elsewhere(self) -> AbstractSet[str]:
         return self.elsewhere
 

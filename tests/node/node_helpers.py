@@ -69,12 +69,13 @@ def link_proc_self(proc: Path) -> None:
         (proc / "self").symlink_to("/proc/self")
 
 
-def write_config(tmp_path: Path, *, ctrl_url: str = "http://127.0.0.1:9",
+def write_config(tmp_path: Path, *, ctrl_url: str | list[str] = "http://127.0.0.1:9",
                  node_id: str = "node-a", extra: str = "", pools: bool = True,
                  grant_file: Path | None = None, skew_file: Path | None = None,
                  ctrl_ca_file: Path | None = None) -> Path:
     """A node.toml under `tmp_path` with its storage root, one pool and a /proc tree;
-    `ctrl_ca_file` verifies an https:// ctrl (`kibotos.tls.local_ctrl.ca_file`)."""
+    `ctrl_ca_file` verifies an https:// ctrl (`kibotos.tls.local_ctrl.ca_file`); a list
+    `ctrl_url` names several replicas."""
     root = tmp_path / "root"
     pool = tmp_path / "pool-a"
     proc = tmp_path / "proc"
@@ -83,7 +84,7 @@ def write_config(tmp_path: Path, *, ctrl_url: str = "http://127.0.0.1:9",
     text = f"""
 [node]
 id = "{node_id}"
-ctrl_url = "{ctrl_url}"
+ctrl_url = {json.dumps(ctrl_url)}
 dataplane_listen = "127.0.0.1:7500"
 socket_dir = "{tmp_path / 'run'}"
 {f'enrollment_grant_file = "{grant_file}"' if grant_file else ""}

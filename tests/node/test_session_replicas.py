@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
-from node_helpers import FakeCtrl, RecordingInstances, store_identity, write_config
+from node_helpers import FakeCtrl, RecordingInstances, node_config, store_identity
 
-from kibotos.config import MAX_CTRL_URLS, NodeConfig, load
+from kibotos.config import MAX_CTRL_URLS, NodeConfig
 from kibotos.core.errors import InvalidArgument
 from kibotos.node.host.clock import NodeClock
 from kibotos.node.host.usage import UsageSampler
@@ -24,15 +23,8 @@ FAST = SessionTiming(ping_interval=0.05, silence_timeout=30.0, welcome_timeout=3
                      slow_retry=60.0, backoff_initial=0.02, backoff_cap=0.1)
 
 
-def _config(tmp_path: Path, urls: Any) -> NodeConfig:
-    path = write_config(tmp_path)
-    text = path.read_text()
-    listed = "[" + ", ".join(f'"{u}"' for u in urls) + "]" if isinstance(urls, list) \
-        else f'"{urls}"'
-    lines = [f"ctrl_url = {listed}" if line.startswith("ctrl_url = ") else line
-             for line in text.splitlines()]
-    path.write_text("\n".join(lines) + "\n")
-    return load(NodeConfig, path)
+def _config(tmp_path: Path, urls: str | list[str]) -> NodeConfig:
+    return node_config(tmp_path, ctrl_url=urls)
 
 
 def _dead_url() -> str:

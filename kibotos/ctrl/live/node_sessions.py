@@ -346,11 +346,8 @@ class SessionObserver(Protocol):
 class RemoteSessions(Protocol):
     """The sessions other ctrl replicas hold (`kibotos.ctrl.relay.CommandRelay`)."""
 
-    def is_alive_elsewhere(self, node_id: str) -> bool:
-        """Whether another live replica holds the node's live session (as last read)."""
-
     def alive_elsewhere(self) -> AbstractSet[str]:
-        """Every node `is_alive_elsewhere` says so of (as last read)."""
+        """The nodes whose live session another live replica holds (as last read)."""
 
     async def call(self, node_id: str, args: Args, timeout: float) -> dict[str, object]:
         """Have the replica holding the node's session send the command."""
@@ -392,7 +389,7 @@ class SessionHub:
 
     def is_alive(self, node_id: str) -> bool:
         return node_id in self._sessions or (
-            self.remote is not None and self.remote.is_alive_elsewhere(node_id))
+            self.remote is not None and node_id in self.remote.alive_elsewhere())
 
     def elsewhere(self) -> AbstractSet[str]:
         if self.remote is None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -351,11 +351,11 @@ class CapacityIndex:
             raise NotFound(f"node {node_id} does not exist", details={"node_id": node_id})
         return admit(entry, demand)
 
-    def candidates(self, demand: Demand, exclude: Container[str] = ()) -> list[NodeEntry]:
+    def candidates(self, demand: Demand, exclude: Collection[str] = ()) -> list[NodeEntry]:
         return [e for e in self.nodes.values()
                 if e.node_id not in exclude and admit(e, demand) is None]
 
-    def best(self, demand: Demand, exclude: Container[str] = ()) -> str | None:
+    def best(self, demand: Demand, exclude: Collection[str] = ()) -> str | None:
         """The best admitted node for `demand` that is not in `exclude`, or None."""
         if self._sort_key is not None and demand.pools is None and not demand.extra_pools:
             cache = self._shape_cache(demand)
@@ -369,7 +369,7 @@ class CapacityIndex:
         ranked = self.ranked(demand, exclude)
         return ranked[0] if ranked else None
 
-    def ranked(self, demand: Demand, exclude: Container[str] = ()) -> list[str]:
+    def ranked(self, demand: Demand, exclude: Collection[str] = ()) -> list[str]:
         """Every admitted node, best first, as the policy's ``rank`` orders them."""
         cands = [e.capacity() for e in self.candidates(demand, exclude)]
         return rank(self.policy, demand.request(), cands)

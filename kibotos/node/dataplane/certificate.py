@@ -115,7 +115,7 @@ class CtrlIssuer:
     def __init__(self, ctrl_url: str | Sequence[str], credential: Callable[[], str | None],
                  verify: ssl.SSLContext, *, timeout: float = 30.0) -> None:
         #: ctrl's replicas: an issue that cannot reach one is retried on the next.
-        self.urls = CtrlUrls([ctrl_url] if isinstance(ctrl_url, str) else ctrl_url)
+        self.urls = CtrlUrls(ctrl_url)
         self._credential = credential
         self._verify = verify
         self._timeout = timeout

@@ -101,12 +101,11 @@ class CredentialClient:
                  credential: str | Callable[[], str | None], *,
                  http: httpx.AsyncClient | None = None, timeout: float = 30.0,
                  verify: ssl.SSLContext | None = None) -> None:
-        urls = [ctrl_url] if isinstance(ctrl_url, str) else list(ctrl_url)
-        for url in urls:
+        #: ctrl's replicas: a fetch that cannot reach one is retried on the next.
+        self.urls = CtrlUrls(ctrl_url)
+        for url in self.urls.all:
             require_secure(url, "egress credentials are secrets: ctrl URL")
         self.verify = verify or client_context()
-        #: ctrl's replicas: a fetch that cannot reach one is retried on the next.
-        self.urls = CtrlUrls(urls)
         self._credential = credential
         self._http = http
         self._timeout = timeout

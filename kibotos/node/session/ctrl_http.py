@@ -41,10 +41,11 @@ def refusal(resp: httpx.Response, what: str) -> KibotosError:
 class CtrlUrls:
     """The ctrl URLs, the one in use first (the module docstring)."""
 
-    def __init__(self, urls: Sequence[str]) -> None:
-        if not urls:
+    def __init__(self, urls: str | Sequence[str]) -> None:
+        listed = [urls] if isinstance(urls, str) else list(urls)
+        if not listed:
             raise ValueError("no ctrl URL")
-        self._urls = tuple(u.rstrip("/") for u in urls)
+        self._urls = tuple(u.rstrip("/") for u in listed)
         self._index = 0
 
     @property
@@ -61,6 +62,3 @@ class CtrlUrls:
         already did (several in flight fail together when a replica dies)."""
         if url.rstrip("/") == self.current:
             self._index = (self._index + 1) % len(self._urls)
-
-    def __len__(self) -> int:
-        return len(self._urls)

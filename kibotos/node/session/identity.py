@@ -113,7 +113,7 @@ async def exchange_grant(client: httpx.AsyncClient, ctrl_url: str | CtrlUrls, to
     """POST the grant; retry while ctrl is unreachable or unavailable (the next replica
     when `ctrl_url` lists several), fail on a refusal."""
     backoff = backoff or Backoff()
-    urls = ctrl_url if isinstance(ctrl_url, CtrlUrls) else CtrlUrls([ctrl_url])
+    urls = ctrl_url if isinstance(ctrl_url, CtrlUrls) else CtrlUrls(ctrl_url)
     while True:
         url = urls.current + EXCHANGE_PATH
         try:

@@ -103,7 +103,7 @@ class TemplateCache:
         self.blobs = root / "sha256"
         #: ctrl's replicas (``[node] ctrl_url``): a fetch that cannot reach one retries
         #: on the next.
-        self.urls = CtrlUrls([ctrl_url] if isinstance(ctrl_url, str) else ctrl_url)
+        self.urls = CtrlUrls(ctrl_url)
         self._credential = credential
         self.limit = limit
         self._http = http

@@ -103,7 +103,7 @@ class NodeTransfers:
         self.pool = pool
         #: ctrl's replicas (``[node] ctrl_url``): a transfer that cannot reach one goes
         #: to the next when it is retried.
-        self.urls = CtrlUrls([ctrl_url] if isinstance(ctrl_url, str) else ctrl_url)
+        self.urls = CtrlUrls(ctrl_url)
         self.credential = credential
         self.guard = guard or _no_guard
         self.held = held or (lambda key: None)
@@ -131,8 +131,9 @@ class NodeTransfers:
     def ctrl_url(self) -> str:
         return self.urls.current
 
-    def _url(self, digest: str) -> str:
-        return f"{self.ctrl_url}/v1/artifacts/sha256/{ids.digest_hex(digest)}"
+    @staticmethod
+    def _url(base: str, digest: str) -> str:
+        return f"{base}/v1/artifacts/sha256/{ids.digest_hex(digest)}"
 
     async def _upload(self, path: Path, digest: str, size: int) -> None:
         async def body() -> AsyncIterator[bytes]:
@@ -143,17 +144,17 @@ class NodeTransfers:
             finally:
                 f.close()
 
+        base = self.ctrl_url
         try:
             async with self._client() as client:
                 resp = await client.put(
-                    self._url(digest), content=body(),
+                    self._url(base, digest), content=body(),
                     headers={**self._headers(), "content-type": "application/octet-stream",
                              "content-length": str(size)})
         except httpx.TransportError as exc:
-            url = self.ctrl_url
-            self.urls.failed(url)
+            self.urls.failed(base)
             raise Unavailable(f"upload Transfer archive {digest}: cannot reach ctrl at "
-                              f"{url}: {exc or type(exc).__name__}") from None
+                              f"{base}: {exc or type(exc).__name__}") from None
         if resp.status_code != 200:
             raise refusal(resp, f"upload Transfer archive {digest}")
 
@@ -162,9 +163,11 @@ class NodeTransfers:
         hexdigest = ids.digest_hex(digest)
         hasher = hashlib.sha256()
         size = 0
+        base = self.ctrl_url
         try:
             async with self._client() as client, \
-                    client.stream("GET", self._url(digest), headers=self._headers()) as resp:
+                    client.stream("GET", self._url(base, digest),
+                                  headers=self._headers()) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     err = refusal(resp, f"download Transfer archive {digest}")
@@ -182,10 +185,9 @@ class NodeTransfers:
                 finally:
                     f.close()
         except httpx.TransportError as exc:
-            url = self.ctrl_url
-            self.urls.failed(url)
+            self.urls.failed(base)
             raise Unavailable(f"download Transfer archive {digest}: cannot reach ctrl at "
-                              f"{url}: {exc or type(exc).__name__}") from None
+                              f"{base}: {exc or type(exc).__name__}") from None
         if hasher.hexdigest() != hexdigest:
             raise Unavailable(f"download Transfer archive {digest}: the {size} bytes ctrl "
                               f"sent hash to sha256:{hasher.hexdigest()}; retry")
